@@ -1,0 +1,1 @@
+"""The tuning graph (builder), the session driver and the ``mart`` command line."""

@@ -1,0 +1,48 @@
+"""The tuning graph. ``builder`` is the uncompiled StateGraph; compile it with or without a checkpointer.
+
+Every node returns ``Command(goto=...)``, so the edges are declared by the nodes' return types; the
+wiring below only names the nodes and the entry point.
+"""
+
+from __future__ import annotations
+
+from langgraph.graph import START, StateGraph
+
+from graph.services import Services
+from nodes.critic import critic
+from nodes.health_monitor import health_monitor
+from nodes.human_review import human_review
+from nodes.profiler import profiler
+from nodes.proposer import proposer
+from nodes.stage_control import finish, stage_control, start_session
+from state.graph_state import InputState, TuningState
+from tools.collect import collect_trial
+from tools.launch import launch_trial
+from tools.stop import stop_trial
+from tools.watch import watch_trial
+
+
+def make_builder() -> StateGraph:
+    builder = StateGraph(TuningState, context_schema=Services, input_schema=InputState)
+    builder.add_node("start", start_session)  # first step: counters, ledger run row
+    builder.add_node("profiler", profiler)  # queue each stage's baseline, then profile it
+    builder.add_node("proposer", proposer)  # K candidates from profile, history, feedback
+    builder.add_node("critic", critic)  # constraints, memory model, duplicates; pick or send back
+    builder.add_node("human_review", human_review)  # interrupt: approve / edit / reject with feedback
+    builder.add_node("launch_trial", launch_trial)  # tool: idempotent launch (ledger first)
+    builder.add_node("watch_trial", watch_trial)  # tool: new metrics -> ledger, progress
+    builder.add_node("health_monitor", health_monitor)  # rules on the stream; stop when persistent
+    builder.add_node("stop_trial", stop_trial)  # tool: SIGTERM / grace / SIGKILL
+    builder.add_node("collect_trial", collect_trial)  # tool: final status, objective, best
+    builder.add_node("stage_control", stage_control)  # budgets, stage 1 -> stage 2, finish
+    builder.add_node("finish", finish)  # summary
+    builder.add_edge(START, "start")
+    return builder
+
+
+builder = make_builder()
+
+
+def compile_graph(checkpointer=None):
+    """The compiled graph; the session driver passes its SqliteSaver, Studio passes none."""
+    return builder.compile(checkpointer=checkpointer, name="mart")

@@ -1,0 +1,315 @@
+"""The ``mart`` command line (typer). Subcommands stay thin: they parse, then call library functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    name="mart",
+    help="Tune the hyperparameters of LLM RL post-training jobs (GRPO on verl) with agents and a human reviewer.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def trial(
+    backend: str = typer.Option("local", help="Backend: local, verl, sim, or package.module:factory."),
+    steps: int = typer.Option(10, min=1, help="Training steps (the trial's horizon)."),
+    out: Path = typer.Option(..., help="Trial directory (metrics.jsonl, status.json, trial.log)."),
+    set_: list[str] = typer.Option([], "--set", help="Override KEY=VALUE (verl key names); repeatable."),
+    config: Optional[Path] = typer.Option(None, help="YAML or JSON file of KEY: VALUE overrides (flat verl keys)."),
+    memory_capacity_gb: Optional[float] = typer.Option(
+        None, help="Memory capacity in GB (emulated GPU memory on CPU): a peak above it ends the trial as oom."
+    ),
+    seed: int = typer.Option(0, help="Random seed."),
+    verl_entrypoint: Optional[str] = typer.Option(None, help="Command that launches verl (default: python -m verl.trainer.main_ppo)."),
+    base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config (YAML/JSON of KEY: VALUE)."),
+    ray_address: Optional[str] = typer.Option(None, help="Run the trial as a Ray job on this cluster (http://HEAD:8265)."),
+    scenario: Optional[str] = typer.Option(None, help="sim backend: the cluster scenario (e.g. qwen3-8b-1x8)."),
+) -> None:
+    """Run one trial in the foreground and show its progress."""
+    from trial_runner.trial_command import run_trial
+
+    options = {
+        "memory_capacity_gb": memory_capacity_gb,
+        "entrypoint": verl_entrypoint,
+        "base_config": str(base_config) if base_config else None,
+        "ray_address": ray_address,
+        "scenario": scenario,
+    }
+    code = run_trial(
+        backend=backend,
+        steps=steps,
+        out=out,
+        sets=set_,
+        config_file=config,
+        seed=seed,
+        backend_options={k: v for k, v in options.items() if v is not None},
+    )
+    raise typer.Exit(code)
+
+
+
+# -- tuning sessions ------------------------------------------------------------------------------
+RUNS_DIR = typer.Option("runs", "--runs-dir", help="Where run directories live.")
+JSON = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _print_json(data) -> None:
+    import json
+
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    console = _console()
+    if summary.get("status") == "paused":
+        console.print(f"run {summary['run_id']} is paused at a review: `mart review {summary['run_id']}`")
+        return
+    sys_, learn, trials = summary["system"], summary["learning"], summary["trials"]
+    table = Table(title=f"mart run {summary['run_id']}: {summary['status']}")
+    table.add_column("stage")
+    table.add_column("baseline", justify="right")
+    table.add_column("best", justify="right")
+    table.add_column("gain", justify="right")
+    table.add_column("best config")
+
+    def fmt(v, spec=".4g"):
+        return "-" if v is None else format(v, spec)
+
+    table.add_row("system (tokens/s)", fmt(sys_["baseline_throughput"], ".1f"), fmt(sys_["best_throughput"], ".1f"),
+                  fmt(sys_["throughput_gain_pct"], "+.1f") + "%", str(sys_["best_config"] or "baseline"))
+    table.add_row("learning (val score)", fmt(learn["baseline_score"]), fmt(learn["best_score"]),
+                  fmt(learn["score_gain"], "+.3f"), str(learn["best_config"] or "baseline"))
+    console.print(table)
+    console.print(f"memory limit {fmt(sys_['memory_limit_gb'], '.2f')} GB, best system peak "
+                  f"{fmt(sys_['best_peak_memory_gb'], '.2f')} GB; trials: {trials['total']} total, "
+                  f"{trials['early_stopped']} stopped early, {trials['failed']} failed/oom")
+    agents = summary.get("agents") or {}
+    if agents.get("calls"):
+        cost = f", ${agents['cost_usd']:.4f}" if agents.get("cost_usd") else ""
+        console.print(f"LLM agents: {agents['calls']} calls, {agents['prompt_tokens']}+{agents['completion_tokens']} "
+                      f"tokens{cost}, {agents['fallbacks']} fell back to rules")
+    for note in summary.get("notes") or []:
+        console.print(f"note: {note}")
+
+
+def _console():
+    import sys
+
+    from rich.console import Console
+
+    # piped output (CI, logs) gets a wide table instead of rich's 80-column default
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _finish(summary: dict, as_json: bool) -> None:
+    from graph.session import SUMMARY_KEYS
+
+    if as_json:
+        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in SUMMARY_KEYS})
+    else:
+        _print_summary(summary)
+
+
+@app.command()
+def tune(
+    backend: str = typer.Option("local", help="Backend: local, verl, sim, or package.module:factory."),
+    system_trials: int = typer.Option(6, min=1, help="Stage-1 trial budget (baseline included)."),
+    learning_trials: int = typer.Option(5, min=0, help="Stage-2 trial budget (baseline included; 0 skips stage 2)."),
+    system_horizon: int = typer.Option(6, min=1, help="Steps per stage-1 trial (throughput over updates 3-5)."),
+    learning_horizon: int = typer.Option(30, min=1, help="Steps per stage-2 trial."),
+    margin: float = typer.Option(0.1, min=0.0, max=0.99, help="GPU-memory margin: peak <= (1 - margin) x capacity."),
+    memory_capacity_gb: Optional[float] = typer.Option(None, help="Memory capacity (default: the backend's)."),
+    candidates: int = typer.Option(3, min=1, max=10, help="Candidates per proposal round."),
+    wall_clock: Optional[float] = typer.Option(None, help="Wall-clock budget in seconds for the session."),
+    approve: str = typer.Option("tty", help="Reviewer channel: tty, auto, none (pause and exit), slack."),
+    auto_policy: str = typer.Option("all", help="With --approve auto: 'all' or 'margin'."),
+    detach: bool = typer.Option(False, "--detach", help="Exit at the first review (same as --approve none)."),
+    agents: str = typer.Option("rules", help="Agent strategy for both roles: rules or llm."),
+    proposer: Optional[str] = typer.Option(None, help="Proposer strategy (overrides --agents)."),
+    critic: Optional[str] = typer.Option(None, help="Critic strategy (overrides --agents)."),
+    llm_model: Optional[str] = typer.Option(None, help="LLM model name (default $MART_LLM_MODEL)."),
+    llm_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL (default $OPENAI_BASE_URL)."),
+    llm_api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY); never stored."),
+    verl_entrypoint: Optional[str] = typer.Option(None, help="verl backend: launch command."),
+    base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config file."),
+    ray_address: Optional[str] = typer.Option(None, help="Run trials as Ray jobs on this cluster."),
+    scenario: Optional[str] = typer.Option(None, help="sim backend: cluster scenario."),
+    seed: int = typer.Option(0, help="Random seed (agents and trials)."),
+    runs_dir: Path = RUNS_DIR,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    as_json: bool = JSON,
+) -> None:
+    """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
+    from pydantic import ValidationError
+
+    from graph.context import TuneOptions
+    from graph.session import tune as run_tune
+    from state.run_store import RunError
+
+    backend_options = {"entrypoint": verl_entrypoint, "base_config": str(base_config) if base_config else None,
+                       "ray_address": ray_address, "scenario": scenario}
+    try:
+        options = TuneOptions(
+            backend=backend, backend_options={k: v for k, v in backend_options.items() if v is not None},
+            system_trials=system_trials, learning_trials=learning_trials, system_horizon=system_horizon,
+            learning_horizon=learning_horizon, memory_margin=margin, memory_capacity_gb=memory_capacity_gb,
+            num_candidates=candidates, wall_clock_s=wall_clock, approve="none" if detach else approve,
+            auto_policy=auto_policy, agents=agents, proposer=proposer, critic=critic, llm_model=llm_model,
+            llm_base_url=llm_base_url, seed=seed, runs_dir=str(runs_dir), quiet=quiet,
+        )
+    except ValidationError as e:
+        _fail(str(e))
+    try:
+        summary = run_tune(options, api_key=llm_api_key)
+    except (RunError, ValueError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; the run is saved: continue with `mart resume RUN`", 130)
+    _finish(summary, as_json)
+
+
+@app.command()
+def resume(
+    run: str = typer.Argument(..., help="Run id (in --runs-dir) or a run directory's path."),
+    runs_dir: Path = RUNS_DIR,
+    approve: Optional[str] = typer.Option(None, help="Reviewer channel from now on (default: the run's)."),
+    detach: bool = typer.Option(False, "--detach", help="Exit at the next review."),
+    llm_api_key: Optional[str] = typer.Option(None, help="API key for LLM agents (default $OPENAI_API_KEY)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    as_json: bool = JSON,
+) -> None:
+    """Continue a run after a crash, a reboot or a pause; re-attaches a trial that is still running."""
+    from graph.session import resume as run_resume
+    from state.run_store import RunError
+
+    try:
+        summary = run_resume(run, runs_dir, api_key=llm_api_key, approve="none" if detach else approve,
+                             quiet=quiet or None)
+    except (RunError, ValueError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; continue with `mart resume RUN`", 130)
+    _finish(summary, as_json)
+
+
+@app.command()
+def review(
+    run: str = typer.Argument(..., help="Run id or run directory."),
+    runs_dir: Path = RUNS_DIR,
+    approve_: bool = typer.Option(False, "--approve", help="Approve the pending candidate."),
+    reject: Optional[str] = typer.Option(None, "--reject", help="Reject with this feedback for the proposer."),
+    edit: list[str] = typer.Option([], "--edit", help="Edit KEY=VALUE (repeatable), then run it."),
+    reviewer: Optional[str] = typer.Option(None, help="Who decides (default: your user name)."),
+    detach: bool = typer.Option(False, "--detach", help="After answering, exit again at the next review."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    as_json: bool = JSON,
+) -> None:
+    """Answer a run's pending review (interactive without flags) and continue the run."""
+    import getpass
+
+    from graph.reviewers.base import parse_assignments
+    from graph.session import resume as run_resume
+    from state.models import ReviewDecision
+    from state.run_store import RunError
+    from state.search_space import ConfigError
+
+    chosen = [approve_, reject is not None, bool(edit)]
+    if sum(chosen) > 1:
+        _fail("give one of --approve, --reject or --edit")
+    who = reviewer or getpass.getuser()
+    decision = None
+    try:
+        if approve_:
+            decision = ReviewDecision(action="approve", reviewer=who, channel="cli")
+        elif reject is not None:
+            decision = ReviewDecision(action="reject", feedback=reject, reviewer=who, channel="cli")
+        elif edit:
+            decision = ReviewDecision(action="edit", edits=parse_assignments(edit), reviewer=who, channel="cli")
+        summary = run_resume(run, runs_dir, decision=decision, approve="none" if detach else None,
+                             quiet=quiet or None)
+    except (RunError, ConfigError, ValueError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; continue with `mart resume RUN`", 130)
+    _finish(summary, as_json)
+
+
+@app.command()
+def status(
+    run: str = typer.Argument(..., help="Run id or run directory."),
+    runs_dir: Path = RUNS_DIR,
+    as_json: bool = JSON,
+) -> None:
+    """Where a run stands: running, paused (at a review, or waiting for resume), completed, failed."""
+    from graph.reviewers.base import format_request
+    from graph.session import run_status
+    from state.run_store import RunError, RunStore
+
+    try:
+        store = RunStore.open(run, runs_dir)
+        info = run_status(store)
+    except RunError as e:
+        _fail(str(e))
+    if as_json:
+        _print_json(info)
+        return
+    typer.echo(f"run {info['run_id']}: {info['status']}"
+               + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
+               + (f", stage {info['stage']}" if info["stage"] else "")
+               + f", trials done {info['trials_done']}")
+    if info["running_trial"]:
+        t = info["running_trial"]
+        typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}): {t['steps_done']}/{t['horizon']} steps")
+    if info["pending_review"]:
+        typer.echo("pending review:\n" + format_request(info["pending_review"]))
+    if info["error"]:
+        typer.echo(f"error: {info['error']}")
+
+
+@app.command()
+def trials(
+    run: str = typer.Argument(..., help="Run id or run directory."),
+    runs_dir: Path = RUNS_DIR,
+    as_json: bool = JSON,
+) -> None:
+    """The run's trials from the ledger."""
+    from rich.table import Table
+
+    from state.run_store import RunError, RunStore
+
+    try:
+        store = RunStore.open(run, runs_dir)
+    except RunError as e:
+        _fail(str(e))
+    rows = store.ledger.trials()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title=f"trials of {store.run_id}")
+    for col in ("trial", "stage", "kind", "status", "steps", "tok/s", "peak GB", "score", "changes / reason"):
+        table.add_column(col)
+    for r in rows:
+        def f(v, spec=".4g"):
+            return "-" if v is None else format(v, spec)
+        changes = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (r.get("overrides") or {}).items())
+        table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
+                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".2f"),
+                      f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
+    _console().print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

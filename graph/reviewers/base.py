@@ -1,0 +1,154 @@
+"""The reviewer-channel interface and the built-in channels ``auto``, ``tty`` and ``none``.
+
+A channel gets the review request (the interrupt's payload, see ``nodes.human_review``) and returns a
+``ReviewDecision``, or None to leave the run paused (the tuner exits; any channel can answer later).
+"""
+
+from __future__ import annotations
+
+import abc
+import getpass
+import sys
+from typing import Any
+
+from state.models import ReviewDecision
+
+
+class Reviewer(abc.ABC):
+    name: str = "base"
+
+    @abc.abstractmethod
+    def review(self, request: dict[str, Any]) -> ReviewDecision | None:
+        """Answer one review request, or None to detach (the run stays paused at this review)."""
+
+
+class AutoReviewer(Reviewer):
+    """Unattended runs: approve everything, or only candidates predicted within the memory margin."""
+
+    name = "auto"
+
+    def __init__(self, policy: str = "all") -> None:
+        if policy not in ("all", "margin"):
+            raise ValueError(f"auto policy must be 'all' or 'margin', got {policy!r}")
+        self.policy = policy
+
+    def review(self, request: dict[str, Any]) -> ReviewDecision:
+        pred, limit = request.get("predicted_memory_gb"), request.get("memory_limit_gb")
+        if self.policy == "margin" and pred is not None and limit is not None and pred > limit:
+            return ReviewDecision(action="reject", reviewer="auto", channel="auto",
+                                  feedback=f"predicted memory {pred:.2f} GB is above the margin limit {limit:.2f} GB; "
+                                           "propose something that uses less memory")
+        return ReviewDecision(action="approve", reviewer="auto", channel="auto")
+
+
+class DetachReviewer(Reviewer):
+    """``--approve none``: never answers; the tuner saves the pause and exits."""
+
+    name = "none"
+
+    def review(self, request: dict[str, Any]) -> None:
+        return None
+
+
+def format_request(request: dict[str, Any]) -> str:
+    """Plain-text rendering of a review request (tty, logs, Slack fallback text)."""
+    lines = [f"Review #{request.get('review_no')} - run {request.get('run_id')} - {request.get('stage')} stage "
+             f"(trials so far: {request.get('trials_done')})",
+             f"Candidate {request.get('candidate_id')} from {request.get('source')}:"]
+    for d in request.get("diff") or []:
+        lines.append(f"  {d['key']}: {d['current']!r} -> {d['proposed']!r}")
+    if request.get("rationale"):
+        lines.append(f"Rationale: {request['rationale']}")
+    crit = request.get("critique") or {}
+    if crit:
+        lines.append(f"Critic: risk {crit.get('risk')}; " + "; ".join(crit.get("reasons") or []))
+    pred, limit = request.get("predicted_memory_gb"), request.get("memory_limit_gb")
+    if pred is not None or limit is not None:
+        p = "unknown" if pred is None else f"{pred:.2f} GB"
+        lim = "none" if limit is None else f"{limit:.2f} GB"
+        lines.append(f"Predicted peak memory: {p} (limit {lim})")
+    if request.get("error"):
+        lines.append(f"Previous answer refused: {request['error']}")
+    return "\n".join(lines)
+
+
+class TTYReviewer(Reviewer):
+    """Interactive prompt on the terminal."""
+
+    name = "tty"
+
+    def __init__(self, stdin=None, stdout=None) -> None:
+        self.stdin = stdin or sys.stdin
+        self.stdout = stdout or sys.stdout
+
+    def _ask(self, prompt: str) -> str:
+        self.stdout.write(prompt)
+        self.stdout.flush()
+        line = self.stdin.readline()
+        if not line:
+            raise EOFError("no reviewer input (stdin closed)")
+        return line.strip()
+
+    def review(self, request: dict[str, Any]) -> ReviewDecision | None:
+        self.stdout.write("\n" + format_request(request) + "\n")
+        who = getpass.getuser()
+        while True:
+            try:
+                choice = self._ask("[a]pprove, [e]dit, [r]eject with feedback, [d]etach (decide later): ").lower()
+            except EOFError:
+                return None
+            if choice in ("a", "approve"):
+                return ReviewDecision(action="approve", reviewer=who, channel="tty")
+            if choice in ("d", "detach"):
+                return None
+            if choice in ("r", "reject"):
+                fb = self._ask("Feedback for the proposer: ")
+                return ReviewDecision(action="reject", feedback=fb, reviewer=who, channel="tty")
+            if choice in ("e", "edit"):
+                raw = self._ask("KEY=VALUE pairs, space separated: ")
+                try:
+                    edits = parse_assignments(raw.split())
+                except ValueError as e:
+                    self.stdout.write(f"{e}\n")
+                    continue
+                return ReviewDecision(action="edit", edits=edits, reviewer=who, channel="tty")
+            self.stdout.write("Please answer a, e, r or d.\n")
+
+
+def parse_value(text: str) -> Any:
+    """A scalar from the command line: YAML-ish ints, floats, bools, null; else the string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none", "~"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        key, _, value = item.partition("=")
+        out[key.strip().lstrip("+")] = parse_value(value)
+    return out
+
+
+def make_reviewer(approve: str, *, auto_policy: str = "all", **options: Any) -> Reviewer:
+    if approve == "auto":
+        return AutoReviewer(auto_policy)
+    if approve == "tty":
+        return TTYReviewer()
+    if approve == "none":
+        return DetachReviewer()
+    if approve == "slack":
+        from graph.reviewers.slack import SlackReviewer
+
+        return SlackReviewer(**options)
+    raise ValueError(f"unknown reviewer channel {approve!r}: use auto, tty, none or slack")

@@ -1,0 +1,90 @@
+"""Run-time services the nodes use (backend, runner, ledger, agents): the graph's runtime context.
+
+They hold connections and processes, so they never enter graph state. The session driver passes them
+as ``context=``; where no context is given (LangGraph Studio), they are built from the state's options
+and cached per run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from graph.context import TuneOptions
+from nodes.agents.base import Critic, Proposer
+from nodes.agents.registry import make_critic, make_proposer
+from state.ledger import Ledger
+from state.run_store import RunStore
+from trial_runner.base import Backend, TrialRunner
+from trial_runner.registry import load_backend
+
+
+@dataclass
+class Services:
+    options: TuneOptions
+    store: RunStore
+    backend: Backend
+    runner: TrialRunner
+    proposer: Proposer
+    critic: Critic
+    progress: Callable[[dict[str, Any]], None] | None = None
+    """Extra progress sink (besides LangGraph's custom stream), e.g. a Slack thread."""
+    _capacity: float | None = field(default=None, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.store.ledger
+
+    @property
+    def run_id(self) -> str:
+        return self.store.run_id
+
+    def memory_capacity_gb(self) -> float | None:
+        if self._capacity is None:
+            self._capacity = self.options.memory_capacity_gb or self.backend.memory_capacity_gb()
+        return self._capacity
+
+    def memory_limit_gb(self) -> float | None:
+        cap = self.memory_capacity_gb()
+        return None if cap is None else (1.0 - self.options.memory_margin) * cap
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def build_services(options: TuneOptions, store: RunStore, api_key: str | None = None) -> Services:
+    backend_options = dict(options.backend_options)
+    if options.memory_capacity_gb is not None:
+        backend_options.setdefault("memory_capacity_gb", options.memory_capacity_gb)
+    backend = load_backend(options.backend, **backend_options)
+    return Services(
+        options=options,
+        store=store,
+        backend=backend,
+        runner=backend.make_runner(),
+        proposer=make_proposer(options, api_key=api_key),
+        critic=make_critic(options, api_key=api_key),
+    )
+
+
+_CACHE: dict[str, Services] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def services_for(state: dict[str, Any], runtime: Any) -> Services:
+    """The services of this invocation: the runtime context, else cached ones built from the state."""
+    ctx = getattr(runtime, "context", None)
+    if isinstance(ctx, Services):
+        return ctx
+    run_dir = state.get("run_dir")
+    if not run_dir:
+        raise ValueError("state has no run_dir: start sessions through graph.session or the start node")
+    with _CACHE_LOCK:
+        if run_dir not in _CACHE:
+            store = RunStore(Path(run_dir), state.get("run_id") or Path(run_dir).name)
+            options = TuneOptions(**(state.get("options") or {}))
+            _CACHE[run_dir] = build_services(options, store, api_key=os.environ.get("OPENAI_API_KEY"))
+        return _CACHE[run_dir]

@@ -1,0 +1,244 @@
+"""The session driver: creates or opens a run, drives the graph, hands reviews to a reviewer channel.
+
+One process drives a run at a time (the run's writer lock). The graph is checkpointed after every
+node (``durability="sync"``), so a killed driver resumes where it stopped; trials run in their own
+processes and are re-attached, not relaunched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from langgraph.types import Command
+
+from graph.builder import compile_graph
+from graph.context import TuneOptions
+from graph.reviewers.base import Reviewer, make_reviewer
+from graph.services import Services, build_services
+from state.models import ReviewDecision
+from state.run_store import RunError, RunStore
+
+SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials")
+
+
+def graph_config(run_id: str) -> dict[str, Any]:
+    # Never put secrets in `configurable`: LangGraph copies some of it into checkpoint metadata.
+    return {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
+
+
+class ConsoleProgress:
+    """Human-readable progress lines (rich); silent when quiet."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        if not quiet:
+            from rich.console import Console
+
+            self.console = Console(stderr=True, highlight=False)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        kind = event.get("event")
+        c = self.console
+        if kind == "trial_launched":
+            c.print(f"[bold]▶ {event['trial_id']}[/] {event['kind']} ({event['stage']} stage, {event['horizon']} steps)")
+        elif kind == "trial_reattached":
+            c.print(f"[bold]↺ {event['trial_id']}[/] re-attached (still known to the ledger)")
+        elif kind == "trial_step":
+            parts = [f"  step {event['step']:>3}"]
+            for key, fmt in (("throughput", "{:.0f} tok/s"), ("memory_gb", "{:.2f} GB"), ("reward", "reward {:.3f}"),
+                             ("entropy", "entropy {:.3f}"), ("val_score", "val {:.3f}")):
+                if event.get(key) is not None:
+                    parts.append(fmt.format(event[key]))
+            c.print("  ".join(parts), style="dim")
+        elif kind == "health":
+            style = "red" if event["severity"] == "stop" else "yellow"
+            c.print(f"  health {event['severity']}: {event['rule']}: {event['message']}", style=style)
+        elif kind == "trial_stopped":
+            c.print(f"  ■ stopped: {event['reason']}", style="red")
+        elif kind == "trial_done":
+            val = event.get("throughput") if event.get("score") is None else event.get("score")
+            c.print(f"  ✓ {event['trial_id']}: {event['status']}"
+                    + (f", objective {val:.4g}" if val is not None else "")
+                    + (f", peak {event['peak_memory_gb']:.2f} GB" if event.get("peak_memory_gb") else "")
+                    + ("" if event.get("eligible") else f" (not eligible: {event.get('reason') or 'see ledger'})"))
+        elif kind == "proposed":
+            c.print(f"[cyan]proposer[/] round {event['round']}: {len(event['candidates'])} candidates")
+        elif kind == "critique":
+            c.print(f"[cyan]critic[/] picked {event['pick']}" if event["pick"] else f"[cyan]critic[/] {event['feedback']}")
+        elif kind == "trial_failed":
+            c.print(f"  ✗ {event['trial_id']}: {event['reason']}", style="red")
+
+
+def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,
+           api_key: str | None, progress: ConsoleProgress) -> dict[str, Any]:
+    services: Services = build_services(options, store, api_key=api_key)
+    services.progress = progress
+    graph = compile_graph(store.checkpointer())
+    config = graph_config(store.run_id)
+    ledger = store.ledger
+    ledger.upsert_run(store.run_id, status="running", pid=os.getpid(), error=None)
+    inp = first_input
+    try:
+        while True:
+            for _ in graph.stream(inp, config, context=services, stream_mode="updates", durability="sync"):
+                pass
+            snap = graph.get_state(config)
+            if not snap.next:
+                summary = snap.values.get("summary") or {}
+                return summary
+            if not snap.interrupts:
+                raise RunError(f"the graph stopped at {snap.next} without a pending review")
+            request = snap.interrupts[0].value
+            decision = reviewer.review(request)
+            if decision is None:
+                ledger.upsert_run(store.run_id, status="paused", pid=None)
+                if not options.quiet:
+                    progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
+                                           f"answer with `mart review {store.run_id}` (or from Slack/Studio)")
+                return {"run_id": store.run_id, "status": "paused", "pending_review": request}
+            inp = Command(resume=decision.model_dump(mode="json"))
+    except KeyboardInterrupt:
+        ledger.upsert_run(store.run_id, status="paused", pid=None)
+        raise
+    except Exception as e:
+        ledger.upsert_run(store.run_id, status="failed", pid=None, error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        services.close()
+
+
+def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | None = None,
+         run_id: str | None = None) -> dict[str, Any]:
+    """Start a new session and drive it until it completes or pauses at a review.
+
+    Returns:
+        The summary dict (``SUMMARY_KEYS`` + notes, agents), or ``{"run_id", "status": "paused", ...}``.
+    """
+    store = RunStore.create(options.runs_dir, run_id)
+    try:
+        reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
+        store.ledger.upsert_run(store.run_id, options=options.model_dump(mode="json"))
+        with store.lock():
+            progress = ConsoleProgress(options.quiet)
+            if not options.quiet:
+                progress.console.print(f"[bold]mart[/] run {store.run_id} in {store.run_dir}")
+            first = {"options": options.model_dump(mode="json"), "run_id": store.run_id, "run_dir": str(store.run_dir)}
+            return _drive(store, options, first, reviewer, api_key, progress)
+    finally:
+        store.close()
+
+
+def load_options(store: RunStore, **overrides: Any) -> TuneOptions:
+    row = store.ledger.run(store.run_id) or {}
+    data = dict(row.get("options") or {})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return TuneOptions(**data)
+
+
+def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,
+           reviewer: Reviewer | None = None, decision: ReviewDecision | None = None,
+           **option_overrides: Any) -> dict[str, Any]:
+    """Continue a run: after a crash, a Ctrl-C, or a pause (``decision`` answers the pending review)."""
+    store = RunStore.open(run, runs_dir)
+    try:
+        with store.lock():
+            options = load_options(store, **option_overrides)
+            status = (store.ledger.run(store.run_id) or {}).get("status")
+            if status == "completed":
+                row = store.ledger.run(store.run_id) or {}
+                return row.get("summary") or {"run_id": store.run_id, "status": "completed"}
+            reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
+            progress = ConsoleProgress(options.quiet)
+            graph = compile_graph(store.checkpointer())
+            snap = graph.get_state(graph_config(store.run_id))
+            if decision is not None:
+                if not snap.interrupts:
+                    raise RunError(f"run {store.run_id} has no pending review to answer")
+                validate_decision(store, options, snap, decision)
+                first: Any = Command(resume=decision.model_dump(mode="json"))
+            elif snap.interrupts:
+                request = snap.interrupts[0].value
+                answer = reviewer.review(request)
+                if answer is None:
+                    store.ledger.upsert_run(store.run_id, status="paused", pid=None)
+                    return {"run_id": store.run_id, "status": "paused", "pending_review": request}
+                first = Command(resume=answer.model_dump(mode="json"))
+            elif not snap.values:
+                raise RunError(f"run {store.run_id} has no checkpoint yet; start a new one with `mart tune`")
+            else:
+                first = None  # continue from the last checkpoint (re-attaches a running trial)
+            if not options.quiet:
+                progress.console.print(f"[bold]mart[/] resuming run {store.run_id}")
+            return _drive(store, options, first, reviewer, api_key, progress)
+    finally:
+        store.close()
+
+
+def validate_decision(store: RunStore, options: TuneOptions, snap, decision: ReviewDecision) -> None:
+    """Refuse an invalid edit before it reaches the graph (ConfigError names the key and rule)."""
+    if decision.action != "edit":
+        return
+    from nodes.human_review import apply_decision
+    from trial_runner.registry import load_backend
+
+    values = snap.values
+    request = snap.interrupts[0].value
+    backend = load_backend(options.backend, **options.backend_options)
+    space = backend.search_space()
+    stage = values["stage"]
+    base = dict(backend.base_config())
+    if stage == "learning":
+        base.update((values.get("best_overrides") or {}).get("system", {}))
+    cand = values["selected"]
+    assert cand.candidate_id == request["candidate_id"]
+    apply_decision(decision, cand, space, stage, base)
+
+
+def pending_review(store: RunStore) -> dict[str, Any] | None:
+    """The pending review request of a run, or None."""
+    graph = compile_graph(store.checkpointer())
+    snap = graph.get_state(graph_config(store.run_id))
+    return snap.interrupts[0].value if snap.interrupts else None
+
+
+def run_status(store: RunStore) -> dict[str, Any]:
+    """Where a run stands: running / paused / completed / failed, the running trial, pending review."""
+    row = store.ledger.run(store.run_id) or {}
+    status = row.get("status") or "created"
+    holder = store.lock_holder()
+    graph = compile_graph(store.checkpointer())
+    snap = graph.get_state(graph_config(store.run_id))
+    values = snap.values or {}
+    waiting_for = None
+    if holder:
+        status = "running"
+    elif status in ("running", "created", "paused"):
+        status = "paused"
+        waiting_for = "review" if snap.interrupts else "resume"
+    trials = store.ledger.trials()
+    running = next((t for t in trials if t["status"] == "running"), None)
+    return {
+        "run_id": store.run_id,
+        "run_dir": str(store.run_dir),
+        "status": status,
+        "waiting_for": waiting_for,
+        "driver_pid": holder,
+        "stage": values.get("stage"),
+        "next": list(snap.next),
+        "trials_done": values.get("trials_done") or {},
+        "running_trial": None if running is None else {
+            "trial_id": running["trial_id"], "stage": running["stage"], "kind": running["kind"],
+            "steps_done": len(store.ledger.metric_records(running["trial_id"])),
+            "horizon": running.get("horizon"),
+        },
+        "pending_review": snap.interrupts[0].value if snap.interrupts else None,
+        "summary": row.get("summary"),
+        "error": row.get("error"),
+        "updated_at": row.get("updated_at"),
+        "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
+    }

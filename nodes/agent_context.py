@@ -1,0 +1,63 @@
+"""Builds the ``AgentContext`` both agents see, from graph state and the ledger."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodes.agents.base import AgentContext
+from nodes.agents.memory_model import MemoryModel
+from nodes.stage_control import stage_base_config
+from state.models import TrialRecord, TrialStatus
+
+OBJECTIVES = {
+    "system": "maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
+              "memory stays within (1 - margin) x capacity",
+    "learning": "maximise the final validation score with the system config fixed; unhealthy trials are stopped early",
+}
+
+VERL_PERF_GUIDE = (
+    "verl perf-guide order: rollout memory share (gpu_memory_utilization) and max_num_seqs/max_num_batched_tokens "
+    "-> smaller rollout TP -> remove padding -> micro-batch sizes (forward-only ~2x training) -> dynamic bsz with "
+    "ppo_max_token_len_per_gpu >= 2-3x(prompt+response) -> Ulysses SP for >32k -> FSDP2 -> entropy "
+    "chunking/checkpointing. Rule of thumb: mem_per_gpu x gpu_mem_util x TP > 2 x params."
+)
+
+
+def trial_from_row(row: dict[str, Any]) -> TrialRecord:
+    return TrialRecord(
+        trial_id=row["trial_id"], stage=row["stage"], kind=row.get("kind") or "candidate",
+        candidate_id=row.get("candidate_id"), config=row.get("config") or {},
+        status=TrialStatus(row.get("status") or "failed"), reason=row.get("reason"),
+        steps_done=row.get("steps_done") or 0, throughput=row.get("throughput"),
+        peak_memory_gb=row.get("peak_memory_gb"), score=row.get("score"),
+        early_stopped=bool(row.get("early_stopped")), wall_s=row.get("wall_s") or 0.0,
+    )
+
+
+def build_agent_context(state: dict[str, Any], services) -> AgentContext:
+    stage = state["stage"]
+    space = services.backend.search_space()
+    history = [trial_from_row(r) for r in services.ledger.trials() if r.get("status") != "running"]
+    model = MemoryModel.fit(
+        [t for t in history if t.stage == "system"] if stage == "system" else history,
+        [p.key for p in space.params], services.memory_capacity_gb(),
+    )
+    notes = [VERL_PERF_GUIDE] if services.backend.name in ("verl", "sim") else []
+    return AgentContext(
+        stage=stage,
+        objective=OBJECTIVES[stage],
+        search_space=space,
+        base_config=stage_base_config(state, services, stage),
+        best_overrides=dict((state.get("best_overrides") or {}).get(stage, {})),
+        profile=(state.get("profiles") or {}).get(stage),
+        history=history,
+        health_events=services.ledger.health_events(),
+        feedback=list(state.get("feedback") or []),
+        memory_limit_gb=services.memory_limit_gb(),
+        predict_memory=model.predict,
+        num_candidates=services.options.num_candidates,
+        round=state.get("round", 0),
+        seed=services.options.seed,
+        backend=services.backend.name,
+        notes=notes,
+    )

@@ -1,0 +1,1 @@
+"""Agent strategies behind the proposer and critic nodes: ``rules`` (offline default) and ``llm``."""

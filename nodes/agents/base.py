@@ -1,0 +1,99 @@
+"""The strategy interface of the two agents. A node builds a context, a strategy answers.
+
+Strategies are pure with respect to the graph: they read the context and return models; the nodes
+record what they returned in the ledger and put the small parts in graph state.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+
+from state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord
+from state.search_space import SearchSpace
+
+
+@dataclass
+class AgentContext:
+    """Everything an agent may know when it proposes or critiques (built by the nodes, never stored)."""
+
+    stage: Stage
+    objective: str
+    search_space: SearchSpace
+    base_config: dict[str, Any]
+    """The full flat config candidates are applied to (stage 2: with the best system config fixed)."""
+    best_overrides: dict[str, Any]
+    """Overrides of the best trial of this stage so far (empty = the baseline)."""
+    profile: Profile | None
+    history: list[TrialRecord]
+    health_events: list[HealthEvent] = field(default_factory=list)
+    feedback: list[str] = field(default_factory=list)
+    """Reviewer feedback and critic reasons from rejected rounds, oldest first."""
+    memory_limit_gb: float | None = None
+    predict_memory: Callable[[dict[str, Any]], float | None] = lambda config: None
+    """Memory model fitted on the trials seen so far: full config -> predicted peak GB (None = unknown)."""
+    num_candidates: int = 3
+    round: int = 0
+    seed: int = 0
+    backend: str = "local"
+    notes: list[str] = field(default_factory=list)
+    """Free-form facts for LLM prompts (e.g. verl's perf-guide ordering)."""
+
+    def tried_keys(self) -> set[str]:
+        """Config hashes of every trial run so far in this stage (duplicates are pointless)."""
+        from state.models import config_hash
+
+        return {config_hash(t.config) for t in self.history if t.stage == self.stage}
+
+    def full_config(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        return {**self.base_config, **overrides}
+
+
+class CriticVerdict(BaseModel):
+    """The critic's answer for one round."""
+
+    critiques: list[Critique]
+    pick: str | None = Field(None, description="candidate_id chosen, or None to send the proposer back")
+    feedback: str = Field("", description="why none survived (reaches the proposer's next round)")
+
+
+class AgentCallInfo(BaseModel):
+    """What one agent call cost and how it went (recorded in the ledger's agent_calls table)."""
+
+    role: str
+    strategy: str
+    ok: bool = True
+    fallback_reason: str | None = None
+    error: str | None = Field(None, description="why this call's answer was not usable (repaired or fallen back)")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    latency_s: float = 0.0
+
+
+class Proposer(abc.ABC):
+    """Proposes ``ctx.num_candidates`` candidates for the current stage."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def propose(self, ctx: AgentContext) -> list[Candidate]: ...
+
+    def last_calls(self) -> list[AgentCallInfo]:
+        """Calls made by the last ``propose`` (LLM strategies report tokens and fallbacks)."""
+        return []
+
+
+class Critic(abc.ABC):
+    """Checks candidates and picks one, or sends the proposer back with reasons."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def critique(self, ctx: AgentContext, candidates: list[Candidate]) -> CriticVerdict: ...
+
+    def last_calls(self) -> list[AgentCallInfo]:
+        return []

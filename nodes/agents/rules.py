@@ -1,0 +1,260 @@
+"""The rules strategy (offline default): informed coordinate search from the stage's best config.
+
+Proposer: from the current best, one-knob moves (×2 / ÷2, ±step, flip), scored by how much of the step
+the knob's phase takes (the profile), the direction known to be faster, memory headroom, momentum from
+moves that already paid off, health signals (stage 2) and reviewer feedback; the top K untried moves.
+Critic: validation, constraints, duplicates, the memory model against the margin; ranks the rest by
+expected gain discounted by risk.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
+from nodes.agents.feedback import FeedbackRules, parse_feedback
+from nodes.agents.knob_effects import effect_of
+from state.models import Candidate, Critique, TrialStatus, config_hash
+from state.search_space import ConfigError, ParamSpec
+
+
+def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:
+    """Neighbouring values of a knob: (direction, value)."""
+    if spec.kind == "bool":
+        return [("up" if not value else "down", not bool(value))]
+    if spec.kind == "categorical":
+        choices = list(spec.choices or ())
+        if value not in choices:
+            return [("up", choices[0])]
+        i = choices.index(value)
+        out = []
+        if i + 1 < len(choices):
+            out.append(("up", choices[i + 1]))
+        if i > 0:
+            out.append(("down", choices[i - 1]))
+        return out
+    assert spec.low is not None and spec.high is not None
+    if value is None:  # a null default (verl's micro batches): start from a small concrete value
+        return [("up", spec.validate(max(spec.low, min(spec.high, 4 if spec.kind == "int" else spec.low))))]
+    v = float(value)
+    if spec.kind in ("int", "log") or (v > 0 and spec.high / max(spec.low, 1e-12) >= 8):
+        ups, downs = v * 2, v / 2
+    else:
+        step = (spec.high - spec.low) / 5
+        ups, downs = v + step, v - step
+    out = []
+    for direction, nv in (("up", ups), ("down", downs)):
+        nv = min(spec.high, max(spec.low, nv))
+        if spec.kind == "int":
+            nv = int(round(nv))
+        else:
+            nv = float(f"{nv:.4g}")
+        if nv != value:
+            out.append((direction, nv))
+    return out
+
+
+def _direction_matches(direction: str, faster: Any) -> bool | None:
+    if faster is None:
+        return None
+    if isinstance(faster, bool):
+        return (direction == "up") == faster
+    return direction == faster
+
+
+class RulesProposer(Proposer):
+    name = "rules"
+
+    def propose(self, ctx: AgentContext) -> list[Candidate]:
+        rng = random.Random(ctx.seed * 1000 + ctx.round + 17 * len(ctx.history))
+        fb = parse_feedback(ctx.feedback, ctx.search_space)
+        start = dict(ctx.best_overrides)
+        current = ctx.full_config(start)
+        tried = ctx.tried_keys()
+        scored: list[tuple[float, float, Candidate]] = []
+        for spec in ctx.search_space.stage_params(ctx.stage):
+            for direction, value in _moves(spec, current.get(spec.key, spec.default)):
+                if not fb.allows(spec.key, direction):
+                    continue
+                overrides = {**start, spec.key: value}
+                if ctx.base_config.get(spec.key, spec.default) == value:
+                    overrides.pop(spec.key)  # back to the base value: not an override
+                if config_hash(ctx.full_config(overrides)) in tried:
+                    continue
+                if ctx.search_space.check_constraints(ctx.full_config(overrides)):
+                    continue
+                score, why = self._score(ctx, spec, direction, current.get(spec.key), value, fb)
+                if score <= 0:
+                    continue
+                pred = ctx.predict_memory(ctx.full_config(overrides))
+                cand = Candidate(
+                    candidate_id="", stage=ctx.stage, overrides=overrides, source="rules", rationale=why,
+                    predicted_memory_gb=pred, expected_gain=round(score, 4),
+                )
+                scored.append((score, rng.random(), cand))
+        scored.sort(key=lambda t: (-t[0], t[1]))
+        out = []
+        seen = set()
+        for _, _, cand in scored:
+            k = cand.key()
+            if k in seen:
+                continue
+            seen.add(k)
+            out.append(cand)
+            if len(out) == ctx.num_candidates:
+                break
+        return out
+
+    # -- scoring ----------------------------------------------------------------------------------
+    def _score(self, ctx: AgentContext, spec: ParamSpec, direction: str, old: Any, new: Any,
+               fb: FeedbackRules) -> tuple[float, str]:
+        if ctx.stage == "system":
+            score, why = self._system_score(ctx, spec, direction, old, new, fb)
+        else:
+            score, why = self._learning_score(ctx, spec, direction, old, new)
+        if spec.key in fb.focus:
+            score = score * 3 + 0.5
+            why += " The reviewer asked for this change."
+        return score, why
+
+    def _momentum(self, ctx: AgentContext, key: str, direction: str) -> float:
+        """+1 when moving this knob this way improved on its stage's best before, -1 when it hurt."""
+        stage_trials = [t for t in ctx.history if t.stage == ctx.stage]
+        base = next((t for t in stage_trials if t.kind == "baseline"), None)
+        if base is None:
+            return 0.0
+        m = 0.0
+        for t in stage_trials:
+            if t.kind == "baseline" or key not in t.config or t.config.get(key) == base.config.get(key):
+                continue
+            moved_up = _greater(t.config.get(key), base.config.get(key))
+            if moved_up is None or (direction == "up") != moved_up:
+                continue
+            obj, ref = t.objective(ctx.stage), base.objective(ctx.stage)
+            if t.status in (TrialStatus.OOM, TrialStatus.FAILED) or t.early_stopped:
+                m -= 1.0
+            elif obj is not None and ref is not None:
+                m += 1.0 if obj > ref else -0.5
+        return m
+
+    def _system_score(self, ctx, spec, direction, old, new, fb) -> tuple[float, str]:
+        eff = effect_of(spec.key)
+        phase_share = {p.name: p.share for p in ctx.profile.phases} if ctx.profile else {}
+        share = phase_share.get(eff.phase, 0.25 if eff.phase == "all" else 0.05)
+        faster = _direction_matches(direction, eff.faster)
+        mem_up = (
+            (eff.memory_elasticity > 0 and direction == "up") or (eff.memory_elasticity < 0 and direction == "down")
+            or (eff.memory_factor_on > 1 and direction == "up") or (eff.memory_factor_on < 1 and direction == "down")
+        )
+        headroom = ctx.profile.memory_headroom_gb if ctx.profile else None
+        limit = ctx.memory_limit_gb
+        pred = ctx.predict_memory(ctx.full_config({**ctx.best_overrides, spec.key: new}))
+        score = share * (1.0 if faster else 0.35 if faster is None else 0.08)
+        if mem_up and limit and pred is not None and pred > limit:
+            score *= 0.05
+        if fb.prefer_low_memory and mem_up:
+            score *= 0.2
+        m = self._momentum(ctx, spec.key, direction)
+        score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
+        phase_txt = f"{eff.phase} takes {share:.0%} of the step" if eff.phase in phase_share else "a general knob"
+        mem_txt = ""
+        if pred is not None and limit:
+            mem_txt = f"; predicted peak {pred:.2f} GB vs limit {limit:.2f} GB"
+        elif headroom is not None:
+            mem_txt = f"; memory headroom {headroom:.2f} GB"
+        verb = "speeds up" if faster else "may speed up" if faster is None else "trades speed for memory in"
+        why = (f"{spec.key}: {old!r} -> {new!r}. {phase_txt}; this {verb} that phase"
+               f"{' (' + eff.note + ')' if eff.note else ''}{mem_txt}.")
+        if m > 0:
+            why += " Moving it this way already paid off."
+        return max(score, 0.0), why
+
+    def _learning_score(self, ctx, spec, direction, old, new) -> tuple[float, str]:
+        key = spec.key
+        rules = {e.rule for e in ctx.health_events if e.trial_id in {t.trial_id for t in ctx.history
+                                                                      if t.stage == "learning"}}
+        unstable = rules & {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"}
+        collapsed = "entropy_collapse" in rules
+        # priors: GRPO on small models usually gains from a larger lr and more rollouts per prompt
+        score, why = 0.2, ""
+        if key.endswith("optim.lr"):
+            score = 0.8 if direction == "up" else 0.3
+            why = "a larger step size learns faster on a short horizon" if direction == "up" else "a smaller step size is safer"
+            if unstable:
+                score = 1.0 if direction == "down" else 0.05
+                why = f"instability seen ({', '.join(sorted(unstable))}): lower the learning rate"
+        elif key.endswith("rollout.n"):
+            score = 0.5 if direction == "up" else 0.15
+            why = "more rollouts per prompt give better group baselines" if direction == "up" else "fewer rollouts, cheaper steps"
+        elif key.endswith("entropy_coeff"):
+            score = 0.7 if collapsed and direction == "up" else 0.15
+            why = "entropy collapsed: an entropy bonus keeps exploring" if collapsed else "entropy regularisation"
+        elif key.endswith("rollout.temperature"):
+            score = 0.5 if collapsed and direction == "up" else 0.2 if direction == "down" else 0.1
+            why = "sampling temperature shapes exploration"
+        elif key.endswith("clip_ratio_high"):
+            score = 0.45 if direction == "up" else 0.1
+            why = "clip-higher (DAPO) lets low-probability tokens grow, against entropy collapse"
+        elif key.endswith("clip_ratio_low"):
+            score = 0.1
+            why = "lower clip bound"
+        elif "kl" in key:
+            score = 0.6 if unstable and direction == "up" else 0.2 if direction == "down" else 0.1
+            why = "a KL penalty keeps the policy near the reference" if direction == "up" else "less KL regularisation lets the policy move"
+        m = self._momentum(ctx, key, direction)
+        score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
+        why = f"{key}: {old!r} -> {new!r}. {why}."
+        if m > 0:
+            why += " Moving it this way already paid off."
+        return max(score, 0.0), why
+
+
+def _greater(a: Any, b: Any) -> bool | None:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return bool(a) and not bool(b)
+    try:
+        return float(a) > float(b)
+    except (TypeError, ValueError):
+        return None
+
+
+class RulesCritic(Critic):
+    name = "rules"
+
+    def critique(self, ctx: AgentContext, candidates: list[Candidate]) -> CriticVerdict:
+        tried = ctx.tried_keys()
+        critiques = []
+        for cand in candidates:
+            reasons: list[str] = []
+            try:
+                ctx.search_space.validate_overrides(cand.overrides, stage=ctx.stage)
+            except ConfigError as e:
+                reasons.append(str(e))
+            full = ctx.full_config(cand.overrides)
+            reasons += ctx.search_space.check_constraints(full)
+            if config_hash(full) in tried:
+                reasons.append("duplicate of a config already tried in this stage")
+            pred = ctx.predict_memory(full)
+            risk = "medium" if pred is None and ctx.stage == "system" else "low"
+            if pred is not None and ctx.memory_limit_gb:
+                if pred > ctx.memory_limit_gb:
+                    reasons.append(f"predicted peak memory {pred:.2f} GB exceeds the limit {ctx.memory_limit_gb:.2f} GB")
+                elif pred > 0.9 * ctx.memory_limit_gb:
+                    risk = "high"
+                elif pred > 0.75 * ctx.memory_limit_gb:
+                    risk = "medium"
+            accepted = not reasons
+            gain = cand.expected_gain if cand.expected_gain is not None else 0.1
+            score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
+            if accepted:
+                reasons.append(f"passes constraints; predicted peak "
+                               f"{'unknown' if pred is None else f'{pred:.2f} GB'}; risk {risk}")
+            critiques.append(Critique(candidate_id=cand.candidate_id, accepted=accepted, reasons=reasons,
+                                      predicted_memory_gb=pred, risk=risk, score=round(score, 4)))
+        ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
+        if ranked:
+            return CriticVerdict(critiques=critiques, pick=ranked[0].candidate_id)
+        why = "; ".join(f"{c.candidate_id}: {c.reasons[0]}" for c in critiques if c.reasons) or "no candidates"
+        return CriticVerdict(critiques=critiques, pick=None, feedback=f"critic rejected every candidate ({why})")

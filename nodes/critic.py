@@ -1,0 +1,36 @@
+"""Critic node: checks the candidates (constraints, memory model, duplicates), picks one or sends back."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.types import Command
+
+from graph.services import services_for
+from nodes.agent_context import build_agent_context
+from tools.progress import emit
+
+
+def critic(state, runtime) -> Command[Literal["human_review", "proposer", "stage_control"]]:
+    services = services_for(state, runtime)
+    ctx = build_agent_context(state, services)
+    candidates = state.get("candidates") or []
+    verdict = services.critic.critique(ctx, candidates)
+    by_id = {c.candidate_id: c for c in candidates}
+    if verdict.pick is not None and verdict.pick not in by_id:
+        verdict = verdict.model_copy(update={"pick": None, "feedback": f"critic picked unknown id {verdict.pick}"})
+    stage, rnd = state["stage"], state.get("round", 0)
+    slot = (state.get("trials_done") or {}).get(stage, 0)
+    services.ledger.add_critiques(services.run_id, verdict.critiques, verdict.pick)
+    services.ledger.add_agent_calls(services.run_id, f"{stage}-{slot}-{rnd}-critic", services.critic.last_calls())
+    emit(services, {"event": "critique", "pick": verdict.pick, "feedback": verdict.feedback,
+                    "accepted": [c.candidate_id for c in verdict.critiques if c.accepted]})
+    update = {"critiques": verdict.critiques}
+    if verdict.pick is not None:
+        crit = next(c for c in verdict.critiques if c.candidate_id == verdict.pick)
+        chosen = by_id[verdict.pick].model_copy(update={"predicted_memory_gb": crit.predicted_memory_gb})
+        return Command(goto="human_review", update={**update, "selected": chosen})
+    if rnd <= services.options.max_revision_rounds:
+        return Command(goto="proposer", update={**update, "feedback": [*(state.get("feedback") or []), verdict.feedback]})
+    reason = f"the critic rejected every candidate for {rnd} rounds ({verdict.feedback})"
+    return Command(goto="stage_control", update={**update, "exhausted": {**(state.get("exhausted") or {}), stage: reason}})

@@ -1,0 +1,34 @@
+"""Health monitor node: applies the health rules to the active trial's metrics and decides its fate.
+
+Stage 2: NaN, entropy collapse, KL blow-up, grad-norm explosion, reward collapse (stop when persistent),
+stagnation and response clipping (warnings unless persistent). Stage 1: NaN and the memory margin.
+Baselines are never stopped (they define the reference), but their events are recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.types import Command
+
+from graph.services import services_for
+from nodes.health_rules import HealthConfig, evaluate
+from tools.progress import emit
+
+
+def health_monitor(state, runtime) -> Command[Literal["watch_trial", "stop_trial", "collect_trial"]]:
+    services = services_for(state, runtime)
+    record = state["pending_trial"]
+    records = services.ledger.metric_records(record.trial_id)
+    cfg = HealthConfig(memory_limit_gb=services.memory_limit_gb() if record.stage == "system" else None)
+    events = evaluate(record.stage, record.trial_id, records, cfg)
+    services.ledger.add_health_events(events)
+    for ev in events:
+        emit(services, {"event": "health", "trial_id": ev.trial_id, "rule": ev.rule, "severity": ev.severity,
+                        "message": ev.message})
+    if state.get("trial_finished"):
+        return Command(goto="collect_trial")
+    stops = [e for e in events if e.severity == "stop"]
+    if stops and record.kind != "baseline":
+        return Command(goto="stop_trial", update={"stop_reason": f"health: {stops[0].rule}: {stops[0].message}"})
+    return Command(goto="watch_trial")

@@ -1,0 +1,195 @@
+"""Training-health rules: pure functions over a trial's metric records, with persistence windows.
+
+Each rule looks at the whole stream so far and returns at most one ``HealthEvent``; ``severity="stop"``
+means the anomaly persisted for its window and the trial should end early. Thresholds are relative to
+the trial's own early steps where possible, so the rules transfer between the CPU workload and verl.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from state.models import HealthEvent
+from state.objectives import MEMORY_KEYS
+from trial_runner.metrics import StepRecord
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    window: int = 3
+    """Consecutive steps an anomaly must persist before it stops a trial."""
+    warmup: int = 2
+    """Steps used as the trial's own reference (entropy, grad norm, reward)."""
+    entropy_collapse_ratio: float = 0.15
+    """Entropy below this fraction of its early level = collapse."""
+    kl_max: float = 1.0
+    """actor/ppo_kl or actor/kl_loss above this = KL blow-up."""
+    grad_norm_factor: float = 10.0
+    """Grad norm above this multiple of its early median = explosion."""
+    reward_collapse_ratio: float = 0.5
+    """Reward below this fraction of its best so far (after warm-up) = collapse."""
+    stagnation_steps: int = 12
+    """No reward improvement for this many steps = stagnation (a warning only)."""
+    clip_ratio_max: float = 0.2
+    """response_length/clip_ratio above this and rising = responses truncated (verl: >0.1 is too much)."""
+    memory_limit_gb: float | None = None
+    """Stage 1: peak memory above this limit (the margin rule) stops the trial."""
+
+
+Rule = Callable[[str, list[StepRecord], HealthConfig], "HealthEvent | None"]
+
+
+def _series(records: list[StepRecord], *keys: str) -> list[tuple[int, float]]:
+    out = []
+    for r in records:
+        for k in keys:
+            if k in r.data:
+                out.append((r.step, r.data[k]))
+                break
+    return [(s, v) for s, v in out if s >= 1]
+
+
+def _persisting(series: list[tuple[int, float]], bad: Callable[[float], bool], window: int) -> int:
+    """Length of the run of trailing steps for which ``bad`` holds."""
+    n = 0
+    for _, v in reversed(series):
+        if not bad(v):
+            break
+        n += 1
+    return n
+
+
+def _event(trial_id, step, rule, persisted, window, message, value) -> HealthEvent:
+    severity = "stop" if persisted >= window else "warn"
+    return HealthEvent(trial_id=trial_id, step=step, rule=rule, severity=severity,
+                       message=f"{message} ({persisted}/{window} steps)", value=value)
+
+
+WATCHED = ("actor/entropy", "actor/grad_norm", "actor/pg_loss", "critic/score/mean", "actor/ppo_kl")
+
+
+def nan_metrics(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    """NaN/inf in core training metrics: stops at once (verl skips such updates; the run is broken)."""
+    for r in reversed(records):
+        if r.step < 1:
+            continue
+        bad = [k for k in WATCHED if k in r.data and not math.isfinite(r.data[k])]
+        if bad:
+            return HealthEvent(trial_id=trial_id, step=r.step, rule="nan", severity="stop",
+                               message=f"non-finite {', '.join(bad)} at step {r.step}", value=None)
+        return None
+    return None
+
+
+def entropy_collapse(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    s = _series(records, "actor/entropy")
+    if len(s) <= cfg.warmup:
+        return None
+    ref = statistics.fmean(v for _, v in s[: cfg.warmup])
+    if not math.isfinite(ref) or ref <= 0:
+        return None
+    limit = cfg.entropy_collapse_ratio * ref
+    n = _persisting(s, lambda v: v < limit, cfg.window)
+    if n:
+        return _event(trial_id, s[-1][0], "entropy_collapse", n, cfg.window,
+                      f"entropy {s[-1][1]:.3g} < {cfg.entropy_collapse_ratio:g} x early {ref:.3g}", s[-1][1])
+    return None
+
+
+def kl_blowup(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    s = _series(records, "actor/ppo_kl")
+    k = _series(records, "actor/kl_loss")
+    for series, name in ((s, "ppo_kl"), (k, "kl_loss")):
+        n = _persisting(series, lambda v: abs(v) > cfg.kl_max, cfg.window)
+        if n:
+            return _event(trial_id, series[-1][0], "kl_blowup", n, cfg.window,
+                          f"{name} {series[-1][1]:.3g} > {cfg.kl_max:g}", series[-1][1])
+    return None
+
+
+def grad_norm_explosion(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    s = _series(records, "actor/grad_norm")
+    if len(s) <= cfg.warmup:
+        return None
+    ref = statistics.median(v for _, v in s[: cfg.warmup])
+    if not math.isfinite(ref) or ref <= 0:
+        return None
+    limit = cfg.grad_norm_factor * ref
+    n = _persisting(s, lambda v: v > limit, cfg.window)
+    if n:
+        return _event(trial_id, s[-1][0], "grad_norm_explosion", n, cfg.window,
+                      f"grad norm {s[-1][1]:.3g} > {cfg.grad_norm_factor:g} x early {ref:.3g}", s[-1][1])
+    return None
+
+
+def reward_collapse(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    s = _series(records, "critic/score/mean")
+    if len(s) <= cfg.warmup + 1:
+        return None
+    best = max(v for _, v in s[: -1])
+    if best <= 0:
+        return None
+    limit = cfg.reward_collapse_ratio * best
+    n = _persisting(s, lambda v: v < limit, cfg.window)
+    if n:
+        return _event(trial_id, s[-1][0], "reward_collapse", n, cfg.window,
+                      f"reward {s[-1][1]:.3g} < {cfg.reward_collapse_ratio:g} x best {best:.3g}", s[-1][1])
+    return None
+
+
+def reward_stagnation(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    s = _series(records, "critic/score/mean")
+    if len(s) <= cfg.stagnation_steps:
+        return None
+    head, tail = s[: -cfg.stagnation_steps], s[-cfg.stagnation_steps:]
+    if max(v for _, v in tail) <= max(v for _, v in head):
+        return HealthEvent(trial_id=trial_id, step=s[-1][0], rule="reward_stagnation", severity="warn",
+                           message=f"no reward improvement in {cfg.stagnation_steps} steps", value=s[-1][1])
+    return None
+
+
+def response_clipping(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    s = _series(records, "response_length/clip_ratio")
+    if len(s) < 2:
+        return None
+    rising = s[-1][1] >= s[0][1]
+    n = _persisting(s, lambda v: v > cfg.clip_ratio_max, cfg.window)
+    if n and rising:
+        return _event(trial_id, s[-1][0], "response_clipping", n, cfg.window,
+                      f"response clip ratio {s[-1][1]:.2f} > {cfg.clip_ratio_max:g} and rising", s[-1][1])
+    return None
+
+
+def memory_margin(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
+    """Stage 1: the measured peak is above (1 - margin) x capacity; such a config is infeasible."""
+    if cfg.memory_limit_gb is None:
+        return None
+    s = _series(records, *MEMORY_KEYS)
+    over = [(step, v) for step, v in s if v > cfg.memory_limit_gb]
+    if over:
+        step, v = over[-1]
+        return HealthEvent(trial_id=trial_id, step=step, rule="memory_margin", severity="stop",
+                           message=f"peak memory {v:.3g} GB above the margin limit {cfg.memory_limit_gb:.3g} GB",
+                           value=v)
+    return None
+
+
+LEARNING_RULES: tuple[Rule, ...] = (
+    nan_metrics, entropy_collapse, kl_blowup, grad_norm_explosion, reward_collapse, reward_stagnation,
+    response_clipping,
+)
+SYSTEM_RULES: tuple[Rule, ...] = (nan_metrics, memory_margin)
+
+
+def evaluate(stage: str, trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> list[HealthEvent]:
+    """All events the stage's rules raise on the stream so far."""
+    rules = SYSTEM_RULES if stage == "system" else LEARNING_RULES
+    events = []
+    for rule in rules:
+        ev = rule(trial_id, records, cfg)
+        if ev is not None:
+            events.append(ev)
+    return events

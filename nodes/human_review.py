@@ -1,0 +1,97 @@
+"""Human review node: one ``interrupt`` per decision; approve, edit or reject with feedback.
+
+The reviewer sees the candidate, its diff against the stage's current best, the proposer's rationale and
+the critic's assessment. Edits are validated against the search space; an invalid edit is answered by
+asking again (the node stays paused) rather than by failing the run. Code before ``interrupt`` only reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from langgraph.types import Command, interrupt
+from pydantic import ValidationError
+
+from graph.services import services_for
+from nodes.stage_control import stage_base_config
+from state.models import Candidate, ReviewDecision, TrialRecord, config_hash
+from state.search_space import ConfigError
+
+
+def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
+    """The interrupt payload (JSON-friendly): what any reviewer channel shows."""
+    cand: Candidate = state["selected"]
+    stage = state["stage"]
+    best = dict((state.get("best_overrides") or {}).get(stage, {}))
+    base = stage_base_config(state, services, stage)
+    current = {**base, **best}
+    diff = [
+        {"key": k, "current": current.get(k), "proposed": v}
+        for k, v in cand.overrides.items() if current.get(k) != v
+    ] + [
+        {"key": k, "current": v, "proposed": base.get(k)} for k, v in best.items() if k not in cand.overrides
+    ]
+    crit = next((c for c in state.get("critiques") or [] if c.candidate_id == cand.candidate_id), None)
+    profile = (state.get("profiles") or {}).get(stage)
+    return {
+        "kind": "mart_review",
+        "run_id": services.run_id,
+        "review_no": state.get("reviews", 0) + 1,
+        "stage": stage,
+        "candidate_id": cand.candidate_id,
+        "overrides": cand.overrides,
+        "diff": diff,
+        "rationale": cand.rationale,
+        "source": cand.source,
+        "critique": crit.model_dump(mode="json") if crit else None,
+        "predicted_memory_gb": cand.predicted_memory_gb,
+        "memory_limit_gb": services.memory_limit_gb(),
+        "bottleneck": profile.bottleneck if profile else None,
+        "trials_done": (state.get("trials_done") or {}).get(stage, 0),
+        "allowed": ["approve", "edit", "reject"],
+    }
+
+
+def apply_decision(decision: ReviewDecision, cand: Candidate, space, stage: str, base: dict[str, Any]) -> dict[str, Any]:
+    """The overrides to run after ``decision`` (raises ConfigError for an invalid edit)."""
+    overrides = dict(cand.overrides)
+    if decision.action == "edit":
+        if not decision.edits:
+            raise ConfigError("an edit needs at least one KEY=VALUE")
+        overrides.update(space.validate_overrides(decision.edits, stage=stage))
+        errors = space.check_constraints({**base, **overrides})
+        if errors:
+            raise ConfigError("; ".join(errors))
+    return overrides
+
+
+def human_review(state, runtime) -> Command[Literal["launch_trial", "proposer"]]:
+    services = services_for(state, runtime)
+    cand: Candidate = state["selected"]
+    stage = state["stage"]
+    space = services.backend.search_space()
+    base = stage_base_config(state, services, stage)
+    request = build_review_request(state, services)
+    error = None
+    while True:
+        answer = interrupt({**request, "error": error}, response_schema=ReviewDecision)
+        try:
+            decision = answer if isinstance(answer, ReviewDecision) else ReviewDecision.model_validate(answer)
+            overrides = apply_decision(decision, cand, space, stage, base)
+            break
+        except (ValidationError, ConfigError) as e:
+            error = f"invalid decision: {e}"  # ask again; the run stays paused at this review
+    reviews = state.get("reviews", 0) + 1
+    services.ledger.add_review(services.run_id, f"review-{reviews:03d}", cand.candidate_id, decision)
+    if decision.action == "reject":
+        note = decision.feedback.strip() or "the reviewer rejected the candidate without a comment"
+        feedback = [*(state.get("feedback") or []), f"reviewer rejected {cand.overrides}: {note}"]
+        return Command(goto="proposer", update={"reviews": reviews, "feedback": feedback, "selected": None})
+    seq = state.get("trial_seq", 0) + 1
+    config = {**base, **overrides}
+    record = TrialRecord(
+        trial_id=f"{stage[:3]}-{seq:02d}-{config_hash(overrides)[:6]}", stage=stage, kind="candidate",
+        candidate_id=cand.candidate_id, config=config,
+    )
+    selected = cand.model_copy(update={"overrides": overrides, "source": "reviewer-edit"}) if decision.action == "edit" else cand
+    return Command(goto="launch_trial", update={"reviews": reviews, "pending_trial": record, "selected": selected})

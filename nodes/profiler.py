@@ -1,0 +1,99 @@
+"""Profiler: runs each stage's baseline and builds its phase-wise profile.
+
+The node runs twice per stage: first it queues the baseline trial (run by the trial tool nodes),
+then, once that trial is collected, it reads its metrics from the ledger and builds the ``Profile``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from langgraph.types import Command
+
+from graph.services import services_for
+from nodes.stage_control import stage_base_config
+from state.models import PhaseProfile, Profile, Stage, TrialRecord
+from state.objectives import peak_memory_gb, throughput_window
+from trial_runner.metrics import StepRecord, mean_over_steps
+
+#: verl's phases of one RL step, in execution order.
+PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor")
+
+
+def build_profile(
+    trial: TrialRecord, records: list[StepRecord], horizon: int, memory_limit_gb: float | None,
+    score_prefix: str = "val-core/",
+) -> Profile:
+    """Pure: phase shares, throughput, memory headroom and response lengths of one trial."""
+    first, last = throughput_window(horizon)
+    if not any(first <= r.step <= last for r in records):
+        first, last = 1, max((r.step for r in records), default=1)
+
+    def mean(key: str) -> float:
+        return mean_over_steps(records, key, first, last)
+
+    step_time = mean("timing_s/step")
+    phase_times = {p: mean(f"timing_s/{p}") for p in PHASES}
+    phase_times = {p: t for p, t in phase_times.items() if not math.isnan(t)}
+    total = step_time if step_time and not math.isnan(step_time) else sum(phase_times.values()) or 1.0
+    phases = [PhaseProfile(name=p, mean_s=t, share=t / total) for p, t in phase_times.items()]
+    bottleneck = max(phases, key=lambda p: p.mean_s).name if phases else "unknown"
+    peak = peak_memory_gb(records)
+    peak = 0.0 if math.isnan(peak) else peak
+    score = None
+    for rec in reversed(records):
+        vals = [v for k, v in rec.data.items() if k.startswith(score_prefix) and not math.isnan(v)]
+        if vals:
+            score = vals[0]
+            break
+    entropy = mean("actor/entropy")
+    return Profile(
+        trial_id=trial.trial_id,
+        stage=trial.stage,
+        throughput=trial.throughput if trial.throughput is not None else mean("perf/throughput"),
+        step_time_s=0.0 if math.isnan(step_time) else step_time,
+        phases=phases,
+        bottleneck=bottleneck,
+        peak_memory_gb=peak,
+        memory_limit_gb=memory_limit_gb,
+        memory_headroom_gb=None if memory_limit_gb is None else memory_limit_gb - peak,
+        response_length_mean=_or0(mean("response_length/mean")),
+        response_length_max=_or0(max((r.get("response_length/max") for r in records), default=0.0)),
+        response_clip_ratio=_or0(mean("response_length/clip_ratio")),
+        score=score,
+        entropy=None if math.isnan(entropy) else entropy,
+    )
+
+
+def _or0(v: float) -> float:
+    return 0.0 if v is None or math.isnan(v) else float(v)
+
+
+def profiler(state, runtime) -> Command[Literal["launch_trial", "proposer", "stage_control"]]:
+    services = services_for(state, runtime)
+    stage: Stage = state["stage"]
+    if stage in (state.get("profiles") or {}):
+        return Command(goto="proposer")
+    baseline: TrialRecord | None = (state.get("baseline") or {}).get(stage)
+    if baseline is None:
+        # Queue the stage's baseline: the base config as it is (stage 2: stage 1's best system config).
+        seq = state.get("trial_seq", 0) + 1
+        record = TrialRecord(
+            trial_id=f"{stage[:3]}-{seq:02d}-baseline", stage=stage, kind="baseline",
+            config=stage_base_config(state, services, stage),
+        )
+        return Command(goto="launch_trial", update={"pending_trial": record})
+    from nodes.stage_control import stage_horizon
+
+    records = services.ledger.metric_records(baseline.trial_id)
+    profile = build_profile(baseline, records, stage_horizon(services.options, stage), services.memory_limit_gb(),
+                            services.backend.score_metric_prefix)
+    services.ledger.set_profile(services.run_id, stage, baseline.trial_id, profile)
+    update: dict[str, Any] = {"profiles": {**(state.get("profiles") or {}), stage: profile}}
+    if baseline.objective(stage) is None:
+        # A baseline that produced no objective (crash, OOM) leaves nothing to compare against.
+        reason = f"baseline trial {baseline.trial_id} ended {baseline.status.value}: {baseline.reason or 'no objective'}"
+        update["exhausted"] = {**(state.get("exhausted") or {}), stage: reason}
+        return Command(goto="stage_control", update=update)
+    return Command(goto="proposer", update=update)

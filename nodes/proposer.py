@@ -1,0 +1,34 @@
+"""Proposer node: asks the proposer strategy (rules or llm) for K candidates and records them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.types import Command
+
+from graph.services import services_for
+from nodes.agent_context import build_agent_context
+from tools.progress import emit
+
+
+def proposer(state, runtime) -> Command[Literal["critic", "stage_control"]]:
+    services = services_for(state, runtime)
+    ctx = build_agent_context(state, services)
+    raw = services.proposer.propose(ctx)
+    stage, rnd = state["stage"], state.get("round", 0)
+    slot = (state.get("trials_done") or {}).get(stage, 0)
+    # ids are deterministic (stage, slot, round, index), so a re-run after a crash overwrites its own rows
+    candidates = [
+        c.model_copy(update={"candidate_id": f"{stage[:3]}-{slot:02d}-r{rnd}-c{i}", "stage": stage})
+        for i, c in enumerate(raw)
+    ]
+    services.ledger.add_proposals(services.run_id, rnd, candidates)
+    services.ledger.add_agent_calls(services.run_id, f"{stage}-{slot}-{rnd}-proposer", services.proposer.last_calls())
+    emit(services, {"event": "proposed", "stage": stage, "round": rnd,
+                    "candidates": [{"id": c.candidate_id, "overrides": c.overrides} for c in candidates]})
+    if not candidates:
+        reason = "the proposer found no untried candidate" + (
+            f" that follows the feedback ({'; '.join(state.get('feedback') or [])})" if state.get("feedback") else "")
+        return Command(goto="stage_control", update={
+            "exhausted": {**(state.get("exhausted") or {}), stage: reason}, "candidates": []})
+    return Command(goto="critic", update={"candidates": candidates, "round": rnd + 1})

@@ -1,0 +1,228 @@
+"""The ledger: every trial, metric, proposal, critique, review, health event and stage result of a run.
+
+sqlite-utils tables in the run's SQLite file (beside LangGraph's checkpoint tables). Rows use
+deterministic primary keys and upserts, so a node that re-runs after a crash does not duplicate them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlite_utils
+
+from state.models import Candidate, Critique, HealthEvent, ReviewDecision, TrialRecord
+
+DB_FILE = "mart.sqlite"
+
+_SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
+    "runs": ({"run_id": str, "created_at": float, "updated_at": float, "status": str, "options": str,
+              "summary": str, "error": str, "pid": int}, "run_id"),
+    "trials": ({"trial_id": str, "run_id": str, "seq": int, "stage": str, "kind": str, "candidate_id": str,
+                "config": str, "overrides": str, "status": str, "reason": str, "handle": str, "trial_dir": str,
+                "started_at": float, "ended_at": float, "steps_done": int, "horizon": int, "throughput": float,
+                "peak_memory_gb": float, "score": float, "early_stopped": int, "wall_s": float}, "trial_id"),
+    "metrics": ({"trial_id": str, "step": int, "key": str, "value": float}, ("trial_id", "step", "key")),
+    "proposals": ({"candidate_id": str, "run_id": str, "stage": str, "round": int, "overrides": str,
+                   "rationale": str, "source": str, "predicted_memory_gb": float, "expected_gain": float,
+                   "created_at": float}, "candidate_id"),
+    "critiques": ({"candidate_id": str, "run_id": str, "accepted": int, "picked": int, "reasons": str,
+                   "predicted_memory_gb": float, "risk": str, "score": float, "created_at": float}, "candidate_id"),
+    "reviews": ({"review_id": str, "run_id": str, "candidate_id": str, "action": str, "edits": str,
+                 "feedback": str, "reviewer": str, "channel": str, "created_at": float}, "review_id"),
+    "health_events": ({"event_id": str, "trial_id": str, "step": int, "rule": str, "severity": str,
+                       "message": str, "value": float, "created_at": float}, "event_id"),
+    "stage_results": ({"run_id": str, "stage": str, "baseline_trial": str, "best_trial": str,
+                       "baseline_value": float, "best_value": float, "best_config": str, "note": str},
+                      ("run_id", "stage")),
+    "profiles": ({"run_id": str, "stage": str, "trial_id": str, "profile": str}, ("run_id", "stage")),
+    "agent_calls": ({"call_id": str, "run_id": str, "role": str, "strategy": str, "ok": int,
+                     "fallback_reason": str, "prompt_tokens": int, "completion_tokens": int, "cost_usd": float,
+                     "latency_s": float, "created_at": float}, "call_id"),
+}
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+
+def _json(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+class Ledger:
+    """Queryable record of a run. One instance per process; writes are small and immediate."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        self.db = sqlite_utils.Database(conn)
+        self.ensure_schema()
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> "Ledger":
+        return cls(Path(run_dir) / DB_FILE)
+
+    def ensure_schema(self) -> None:
+        for name, (columns, pk) in _SCHEMAS.items():
+            if not self.db[name].exists():
+                self.db[name].create(columns, pk=pk)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # -- runs -------------------------------------------------------------------------------------
+    def upsert_run(self, run_id: str, **fields: Any) -> None:
+        row = {"run_id": run_id, "updated_at": time.time(), **fields}
+        for key in ("options", "summary"):
+            if key in row and not isinstance(row[key], str) and row[key] is not None:
+                row[key] = _json(row[key])
+        if not self.db["runs"].count_where("run_id = ?", [run_id]):
+            row.setdefault("created_at", time.time())
+        self.db["runs"].upsert(row, pk="run_id", alter=True)
+
+    def run(self, run_id: str | None = None) -> dict[str, Any] | None:
+        rows = list(self.db["runs"].rows_where("run_id = ?", [run_id]) if run_id else self.db["runs"].rows)
+        if not rows:
+            return None
+        row = dict(rows[0])
+        for key in ("options", "summary"):
+            if row.get(key):
+                row[key] = json.loads(row[key])
+        return row
+
+    # -- trials -----------------------------------------------------------------------------------
+    def upsert_trial(self, record: TrialRecord, *, run_id: str, seq: int | None = None, **extra: Any) -> None:
+        row: dict[str, Any] = {
+            "trial_id": record.trial_id, "run_id": run_id, "stage": record.stage, "kind": record.kind,
+            "candidate_id": record.candidate_id, "config": _json(record.config), "status": record.status.value,
+            "reason": record.reason, "steps_done": record.steps_done, "throughput": _num(record.throughput),
+            "peak_memory_gb": _num(record.peak_memory_gb), "score": _num(record.score),
+            "early_stopped": int(record.early_stopped), "wall_s": record.wall_s,
+        }
+        if seq is not None:
+            row["seq"] = seq
+        for key, value in extra.items():
+            row[key] = _json(value) if isinstance(value, (dict, list)) else value
+        self.db["trials"].upsert(row, pk="trial_id", alter=True)
+
+    def set_trial_fields(self, trial_id: str, **fields: Any) -> None:
+        fields = {k: (_json(v) if isinstance(v, (dict, list)) else v) for k, v in fields.items()}
+        self.db["trials"].update(trial_id, fields, alter=True)
+
+    def trial(self, trial_id: str) -> dict[str, Any] | None:
+        rows = list(self.db["trials"].rows_where("trial_id = ?", [trial_id]))
+        return self._decode_trial(rows[0]) if rows else None
+
+    def trials(self, stage: str | None = None) -> list[dict[str, Any]]:
+        where, args = ("stage = ?", [stage]) if stage else (None, [])
+        return [self._decode_trial(r) for r in self.db["trials"].rows_where(where, args, order_by="seq")]
+
+    @staticmethod
+    def _decode_trial(row: dict[str, Any]) -> dict[str, Any]:
+        row = dict(row)
+        for key in ("config", "overrides", "handle"):
+            if row.get(key):
+                row[key] = json.loads(row[key])
+        row["early_stopped"] = bool(row.get("early_stopped"))
+        return row
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def add_metrics(self, trial_id: str, records: Iterable[Any]) -> int:
+        rows = [
+            {"trial_id": trial_id, "step": rec.step, "key": k, "value": _num(v)}
+            for rec in records for k, v in rec.data.items()
+        ]
+        if rows:
+            self.db["metrics"].upsert_all(rows, pk=("trial_id", "step", "key"))
+        return len(rows)
+
+    def metric_records(self, trial_id: str) -> list[Any]:
+        from trial_runner.metrics import StepRecord
+
+        by_step: dict[int, dict[str, float]] = {}
+        for r in self.db["metrics"].rows_where("trial_id = ?", [trial_id], order_by="step"):
+            by_step.setdefault(r["step"], {})[r["key"]] = math.nan if r["value"] is None else r["value"]
+        return [StepRecord(step=s, data=d) for s, d in sorted(by_step.items())]
+
+    # -- agents and reviews -----------------------------------------------------------------------
+    def add_proposals(self, run_id: str, round_: int, candidates: list[Candidate]) -> None:
+        now = time.time()
+        self.db["proposals"].upsert_all([
+            {"candidate_id": c.candidate_id, "run_id": run_id, "stage": c.stage, "round": round_,
+             "overrides": _json(c.overrides), "rationale": c.rationale, "source": c.source,
+             "predicted_memory_gb": _num(c.predicted_memory_gb), "expected_gain": _num(c.expected_gain),
+             "created_at": now} for c in candidates
+        ], pk="candidate_id")
+
+    def add_critiques(self, run_id: str, critiques: list[Critique], pick: str | None) -> None:
+        now = time.time()
+        self.db["critiques"].upsert_all([
+            {"candidate_id": c.candidate_id, "run_id": run_id, "accepted": int(c.accepted),
+             "picked": int(c.candidate_id == pick), "reasons": _json(c.reasons),
+             "predicted_memory_gb": _num(c.predicted_memory_gb), "risk": c.risk, "score": _num(c.score),
+             "created_at": now} for c in critiques
+        ], pk="candidate_id")
+
+    def add_review(self, run_id: str, review_id: str, candidate_id: str, decision: ReviewDecision) -> None:
+        self.db["reviews"].upsert({
+            "review_id": review_id, "run_id": run_id, "candidate_id": candidate_id, "action": decision.action,
+            "edits": _json(decision.edits), "feedback": decision.feedback, "reviewer": decision.reviewer,
+            "channel": decision.channel, "created_at": time.time(),
+        }, pk="review_id")
+
+    def add_health_events(self, events: list[HealthEvent]) -> None:
+        if events:
+            self.db["health_events"].upsert_all([
+                {"event_id": f"{e.trial_id}:{e.rule}:{e.step}", "trial_id": e.trial_id, "step": e.step,
+                 "rule": e.rule, "severity": e.severity, "message": e.message, "value": _num(e.value),
+                 "created_at": time.time()} for e in events
+            ], pk="event_id")
+
+    def health_events(self, trial_id: str | None = None) -> list[HealthEvent]:
+        where, args = ("trial_id = ?", [trial_id]) if trial_id else (None, [])
+        return [
+            HealthEvent(trial_id=r["trial_id"], step=r["step"], rule=r["rule"], severity=r["severity"],
+                        message=r["message"], value=r["value"])
+            for r in self.db["health_events"].rows_where(where, args, order_by="created_at")
+        ]
+
+    def add_agent_calls(self, run_id: str, prefix: str, calls: list[Any]) -> None:
+        if calls:
+            self.db["agent_calls"].upsert_all([
+                {"call_id": f"{prefix}:{i}", "run_id": run_id, "role": c.role, "strategy": c.strategy,
+                 "ok": int(c.ok), "fallback_reason": c.fallback_reason, "prompt_tokens": c.prompt_tokens,
+                 "completion_tokens": c.completion_tokens, "cost_usd": _num(c.cost_usd),
+                 "latency_s": c.latency_s, "created_at": time.time()} for i, c in enumerate(calls)
+            ], pk="call_id")
+
+    def agent_usage(self, run_id: str) -> dict[str, Any]:
+        rows = list(self.db["agent_calls"].rows_where("run_id = ?", [run_id]))
+        return {
+            "calls": len(rows),
+            "fallbacks": sum(1 for r in rows if r["fallback_reason"]),
+            "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
+            "completion_tokens": sum(r["completion_tokens"] or 0 for r in rows),
+            "cost_usd": round(sum(r["cost_usd"] or 0.0 for r in rows), 6),
+        }
+
+    def set_profile(self, run_id: str, stage: str, trial_id: str, profile: Any) -> None:
+        self.db["profiles"].upsert({"run_id": run_id, "stage": stage, "trial_id": trial_id,
+                                    "profile": profile.model_dump_json()}, pk=("run_id", "stage"))
+
+    def set_stage_result(self, run_id: str, stage: str, **fields: Any) -> None:
+        row = {"run_id": run_id, "stage": stage, **fields}
+        if isinstance(row.get("best_config"), dict):
+            row["best_config"] = _json(row["best_config"])
+        for k in ("baseline_value", "best_value"):
+            if k in row:
+                row[k] = _num(row[k])
+        self.db["stage_results"].upsert(row, pk=("run_id", "stage"), alter=True)
+
+    def table_rows(self, name: str) -> list[dict[str, Any]]:
+        return list(self.db[name].rows)

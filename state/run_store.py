@@ -1,0 +1,164 @@
+"""A run directory: one SQLite file for LangGraph's checkpoints and the ledger, a writer lock, trial dirs.
+
+Layout::
+
+    <runs_dir>/<run_id>/mart.sqlite    checkpoints (langgraph-checkpoint-sqlite) + ledger (sqlite-utils)
+    <runs_dir>/<run_id>/lock           held (flock) by the one process driving the run; holds its pid
+    <runs_dir>/<run_id>/trials/<id>/   one directory per trial (metrics.jsonl, status.json, trial.log)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from state.ledger import DB_FILE, Ledger
+
+
+class RunError(Exception):
+    """A run cannot be opened or driven; the message says why and what to do."""
+
+
+class RunNotFound(RunError):
+    pass
+
+
+class NotAMartRun(RunError):
+    pass
+
+
+class RunLocked(RunError):
+    pass
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class RunStore:
+    """Paths and connections of one run. ``open`` validates that the directory really is a mart run."""
+
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.db_path = run_dir / DB_FILE
+        self._lock_fd: int | None = None
+        self._ledger: Ledger | None = None
+
+    # -- creation and lookup ----------------------------------------------------------------------
+    @classmethod
+    def create(cls, runs_dir: str | Path, run_id: str | None = None) -> "RunStore":
+        run_id = run_id or new_run_id()
+        run_dir = Path(runs_dir).resolve() / run_id
+        if run_dir.exists():
+            raise RunError(f"run directory {run_dir} already exists")
+        (run_dir / "trials").mkdir(parents=True)
+        store = cls(run_dir, run_id)
+        store.ledger.upsert_run(run_id, status="created")
+        return store
+
+    @classmethod
+    def open(cls, ref: str | Path, runs_dir: str | Path = "runs") -> "RunStore":
+        """Open a run by id (looked up in ``runs_dir``) or by its directory's path.
+
+        Raises:
+            RunNotFound: no such run.
+            NotAMartRun: the directory's SQLite file is missing, corrupted or not written by mart.
+        """
+        candidates = [Path(ref), Path(runs_dir) / str(ref)]
+        run_dir = next((p for p in candidates if p.is_dir()), None)
+        if run_dir is None:
+            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists())[-5:]
+            hint = f" Known runs in {runs_dir}: {', '.join(known)}." if known else f" No runs in {runs_dir}."
+            raise RunNotFound(f"no run {str(ref)!r} (looked in {runs_dir}/ and as a path).{hint}")
+        run_dir = run_dir.resolve()
+        db = run_dir / DB_FILE
+        if not db.exists():
+            raise NotAMartRun(f"{run_dir} is not a mart run: {DB_FILE} is missing")
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+            try:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                rows = conn.execute("SELECT run_id FROM runs").fetchall() if "runs" in tables else []
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as e:
+            raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
+        if "runs" not in tables or "trials" not in tables or len(rows) != 1:
+            raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")
+        return cls(run_dir, rows[0][0])
+
+    # -- resources --------------------------------------------------------------------------------
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(self.db_path)
+        return self._ledger
+
+    def checkpointer(self):
+        """A SqliteSaver on the run's file (one writer process: guard with ``lock``)."""
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        from state.serde import make_serde
+
+        conn = sqlite3.connect(self.db_path, check_same_thread=False, timeout=30)
+        return SqliteSaver(conn, serde=make_serde())
+
+    def trial_dir(self, trial_id: str) -> Path:
+        path = self.run_dir / "trials" / trial_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- one writer per run -----------------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run's writer lock (non-blocking): a second driver gets ``RunLocked`` at once."""
+        path = self.run_dir / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = self.lock_holder()
+            raise RunLocked(
+                f"run {self.run_id} is already being driven by another process"
+                + (f" (pid {holder})" if holder else "") + "; one writer per run."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            self._lock_fd = None
+
+    def lock_holder(self) -> int | None:
+        """Pid of the process driving the run now, or None when nobody holds the lock."""
+        path = self.run_dir / "lock"
+        if not path.exists():
+            return None
+        fd = os.open(path, os.O_RDWR)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = path.read_text().strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None

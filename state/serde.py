@@ -1,0 +1,19 @@
+"""The checkpoint serializer, with mart's state types registered for strict msgpack mode."""
+
+from __future__ import annotations
+
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from state.models import STATE_TYPES
+
+
+def allowed_types() -> list[tuple[str, str]]:
+    from trial_runner.base import TrialHandle, TrialPoll
+
+    types = [*STATE_TYPES, TrialHandle, TrialPoll]
+    return [(t.__module__, t.__qualname__) for t in types]
+
+
+def make_serde() -> JsonPlusSerializer:
+    """Serializer that round-trips mart's pydantic models (also under LANGGRAPH_STRICT_MSGPACK=true)."""
+    return JsonPlusSerializer(allowed_msgpack_modules=allowed_types())

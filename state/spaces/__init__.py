@@ -1,0 +1,1 @@
+"""Search-space catalogues, one module per backend (``local``, ``verl``; the simulator uses ``verl``)."""

@@ -1,0 +1,1 @@
+"""Trial tool nodes: launch, watch, stop and collect trials. All side effects on trials live here."""

@@ -1,0 +1,53 @@
+"""Launch tool node: starts the pending trial once, recording it in the ledger *before* it starts.
+
+Idempotent: a graph resumed after a crash re-runs this node; a trial that already has a handle in the
+ledger is re-attached (running) or collected (finished), never launched a second time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from langgraph.types import Command
+
+from graph.services import services_for
+from nodes.stage_control import overrides_of, stage_horizon
+from state.models import TrialStatus
+from tools.progress import emit
+from trial_runner.base import TrialHandle, TrialSpec
+
+
+def launch_trial(state, runtime) -> Command[Literal["watch_trial", "collect_trial"]]:
+    services = services_for(state, runtime)
+    record = state["pending_trial"]
+    ledger = services.ledger
+    seq = state.get("trial_seq", 0) + 1
+    fresh = {"trial_seq": seq, "trial_finished": False, "stop_reason": None}
+    existing = ledger.trial(record.trial_id)
+    if existing and existing.get("handle"):
+        emit(services, {"event": "trial_reattached", "trial_id": record.trial_id})
+        return Command(goto="watch_trial", update={**fresh, "active": existing["handle"]})
+
+    horizon = stage_horizon(services.options, record.stage)
+    trial_dir = services.store.trial_dir(record.trial_id)
+    ledger.upsert_trial(
+        record.model_copy(update={"status": TrialStatus.RUNNING}), run_id=services.run_id, seq=seq,
+        horizon=horizon, trial_dir=str(trial_dir), started_at=time.time(),
+        overrides=overrides_of(state, services, record),
+    )
+    spec = TrialSpec(
+        trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=str(trial_dir),
+        memory_capacity_gb=services.memory_capacity_gb(), seed=services.options.seed,
+    )
+    try:
+        handle: TrialHandle = services.runner.launch(spec)
+    except Exception as e:  # a launch that fails is a failed trial, not a failed session
+        ledger.set_trial_fields(record.trial_id, status=TrialStatus.FAILED.value, reason=f"launch failed: {e}")
+        emit(services, {"event": "trial_failed", "trial_id": record.trial_id, "reason": str(e)})
+        return Command(goto="collect_trial", update={**fresh, "active": None, "trial_finished": True})
+    ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
+    emit(services, {"event": "trial_launched", "trial_id": record.trial_id, "stage": record.stage,
+                    "kind": record.kind, "horizon": horizon})
+    return Command(goto="watch_trial", update={**fresh, "active": handle.model_dump(mode="json")})
+

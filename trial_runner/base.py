@@ -1,0 +1,141 @@
+"""The trial-runner interface every backend implements, and the on-disk trial contract.
+
+Ownership of a running trial: the process (or Ray job) belongs to the trial, not to the tuner. A runner
+only *launches* it and afterwards talks to it through a serialisable ``TrialHandle`` (pid + start time,
+or job id). A tuner that crashed and resumed builds a new runner and re-attaches with the same handle:
+``poll`` and ``stop`` must work on a handle made by another process. ``launch`` is not idempotent by
+itself; the caller (``tools.trials``) records the handle in the ledger before waiting on it.
+
+Trial directory contract (all backends write or mirror it):
+    <trial_dir>/metrics.jsonl   verl's file-logger format: one ``{"step": N, "data": {...}}`` per line,
+                                NaN/inf as null, lines written whole.
+    <trial_dir>/status.json     written once at the end: {"status": completed|oom|failed|stopped,
+                                "reason": str|null, "last_step": int}
+    <trial_dir>/trial.log       stdout/stderr of the job.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from state.models import TrialStatus
+from state.search_space import SearchSpace
+from trial_runner.metrics import MetricsTail, StepRecord
+
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+LOG_FILE = "trial.log"
+
+
+class TrialSpec(BaseModel):
+    """What to run: a full flat config (verl keys), a horizon in steps, a directory of its own."""
+
+    trial_id: str
+    config: dict[str, Any]
+    steps: int = Field(ge=1)
+    trial_dir: str
+    memory_capacity_gb: float | None = None
+    seed: int = 0
+
+
+class TrialHandle(BaseModel):
+    """Serialisable reference to a launched trial (kept in the ledger; survives tuner restarts)."""
+
+    trial_id: str
+    backend: str
+    trial_dir: str
+    pid: int | None = None
+    pid_create_time: float | None = Field(None, description="guards against pid reuse after a reboot")
+    job_id: str | None = None
+    started_at: float = Field(default_factory=time.time)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrialPoll(BaseModel):
+    """Where a trial stands now."""
+
+    status: TrialStatus
+    reason: str | None = None
+    last_step: int | None = None
+
+
+class TrialRunner(abc.ABC):
+    """Launches trials and follows them through handles. Implementations: local, verl, ray, sim."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def launch(self, spec: TrialSpec) -> TrialHandle:
+        """Start the trial and return at once (do not wait for it to finish)."""
+
+    @abc.abstractmethod
+    def poll(self, handle: TrialHandle) -> TrialPoll:
+        """Non-blocking: RUNNING, or the final status once the trial has ended."""
+
+    @abc.abstractmethod
+    def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
+        """Stop the trial (SIGTERM, grace, SIGKILL or the backend's equivalent) and return its final status."""
+
+    def metrics(self, handle: TrialHandle) -> MetricsTail:
+        """A tail reader over the trial's metric stream (complete lines only)."""
+        return MetricsTail(Path(handle.trial_dir) / METRICS_FILE)
+
+    def read_all_metrics(self, handle: TrialHandle) -> list[StepRecord]:
+        return self.metrics(handle).read_new()
+
+    def close(self) -> None:
+        """Release client resources (connections); running trials are left alone."""
+
+
+class Backend(abc.ABC):
+    """A backend plugin: a trial runner plus the search-space catalogue and config rules of its jobs.
+
+    ``--backend package.module:factory`` loads any callable returning a ``Backend``.
+    """
+
+    name: str = "base"
+    #: the metric a stage-2 objective reads (a validation score key or prefix)
+    score_metric_prefix: str = "val-core/"
+
+    @abc.abstractmethod
+    def search_space(self) -> SearchSpace: ...
+
+    @abc.abstractmethod
+    def base_config(self) -> dict[str, Any]:
+        """The full flat baseline config (the backend's/user's defaults) candidates are applied to."""
+
+    def validate_config(self, config: dict[str, Any]) -> list[str]:
+        """Errors of a full config (empty = valid). Default: the search space's constraints."""
+        return self.search_space().check_constraints(config)
+
+    @abc.abstractmethod
+    def make_runner(self) -> TrialRunner: ...
+
+    def memory_capacity_gb(self) -> float | None:
+        """Memory per device the margin rule is computed against (GPU memory, or the emulated capacity)."""
+        return None
+
+
+def write_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason: str | None, last_step: int) -> None:
+    """Write status.json atomically (tmp + rename), so a reader never sees half of it."""
+    path = Path(trial_dir) / STATUS_FILE
+    tmp = path.with_suffix(".json.tmp")
+    value = status.value if isinstance(status, TrialStatus) else str(status)
+    tmp.write_text(json.dumps({"status": value, "reason": reason, "last_step": last_step}))
+    os.replace(tmp, path)
+
+
+def read_status(trial_dir: str | os.PathLike) -> TrialPoll | None:
+    path = Path(trial_dir) / STATUS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return TrialPoll(status=TrialStatus(data["status"]), reason=data.get("reason"), last_step=data.get("last_step"))
