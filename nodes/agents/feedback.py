@@ -41,7 +41,14 @@ def _aliases(key: str) -> set[str]:
     last = key.rsplit(".", 1)[-1].lower()
     short = re.sub(r"^(enable_|use_)", "", last)
     names = {key.lower(), last, short, last.replace("_", " "), short.replace("_", " ")}
-    return {n for n in names if len(n) >= 3}
+    # the words a person would use: "micro batch" for ppo_micro_batch_size_per_gpu
+    core = [w for w in short.split("_") if w not in FILLER]
+    if core:
+        names.add(" ".join(core))
+    return {n for n in names if len(n) >= 4}
+
+
+FILLER = {"ppo", "per", "gpu", "size", "log", "prob", "enable", "use"}
 
 
 def parse_feedback(texts: list[str], space: SearchSpace) -> FeedbackRules:
