@@ -1,0 +1,471 @@
+"""Benchmark mart against verl's defaults, random search, grid search and Optuna (TPE) on the simulator.
+
+For each scenario x seed, every method gets the same budget of stage-1 (system) and stage-2 (learning)
+trials and the same horizons; the default config is each method's first trial of each stage (mart's
+baseline counts in its budget). Reported per method: best throughput found, % of the simulator's optimum
+(exhaustive search), trials to reach 95% of it, OOM/failed trials paid for, the learning stage's final
+score, GPU-hours spent and GPU-hours saved by early termination.
+
+    python bench/compare.py --quick                 # <= 10 min on 2 cores
+    python bench/compare.py                         # 4 scenarios x 5 seeds
+    python bench/compare.py --workload local        # the unsimulated check on the CPU workload
+
+Writes ``bench/results/<timestamp>/{table.md, best_so_far.png, raw.json}`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.baselines import Budget, MethodResult, TrialOutcome, run_method
+
+ALL_METHODS = ["mart", "default", "random", "grid", "optuna"]
+SCENARIOS = ["qwen3-8b-1x8", "qwen3-8b-2x8", "qwen3-0.6b-1x8", "qwen3-0.6b-2x8"]
+QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
+
+
+# ---------------------------------------------------------------------------------------------- backends
+def backend_options(workload: str, scenario: str, seed: int) -> dict[str, Any]:
+    """Options of the backend a run uses. The sim runs on its poll clock: one metric line per poll, so a
+    trial's wall time does not depend on machine load and a health monitor can stop it at any step."""
+    if workload == "sim":
+        return {"scenario": scenario, "seed": seed, "clock": "poll"}
+    return {}
+
+
+def make_backend(workload: str, scenario: str, seed: int):
+    from trial_runner.registry import load_backend
+
+    return load_backend(workload, **backend_options(workload, scenario, seed))
+
+
+def local_available() -> bool:
+    return importlib.util.find_spec("trial_runner.local.backend") is not None
+
+
+def mart_available() -> str | None:
+    """None when mart's session API can run here, else why not."""
+    for mod in ("graph.session", "state.ledger"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return f"{mod} is missing"
+        except ImportError as e:
+            return f"{mod}: {e}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- mart
+def run_mart(workload: str, scenario: str, seed: int, budget: Budget, workdir: Path) -> MethodResult:
+    """mart with the rules agents and auto-approval, through its session API; trials read from the ledger."""
+    from graph.session import TuneOptions, tune
+    from state.ledger import Ledger
+
+    result = MethodResult(method="mart", scenario=scenario, seed=seed)
+    t0 = time.monotonic()
+    opts = TuneOptions(
+        backend=workload, backend_options=backend_options(workload, scenario, seed), approve="auto", agents="rules",
+        runs_dir=str(workdir), seed=seed, system_trials=budget.system_trials, learning_trials=budget.learning_trials,
+        system_horizon=budget.system_horizon, learning_horizon=budget.learning_horizon,
+        memory_margin=budget.memory_margin, quiet=True, watch_interval_s=0.01 if workload == "sim" else 0.5,
+    )
+    try:
+        summary = tune(opts)
+    except Exception as e:  # noqa: BLE001 - a failing mart run is reported in the table, not fatal
+        result.error = f"{type(e).__name__}: {e}"
+        result.extra["traceback"] = traceback.format_exc(limit=8)
+        result.wall_s = time.monotonic() - t0
+        return result
+    result.extra["summary"] = summary
+    run_dir = Path(summary.get("run_dir") or Path(workdir) / summary["run_id"])
+    backend = make_backend(workload, scenario, seed)
+    capacity = backend.memory_capacity_gb()
+    limit = None if capacity is None else (1 - budget.memory_margin) * capacity
+    ledger = Ledger.open(run_dir)
+    try:
+        rows = ledger.trials()
+    finally:
+        ledger.close()
+    usage_by_dir = _sim_usage_index(run_dir)
+    for row in sorted(rows, key=lambda r: (r.get("stage") != "system", r.get("seq") or 0)):
+        stage = row.get("stage")
+        status = str(row.get("status"))
+        usage = usage_by_dir.get(row.get("trial_id"), {})
+        wall = float(row.get("wall_s") or 0.0)
+        out = TrialOutcome(
+            stage=stage, seq=int(row.get("seq") or 0), overrides=row.get("overrides") or {}, status=status,
+            throughput=_num(row.get("throughput")), peak_memory_gb=_num(row.get("peak_memory_gb")),
+            score=_num(row.get("score")), early_stopped=bool(row.get("early_stopped")),
+            gpu_hours=float(usage.get("gpu_hours", wall / 3600.0)),
+            planned_gpu_hours=float(usage.get("planned_gpu_hours", wall / 3600.0)),
+            steps_done=int(row.get("steps_done") or 0), reason=row.get("reason"),
+        )
+        if stage == "system":
+            out.feasible = (status == "completed" and out.throughput is not None
+                            and (limit is None or out.peak_memory_gb is None or out.peak_memory_gb <= limit))
+        else:
+            out.feasible = status == "completed" and out.score is not None
+        result.trials.append(out)
+    sysd, learn = summary.get("system") or {}, summary.get("learning") or {}
+    result.best_throughput = _num(sysd.get("best_throughput"))
+    result.best_system = sysd.get("best_config") or {}
+    result.best_score = _num(learn.get("best_score"))
+    result.best_learning = learn.get("best_config") or {}
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _sim_usage_index(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """trial_id -> the sim's GPU-hour accounting, from every simulated trial directory under ``run_dir``."""
+    out = {}
+    for meta in run_dir.rglob("sim_trial.json"):
+        try:
+            trial_id = json.loads(meta.read_text())["spec"]["trial_id"]
+            out[trial_id] = json.loads((meta.parent / "sim_state.json").read_text())
+        except (OSError, KeyError, json.JSONDecodeError):
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- one task
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """One (workload, scenario, seed, method) run in a worker process; returns a JSON-able dict."""
+    budget = Budget(**task["budget"])
+    workdir = Path(tempfile.mkdtemp(prefix=f"mart-bench-{task['method']}-", dir=task.get("tmp")))
+    t0 = time.monotonic()
+    try:
+        if task["method"] == "mart":
+            res = run_mart(task["workload"], task["scenario"], task["seed"], budget, workdir)
+        else:
+            backend = make_backend(task["workload"], task["scenario"], task["seed"])
+            res = run_method(task["method"], backend, scenario=task["scenario"], seed=task["seed"], budget=budget,
+                             workdir=workdir)
+    except Exception as e:  # noqa: BLE001 - one failing run must not lose the others
+        res = MethodResult(method=task["method"], scenario=task["scenario"], seed=task["seed"],
+                           error=f"{type(e).__name__}: {e}", extra={"traceback": traceback.format_exc(limit=8)})
+    res.wall_s = res.wall_s or time.monotonic() - t0
+    d = res.to_dict()
+    d["workload"] = task["workload"]
+    if task["workload"] == "sim":
+        d["noise_free"] = _noise_free_scores(task["scenario"], res, budget)
+    if not task.get("keep"):
+        _rmtree(workdir)
+    return d
+
+
+def _noise_free_scores(scenario: str, res: MethodResult, budget: Budget) -> dict[str, Any]:
+    """The simulator's noise-free value of the configs a method chose (what it would really get)."""
+    from trial_runner.sim import model
+    from trial_runner.sim.learning import final_score_noise_free
+
+    base = model.base_config(scenario)
+    system = {**base, **res.best_system}
+    thr, peak = model.expected_throughput(system, scenario, budget.system_horizon)
+    full = {**system, **res.best_learning}
+    score = final_score_noise_free(full, model.get_scenario(scenario), budget.learning_horizon)
+    return {"throughput": thr, "peak_memory_gb": peak, "score": score}
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def summarize(run: dict[str, Any], optimum: float | None, budget: Budget) -> dict[str, Any]:
+    """The table's figures for one run."""
+    sys_trials = [t for t in run["trials"] if t["stage"] == "system"]
+    learn = [t for t in run["trials"] if t["stage"] == "learning"]
+    curve, best = [], None
+    for t in sys_trials:
+        if t["feasible"] and t["throughput"] is not None:
+            best = t["throughput"] if best is None else max(best, t["throughput"])
+        curve.append(best)
+    best_thr = max((t["throughput"] for t in sys_trials if t["feasible"] and t["throughput"] is not None), default=None)
+    to95 = None
+    if optimum:
+        for i, b in enumerate(curve, start=1):
+            if b is not None and b >= 0.95 * optimum:
+                to95 = i
+                break
+    scores = [t["score"] for t in learn if t["feasible"] and t["score"] is not None]
+    spent = sum(t["gpu_hours"] for t in run["trials"])
+    saved = sum(max(0.0, t["planned_gpu_hours"] - t["gpu_hours"]) for t in run["trials"] if t["early_stopped"])
+    nf = run.get("noise_free") or {}
+    return {
+        "best_throughput": best_thr,
+        "pct_of_optimum": None if (best_thr is None or not optimum) else 100 * best_thr / optimum,
+        "trials_to_95": to95,
+        "oom_failed": sum(t["status"] in ("oom", "failed") for t in run["trials"]),
+        "over_margin": sum(t["stage"] == "system" and t["status"] == "completed" and not t["feasible"] for t in run["trials"]),
+        "learning_score": max(scores) if scores else None,
+        "learning_score_noise_free": nf.get("score"),
+        "chosen_pct_noise_free": None if not (optimum and nf.get("throughput")) else 100 * nf["throughput"] / optimum,
+        "gpu_hours": spent,
+        "gpu_hours_saved": saved,
+        "early_stopped": sum(bool(t["early_stopped"]) for t in run["trials"]),
+        "system_trials": len(sys_trials),
+        "learning_trials": len(learn),
+        "curve": [None if (b is None or not optimum) else 100 * b / optimum for b in curve],
+        "error": run.get("error"),
+        "wall_s": run.get("wall_s"),
+    }
+
+
+def _fmt(vals: list[float | None], fmt: str, missing: str = "—", pct: bool = False) -> str:
+    xs = [v for v in vals if v is not None]
+    if not xs:
+        return missing
+    med = statistics.median(xs)
+    s = fmt.format(med)
+    if len(xs) > 1 and min(xs) != max(xs):
+        s += f" [{fmt.format(min(xs))}–{fmt.format(max(xs))}]"
+    if len(xs) < len(vals):
+        s += f" ({len(vals) - len(xs)}×{missing})"
+    return s
+
+
+def _fmt_to95(vals: list[int | None], n: int) -> str:
+    reached = [v for v in vals if v is not None]
+    if not reached:
+        return f"never (0/{len(vals)})"
+    s = f"{statistics.median(reached):g}"
+    if len(reached) > 1 and min(reached) != max(reached):
+        s += f" [{min(reached)}–{max(reached)}]"
+    return s + f" ({len(reached)}/{len(vals)} reached)"
+
+
+def render_table(report: dict[str, Any]) -> str:
+    lines = [f"# mart vs baselines ({report['workload']})", ""]
+    b = report["budget"]
+    lines.append(f"Budget per method: {b['system_trials']} stage-1 trials x {b['system_horizon']} steps, "
+                 f"{b['learning_trials']} stage-2 trials x {b['learning_horizon']} steps, memory margin "
+                 f"{b['memory_margin']:.0%}; seeds {report['seeds']}. Cells: median [min–max] over seeds.")
+    lines.append("")
+    lines.append("Measured values carry the simulator's noise (the best of several noisy trials is biased upward); "
+                 "the noise-free columns re-evaluate the config each method chose without noise (learning: the "
+                 "expected score over the collapse draw). GPU-hours are simulated (trial time x GPUs), both stages.")
+    lines.append("")
+    for sc, sc_rep in report["scenarios"].items():
+        gt = sc_rep.get("ground_truth") or {}
+        lines.append(f"## {sc}")
+        if gt:
+            lines.append(
+                f"Simulator optimum (exhaustive, {gt['evaluated']:,} grid points): {gt['throughput']:.0f} tok/s/GPU "
+                f"(peak {gt['peak_memory_gb']:.1f} GB of {gt['limit_gb']:.1f} allowed); verl defaults "
+                f"{gt['baseline_throughput']:.0f} → optimum is **+{gt['gain_pct']:.1f}%**. "
+                f"Best learning score on its grid: {sc_rep['ground_truth_learning']['score']:.4f} "
+                f"(defaults {sc_rep['ground_truth_learning']['baseline_score']:.4f}).")
+        else:
+            lines.append("No ground truth on this workload: % of optimum is relative to the best throughput any "
+                         "method found for the same seed.")
+        lines.append("")
+        lines.append("| method | best throughput (tok/s/GPU) | % of optimum | chosen config, noise-free % | trials to 95% | "
+                     "OOM/failed trials | over-margin trials | learning score (measured) | learning score (noise-free) | "
+                     "GPU-h spent | GPU-h saved (early stop) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for method, rows in sc_rep["methods"].items():
+            errs = [r["error"] for r in rows if r.get("error")]
+            name = method + (" ⚠" if errs else "")
+            lines.append(
+                f"| {name} | {_fmt([r['best_throughput'] for r in rows], '{:.0f}')} "
+                f"| {_fmt([r['pct_of_optimum'] for r in rows], '{:.1f}')} "
+                f"| {_fmt([r['chosen_pct_noise_free'] for r in rows], '{:.1f}')} "
+                f"| {_fmt_to95([r['trials_to_95'] for r in rows], b['system_trials'])} "
+                f"| {_fmt([r['oom_failed'] for r in rows], '{:g}')} "
+                f"| {_fmt([r['over_margin'] for r in rows], '{:g}')} "
+                f"| {_fmt([r['learning_score'] for r in rows], '{:.4f}')} "
+                f"| {_fmt([r['learning_score_noise_free'] for r in rows], '{:.4f}')} "
+                f"| {_fmt([r['gpu_hours'] for r in rows], '{:.0f}')} "
+                f"| {_fmt([r['gpu_hours_saved'] for r in rows], '{:.0f}')} |")
+        errors = [(m, r["error"]) for m, rows in sc_rep["methods"].items() for r in rows if r.get("error")]
+        if errors:
+            lines.append("")
+            for m, e in errors[:6]:
+                lines.append(f"- ⚠ {m}: {e}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scs = list(report["scenarios"])
+    fig, axes = plt.subplots(1, len(scs), figsize=(5 * len(scs), 4), squeeze=False)
+    for ax, sc in zip(axes[0], scs):
+        for method, rows in report["scenarios"][sc]["methods"].items():
+            curves = [r["curve"] for r in rows if r["curve"]]
+            if not curves:
+                continue
+            n = max(len(c) for c in curves)
+            xs, med, lo, hi = [], [], [], []
+            for i in range(n):
+                vals = [c[min(i, len(c) - 1)] for c in curves]
+                vals = [v for v in vals if v is not None]
+                if not vals:
+                    continue
+                xs.append(i + 1)
+                med.append(statistics.median(vals))
+                lo.append(min(vals))
+                hi.append(max(vals))
+            if xs:
+                line = ax.plot(xs, med, marker="o", ms=3, label=method)[0]
+                ax.fill_between(xs, lo, hi, alpha=0.15, color=line.get_color())
+        ax.axhline(100, color="k", lw=0.8, ls="--")
+        ax.axhline(95, color="k", lw=0.5, ls=":")
+        ax.set_title(sc)
+        ax.set_xlabel("stage-1 trials")
+        ax.set_ylabel("best-so-far throughput (% of optimum)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 scenarios x 3 seeds, smaller budgets (<= 10 min on 2 cores)")
+    p.add_argument("--workload", choices=["sim", "local"], default="sim", help="simulator (default) or the CPU workload")
+    p.add_argument("--scenarios", nargs="+", default=None, help=f"sim scenarios (default: all {len(SCENARIOS)})")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 3; local 2)")
+    p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
+    p.add_argument("--system-trials", type=int, default=None)
+    p.add_argument("--learning-trials", type=int, default=None)
+    p.add_argument("--system-horizon", type=int, default=6)
+    p.add_argument("--learning-horizon", type=int, default=None)
+    p.add_argument("--memory-margin", type=float, default=0.1)
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results root folder")
+    p.add_argument("--keep", action="store_true", help="keep the runs' trial directories")
+    return p.parse_args(argv)
+
+
+def build_plan(args: argparse.Namespace) -> tuple[Budget, list[str], list[int], list[str]]:
+    local = args.workload == "local"
+    if local:
+        n1, n2, h2, seeds, scs = 4, 2, 8, 2, ["local"]
+    elif args.quick:
+        n1, n2, h2, seeds, scs = 10, 4, 20, 3, QUICK_SCENARIOS
+    else:
+        n1, n2, h2, seeds, scs = 12, 6, 30, 5, SCENARIOS
+    budget = Budget(
+        system_trials=args.system_trials or n1,
+        learning_trials=args.learning_trials if args.learning_trials is not None else n2,
+        system_horizon=args.system_horizon,
+        learning_horizon=args.learning_horizon or h2,
+        memory_margin=args.memory_margin,
+        poll_sleep_s=0.1 if local else 0.0,
+    )
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}: choose from {ALL_METHODS}")
+    scenarios = args.scenarios or scs
+    return budget, scenarios, list(range(args.seeds or seeds)), methods
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    budget, scenarios, seeds, methods = build_plan(args)
+    if args.workload == "local" and not local_available():
+        raise SystemExit("--workload local needs trial_runner.local.backend (the CPU workload), which is missing")
+    if "mart" in methods:
+        why = mart_available()
+        if why:
+            print(f"[compare] skipping mart: {why}", file=sys.stderr)
+            methods = [m for m in methods if m != "mart"]
+    t0 = time.monotonic()
+    report: dict[str, Any] = {"workload": args.workload, "budget": asdict(budget), "seeds": seeds, "methods": methods,
+                              "scenarios": {}, "runs": []}
+    optimum: dict[str, float | None] = {}
+    for sc in scenarios:
+        report["scenarios"][sc] = {"methods": {m: [] for m in methods}}
+        if args.workload == "sim":
+            from trial_runner.sim.model import ground_truth, ground_truth_learning
+
+            gt = ground_truth(sc, budget.memory_margin, budget.system_horizon)
+            report["scenarios"][sc]["ground_truth"] = gt
+            report["scenarios"][sc]["ground_truth_learning"] = ground_truth_learning(sc, budget.learning_horizon)
+            optimum[sc] = gt["throughput"]
+    tasks = [{"workload": args.workload, "scenario": sc, "seed": s, "method": m, "budget": asdict(budget), "keep": args.keep}
+             for sc in scenarios for s in seeds for m in methods]
+    # the slowest (mart) first, so the pool stays busy
+    tasks.sort(key=lambda t: t["method"] != "mart")
+    runs: list[dict[str, Any]] = []
+
+    def done(t: dict[str, Any], run: dict[str, Any]) -> None:
+        runs.append(run)
+        err = f" ERROR {run['error']}" if run.get("error") else ""
+        print(f"[compare] {t['scenario']} seed {t['seed']} {t['method']}: {len(run['trials'])} trials, "
+              f"{run['wall_s']:.1f}s{err}", file=sys.stderr, flush=True)
+
+    if args.jobs <= 1:
+        for t in tasks:
+            done(t, run_task(t))
+    else:
+        with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(run_task, t): t for t in tasks}
+            for fut in cf.as_completed(futures):
+                done(futures[fut], fut.result())
+    for run in runs:
+        sc = run["scenario"]
+        opt = optimum.get(sc)
+        if opt is None:  # local: the best any method found for this seed
+            same = [r for r in runs if r["scenario"] == sc and r["seed"] == run["seed"]]
+            opt = max((t["throughput"] for r in same for t in r["trials"] if t["stage"] == "system" and t["feasible"]
+                       and t["throughput"] is not None), default=None)
+        s = summarize(run, opt, budget)
+        s["seed"] = run["seed"]
+        report["scenarios"][sc]["methods"][run["method"]].append(s)
+    for sc_rep in report["scenarios"].values():
+        for rows in sc_rep["methods"].values():
+            rows.sort(key=lambda r: r["seed"])
+    report["runs"] = sorted(runs, key=lambda r: (r["scenario"], r["method"], r["seed"]))
+    report["wall_s"] = time.monotonic() - t0
+    out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    table = render_table(report) + f"\nWall time: {report['wall_s']:.0f} s with {args.jobs} worker(s).\n"
+    (out / "table.md").write_text(table)
+    (out / "raw.json").write_text(json.dumps(report, indent=1, default=str))
+    try:
+        plot(report, out / "best_so_far.png")
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not lose the table
+        print(f"[compare] plot failed: {e}", file=sys.stderr)
+    print(table)
+    print(f"[compare] results in {out}", file=sys.stderr)
+    report["out_dir"] = str(out)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The plugin: a ``Backend`` (search space + base config + runner) for the toy job in ``job.py``.
+
+``make_backend(**options)`` is the factory mart calls for ``--backend examples.plugin_backend.backend:make_backend``;
+it receives the session's backend options (unknown ones must be accepted and may be ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from state.models import TrialStatus
+from state.search_space import Constraint, ParamSpec, SearchSpace
+from trial_runner.base import (
+    LOG_FILE,
+    Backend,
+    TrialHandle,
+    TrialPoll,
+    TrialRunner,
+    TrialSpec,
+    read_status,
+    write_status,
+)
+
+JOB = Path(__file__).with_name("job.py")
+WORKERS, BATCH, LR = "job.workers", "job.batch_size", "job.lr"
+
+SPACE = SearchSpace(
+    backend="toy-job",
+    params=[
+        ParamSpec(WORKERS, "system", "int", 2, "Data-loader workers of the toy job.", low=1, high=16),
+        ParamSpec(BATCH, "system", "int", 8, "Batch size: faster, more memory.", low=1, high=256),
+        ParamSpec(LR, "learning", "log", 1e-3, "Learning rate of the toy job.", low=1e-4, high=1e-1),
+    ],
+    constraints=[
+        Constraint("batch_multiple_of_workers", "job.batch_size must be a multiple of job.workers.",
+                   lambda c: None if int(c[BATCH]) % int(c[WORKERS]) == 0
+                   else f"job.batch_size ({c[BATCH]}) is not a multiple of job.workers ({c[WORKERS]})."),
+    ],
+)
+
+
+class ToyJobRunner(TrialRunner):
+    """Launches ``job.py`` as its own process group; the trial directory is the only shared state."""
+
+    name = "toy-job"
+
+    def __init__(self, capacity_gb: float, step_s: float) -> None:
+        self.capacity_gb, self.step_s = capacity_gb, step_s
+
+    def launch(self, spec: TrialSpec) -> TrialHandle:
+        trial_dir = Path(spec.trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "config.json").write_text(json.dumps(spec.config))
+        with open(trial_dir / LOG_FILE, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(JOB), "--config", str(trial_dir / "config.json"), "--steps", str(spec.steps),
+                 "--out", str(trial_dir), "--capacity-gb", str(spec.memory_capacity_gb or self.capacity_gb),
+                 "--step-s", str(self.step_s)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=proc.pid)
+
+    def poll(self, handle: TrialHandle) -> TrialPoll:
+        done = read_status(handle.trial_dir)
+        if done is not None:
+            return done
+        if handle.pid is not None and not _alive(handle.pid):
+            write_status(handle.trial_dir, TrialStatus.FAILED, "job exited without a status", 0)
+            return read_status(handle.trial_dir)  # type: ignore[return-value]
+        return TrialPoll(status=TrialStatus.RUNNING)
+
+    def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
+        if handle.pid is not None and _alive(handle.pid):
+            os.killpg(handle.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while _alive(handle.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if _alive(handle.pid):
+                os.killpg(handle.pid, signal.SIGKILL)
+        done = read_status(handle.trial_dir)
+        if done is None or done.status is not TrialStatus.STOPPED:
+            last = done.last_step if done else 0
+            write_status(handle.trial_dir, TrialStatus.STOPPED, reason, last or 0)
+        return read_status(handle.trial_dir)  # type: ignore[return-value]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap our own child if it ended
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class ToyJobBackend(Backend):
+    name = "toy-job"
+    score_metric_prefix = "val-core/"
+
+    def __init__(self, capacity_gb: float = 8.0, step_s: float = 0.02) -> None:
+        self.capacity_gb, self.step_s = capacity_gb, step_s
+
+    def search_space(self) -> SearchSpace:
+        return SPACE
+
+    def base_config(self) -> dict[str, Any]:
+        return SPACE.defaults()
+
+    def memory_capacity_gb(self) -> float | None:
+        return self.capacity_gb
+
+    def make_runner(self) -> ToyJobRunner:
+        return ToyJobRunner(self.capacity_gb, self.step_s)
+
+
+def make_backend(capacity_gb: float = 8.0, step_s: float = 0.02, memory_capacity_gb: float | None = None,
+                 **ignored: Any) -> ToyJobBackend:
+    """Factory mart calls with the session's backend options (unknown options are ignored)."""
+    return ToyJobBackend(capacity_gb=memory_capacity_gb or capacity_gb, step_s=float(step_s))

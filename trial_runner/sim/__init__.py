@@ -1,0 +1,32 @@
+"""A seeded simulator of verl GRPO jobs on named GPU-cluster scenarios (``--backend sim``).
+
+``model`` is the pure core (config + scenario + seed -> a timed verl metric stream; ground truths by
+exhaustive search), ``runner`` plays a trial into its directory as simulated time passes, ``backend``
+wraps both as a mart ``Backend``. Assumptions and sources: ``docs/sim.md``.
+"""
+
+from trial_runner.sim.backend import SimBackend, nominal_step_seconds
+from trial_runner.sim.model import (
+    base_config,
+    expected_throughput,
+    ground_truth,
+    ground_truth_learning,
+    simulate,
+)
+from trial_runner.sim.runner import SimRunner, sim_usage
+from trial_runner.sim.scenarios import SCENARIOS, Scenario, get_scenario
+
+__all__ = [
+    "SCENARIOS",
+    "Scenario",
+    "SimBackend",
+    "SimRunner",
+    "base_config",
+    "expected_throughput",
+    "get_scenario",
+    "ground_truth",
+    "ground_truth_learning",
+    "nominal_step_seconds",
+    "sim_usage",
+    "simulate",
+]

@@ -1,0 +1,85 @@
+"""SimBackend: the simulated verl cluster as a mart backend (``--backend sim``).
+
+Search space = the verl catalogue (``state.spaces.verl.SEARCH_SPACE``); base config = verl's defaults plus
+the scenario's job shape; memory capacity = the scenario's GPU memory. ``time_scale`` defaults to one
+baseline step ~= 0.04 wall seconds, so a stage-1 trial takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from state.search_space import SearchSpace
+from trial_runner.base import Backend
+from trial_runner.sim import model
+from trial_runner.sim.runner import SimRunner
+from trial_runner.sim.scenarios import SCENARIOS, get_scenario
+
+#: wall seconds one baseline step takes under the default time scale
+DEFAULT_WALL_S_PER_STEP = 0.04
+
+
+def nominal_step_seconds(scenario: str, memory_capacity_gb: float | None = None) -> float:
+    """Noise-free simulated duration of one baseline step (updates 3-5) of ``scenario``."""
+    sc = get_scenario(scenario)
+    cfg = model.base_config(sc)
+    thr, _ = model.expected_throughput(cfg, sc, 6, memory_capacity_gb)
+    w = model.window_workloads(sc, cfg, 6)[1]
+    return w.tokens / (thr * sc.n_gpus)
+
+
+class SimBackend(Backend):
+    """A seeded model of a verl GRPO job on a named cluster scenario (see ``docs/sim.md``).
+
+    Args:
+        scenario: one of ``trial_runner.sim.SCENARIOS`` (``qwen3-8b-1x8``, ``qwen3-0.6b-2x8``, ...).
+        seed: the cluster's randomness (measurement noise, collapse draws); combined with each spec's seed.
+        time_scale: simulated seconds per wall second (``wall`` clock); default: a baseline step ~0.04 s.
+        memory_capacity_gb: override the GPU memory of the scenario (e.g. 40 to emulate A100-40GB).
+        clock: ``wall`` (default) or ``poll`` (each poll advances ``steps_per_poll`` metric lines).
+        steps_per_poll: cap on the metric lines one poll may reveal (default 1 with the poll clock).
+        ray_address: accepted for CLI symmetry and ignored.
+
+    Example:
+        >>> from trial_runner.registry import load_backend
+        >>> backend = load_backend("sim", scenario="qwen3-0.6b-1x8", seed=1)
+        >>> backend.memory_capacity_gb()
+        80.0
+    """
+
+    name = "sim"
+    score_metric_prefix = "val-core/"
+
+    def __init__(self, scenario: str = "qwen3-8b-1x8", seed: int = 0, time_scale: float | None = None,
+                 memory_capacity_gb: float | None = None, ray_address: str | None = None, clock: str = "wall",
+                 steps_per_poll: int | None = None, **unused: Any) -> None:
+        self.scenario = get_scenario(scenario)
+        self.seed = int(seed)
+        self._capacity = float(memory_capacity_gb) if memory_capacity_gb is not None else None
+        if time_scale is None:
+            time_scale = nominal_step_seconds(scenario, self._capacity) / DEFAULT_WALL_S_PER_STEP
+        self.time_scale = float(time_scale)
+        self.clock = clock
+        self.steps_per_poll = steps_per_poll
+        self.unused = unused
+        self._runner_args = (scenario, self.seed, self.time_scale, self._capacity, clock, steps_per_poll)
+        SimRunner(*self._runner_args)  # validate the clock options now, not at the first trial
+
+    def search_space(self) -> SearchSpace:
+        return model.search_space()
+
+    def base_config(self) -> dict[str, Any]:
+        return model.base_config(self.scenario)
+
+    def memory_capacity_gb(self) -> float | None:
+        return self._capacity if self._capacity is not None else self.scenario.gpu.memory_gb
+
+    def make_runner(self) -> SimRunner:
+        return SimRunner(*self._runner_args)
+
+    def ground_truth(self, margin: float = 0.1, horizon: int = 6) -> dict[str, Any]:
+        """The simulator's best stage-1 config for this scenario (see ``model.ground_truth``)."""
+        return model.ground_truth(self.scenario.name, margin, horizon, self._capacity)
+
+
+__all__ = ["SCENARIOS", "SimBackend", "nominal_step_seconds"]

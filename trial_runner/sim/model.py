@@ -1,0 +1,515 @@
+"""The simulator's pure core: (config, scenario, seed) -> a timed verl metric stream, and ground truths.
+
+``simulate`` plays one trial: start-up, the step-0 validation, then every step's phases, in simulated
+seconds, ending ``completed``, ``oom`` (a phase's memory passes the GPU's capacity) or ``failed`` (a
+config verl refuses). ``ground_truth`` finds the best stage-1 config of a discretised system space by
+exhaustive evaluation; ``ground_truth_learning`` does the same for the stage-2 knobs. No I/O here: the
+runner (``trial_runner.sim.runner``) turns a ``SimResult`` into files as simulated time passes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from state.search_space import SearchSpace
+from trial_runner.sim import learning as L
+from trial_runner.sim import system as S
+from trial_runner.sim.scenarios import Scenario, get_scenario
+
+VAL_KEY = "val-core/math/reward/mean@1"
+TIMING_NOISE = 0.02  # lognormal sigma of every phase time (run-to-run jitter)
+MEMORY_NOISE_GB = 0.15
+WARMUP_SLOWDOWN = {1: 1.25, 2: 1.05}  # allocator/graph warm-up of the first steps (why MART skips 1-2)
+
+
+def search_space() -> SearchSpace:
+    from state.spaces.verl import SEARCH_SPACE
+
+    return SEARCH_SPACE
+
+
+def base_config(scenario: str | Scenario) -> dict[str, Any]:
+    """verl's defaults (the catalogue's) plus the scenario's job shape: the baseline of every stage."""
+    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    cfg = dict(search_space().defaults())
+    cfg.update(
+        {
+            "algorithm.adv_estimator": "grpo",
+            "actor_rollout_ref.model.path": sc.model.hf_path,
+            "actor_rollout_ref.rollout.name": "vllm",
+            "trainer.n_gpus_per_node": sc.gpus_per_node,
+            "trainer.nnodes": sc.nnodes,
+            "trainer.test_freq": sc.test_freq,
+            "trainer.val_before_train": True,
+            "data.train_batch_size": sc.train_batch_size,
+            "data.max_prompt_length": sc.max_prompt_length,
+            "data.max_response_length": sc.max_response_length,
+            "actor_rollout_ref.rollout.n": sc.rollout_n,
+            "data.train_files": "math/train.parquet",
+            "data.val_files": "math/test.parquet",
+        }
+    )
+    return cfg
+
+
+def _hash(*parts: Any) -> int:
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little")
+
+
+def _learning_part(config: dict[str, Any]) -> dict[str, Any]:
+    space = search_space()
+    keys = {p.key for p in space.stage_params("learning")}
+    return {k: v for k, v in config.items() if k in keys}
+
+
+@dataclass
+class SimEvent:
+    """One metric line, visible once the simulated clock reaches ``t``."""
+
+    t: float
+    step: int
+    data: dict[str, float]
+
+
+@dataclass
+class SimResult:
+    """A whole simulated trial: its metric lines and how it ends."""
+
+    events: list[SimEvent]
+    status: str  # completed | oom | failed
+    reason: str | None
+    end_t: float  # simulated seconds from launch to the end
+    last_step: int
+    n_gpus: int
+    init_s: float
+    planned_steps: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.end_t * self.n_gpus / 3600.0
+
+
+def _workload(sc: Scenario, lk: L.LearningKnobs, mean_untrunc: float, uses_ref: bool) -> tuple[S.StepWorkload, float]:
+    seqs = lk.train_batch * lk.n
+    mean, std, longest, clip = L.length_stats(mean_untrunc, sc.learning.resp_cv, lk.max_response_length, seqs)
+    w = S.StepWorkload(
+        seqs=seqs,
+        n=lk.n,
+        prompt_mean=sc.prompt_len_mean,
+        prompt_max=min(sc.max_prompt_length, 3.5 * sc.prompt_len_mean),
+        resp_mean=mean,
+        resp_std=std,
+        resp_max=longest,
+        resp_mu=math.log(max(mean_untrunc, 1.0)) - math.log(1 + sc.learning.resp_cv**2) / 2,
+        resp_sigma=math.sqrt(math.log(1 + sc.learning.resp_cv**2)),
+        max_prompt_length=sc.max_prompt_length,
+        max_response_length=lk.max_response_length,
+        uses_ref=uses_ref,
+        mini_batch=lk.mini_batch,
+        ppo_epochs=lk.ppo_epochs,
+        entropy_in_update=lk.entropy_coeff != 0,
+    )
+    return w, clip
+
+
+def _scalar(v: Any) -> float:
+    return float(np.asarray(v))
+
+
+def init_seconds(sc: Scenario, k: dict[str, float]) -> float:
+    """Start-up: Ray + model load + vLLM init (+ CUDA-graph capture) + FSDP wrap."""
+    t = 40.0 + 8.0 * sc.model.params / 1e9 + (sc.nnodes - 1) * 20.0
+    return t + (0.0 if k["eager"] else 15.0)
+
+
+def validation_seconds(sc: Scenario, k: dict[str, float], w: S.StepWorkload) -> float:
+    """One validation pass: generate one response per validation prompt, then score it."""
+    val_w = S.StepWorkload(**{**w.__dict__, "n": 1})
+    return _scalar(S.rollout_phase(sc, k, val_w, seqs=sc.val_size)["t_gen"]) + 0.3 + sc.val_size * 0.4e-3
+
+
+def simulate(
+    config: dict[str, Any],
+    scenario: str | Scenario,
+    steps: int,
+    seed: int = 0,
+    memory_capacity_gb: float | None = None,
+) -> SimResult:
+    """Play one trial of ``steps`` steps of ``config`` (a full flat verl config) on ``scenario``."""
+    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    if memory_capacity_gb is not None:
+        sc = sc.with_memory(memory_capacity_gb)
+    n_gpus = sc.n_gpus
+    errors = search_space().check_constraints(config)
+    if errors:
+        return SimResult([], "failed", "config rejected: " + " ".join(errors), 8.0, 0, n_gpus, 0.0, steps)
+
+    k = S.knobs_from_config(config)
+    lk = L.LearningKnobs.from_config(config, sc)
+    uses_ref = lk.use_kl or bool(config.get("algorithm.use_kl_in_reward", False))
+    learn_hash = _hash(_learning_part(config))
+    rng_learn = np.random.default_rng(_hash("learn", seed, learn_hash, sc.name))
+    rng_sys = np.random.default_rng(_hash("sys", seed, config, sc.name))
+    collapse_draw = float(rng_learn.exponential(1.0))
+    traj = L.learning_trajectory(config, sc, steps, collapse_draw)
+    val_sigma = 0.05 * sc.learning.headroom + 0.0015
+
+    events: list[SimEvent] = []
+    t = init_seconds(sc, k)
+    init_s = t
+    capacity = sc.gpu.memory_gb
+    test_freq = int(config.get("trainer.test_freq", sc.test_freq) or -1)
+
+    def val_metrics(score: float) -> dict[str, float]:
+        noisy = float(np.clip(score + rng_learn.normal(0, val_sigma), 0, 1))
+        out = {VAL_KEY: noisy}
+        for name, mult in sc.val_benchmarks:
+            out[f"val-aux/{name}/reward/mean@1"] = float(np.clip(noisy * mult + rng_learn.normal(0, 2 * val_sigma), 0, 1))
+        return out
+
+    w1, _ = _workload(sc, lk, traj.resp_mean_untruncated[0] if steps else sc.learning.resp_len0, uses_ref)
+    t_val = validation_seconds(sc, k, w1)
+    info: dict[str, Any] = {"collapse_step": traj.collapse_step, "collapse_kind": traj.collapse_kind, "x": traj.x}
+
+    # vLLM reserves its pool when it starts: an over-committed rollout fails before step 1
+    start = S.rollout_phase(sc, k, w1)
+    if bool(np.asarray(start["kv_fail"])):
+        reason = (f"vLLM: no memory left for the KV cache (budget {k['util'] * capacity:.1f} GiB, "
+                  f"KV pool {_scalar(start['kv_pool_gb']):.1f} GiB): raise gpu_memory_utilization or TP")
+        return SimResult([], "oom", reason, t * 0.8, 0, n_gpus, init_s, steps, info)
+
+    if config.get("trainer.val_before_train", True):
+        t += t_val
+        events.append(SimEvent(t, 0, {**val_metrics(traj.score0), "timing_s/testing": t_val}))
+
+    for step in range(1, steps + 1):
+        lens_noise = float(np.exp(rng_learn.normal(0, 0.03)))
+        w, clip = _workload(sc, lk, traj.resp_mean_untruncated[step - 1] * lens_noise, uses_ref)
+        o = S.simulate_step(sc, k, w)
+        slow = WARMUP_SLOWDOWN.get(step, 1.0)
+        phases = {}
+        for name, key in (("gen", "t_gen"), ("old_log_prob", "t_old"), ("ref", "t_ref"), ("update_actor", "t_update"),
+                          ("update_weights", "t_weights"), ("reward", "t_reward"), ("adv", "t_adv")):
+            phases[name] = _scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE)))
+        mems = {
+            "gen": _scalar(o["mem_gen"]),
+            "old_log_prob": _scalar(o["mem_old"]),
+            "ref": _scalar(o["mem_ref"]),
+            "update_actor": _scalar(o["mem_update"]),
+        }
+        mems = {p: m + float(rng_sys.normal(0, MEMORY_NOISE_GB)) if m > 0 else 0.0 for p, m in mems.items()}
+        # a phase whose memory passes the capacity dies with CUDA OOM after the phases before it
+        elapsed = 0.0
+        for phase in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"):
+            if mems.get(phase, 0.0) > capacity:
+                reason = (f"CUDA out of memory in {phase} at step {step}: needs {mems[phase]:.1f} GiB of "
+                          f"{capacity:.0f} GiB (mean response {w.resp_mean:.0f} tokens)")
+                return SimResult(events, "oom", reason, t + elapsed + 0.5 * phases[phase], step - 1, n_gpus, init_s, steps, info)
+            elapsed += phases[phase]
+        if not uses_ref:
+            phases.pop("ref")
+        step_s = sum(phases.values())
+        tokens = w.tokens
+        peak = max(mems.values())
+        data: dict[str, float] = {f"timing_s/{p}": v for p, v in phases.items()}
+        gen_tokens = w.seqs * w.resp_mean
+        data.update(
+            {
+                "timing_s/step": step_s,
+                "timing_per_token_ms/gen": 1000 * phases["gen"] / gen_tokens,
+                "timing_per_token_ms/update_actor": 1000 * phases["update_actor"] / tokens,
+                "perf/total_num_tokens": tokens,
+                "perf/time_per_step": step_s,
+                "perf/throughput": tokens / (step_s * n_gpus),
+                "perf/mfu/actor": _scalar(o["mfu"]),
+                "perf/max_memory_allocated_gb": peak,
+                "perf/max_memory_reserved_gb": peak + 0.8,
+                "perf/cpu_memory_used_gb": 60 + 40 * (k["param_off"] + k["opt_off"]) * sc.model.params / 8e9,
+                "sim/memory/gen_gb": mems["gen"],
+                "sim/memory/old_log_prob_gb": mems["old_log_prob"],
+                "sim/memory/update_actor_gb": mems["update_actor"],
+                "sim/rollout/concurrency": _scalar(o["concurrency"]),
+                "sim/rollout/kv_cache_gb": _scalar(o["kv_pool_gb"]),
+                "training/global_step": float(step),
+                "training/epoch": 0.0,
+            }
+        )
+        if uses_ref:
+            data["timing_per_token_ms/ref"] = 1000 * phases["ref"] / tokens
+            data["sim/memory/ref_gb"] = mems["ref"]
+        i = step - 1
+        noise = lambda sigma: float(np.exp(rng_learn.normal(0, sigma)))
+        reward = float(np.clip(traj.reward[i] + rng_learn.normal(0, 0.01), 0, 1))
+        data.update(
+            {
+                "actor/entropy": traj.entropy[i] * noise(0.03),
+                "actor/ppo_kl": traj.ppo_kl[i] * noise(0.2),
+                "actor/pg_clipfrac": traj.pg_clipfrac[i] * noise(0.15),
+                "actor/pg_loss": float(rng_learn.normal(0, 0.01)),
+                "actor/grad_norm": traj.grad_norm[i] * noise(0.15),
+                "actor/lr": traj.lr[i],
+                "critic/score/mean": reward,
+                "critic/score/max": 1.0,
+                "critic/score/min": 0.0,
+                "critic/rewards/mean": reward,
+                "response_length/mean": w.resp_mean,
+                "response_length/max": w.resp_max,
+                "response_length/min": 1.0 + 0.02 * w.resp_mean,
+                "response_length/clip_ratio": clip,
+                "prompt_length/mean": sc.prompt_len_mean,
+                "prompt_length/max": w.prompt_max,
+                "prompt_length/clip_ratio": 0.0,
+                "global_seqlen/mean": tokens / n_gpus,
+            }
+        )
+        if lk.use_kl:
+            data["actor/kl_loss"] = traj.kl_loss[i] * noise(0.1)
+        t += step_s
+        if test_freq > 0 and (step % test_freq == 0 or step == steps):
+            w_val, _ = _workload(sc, lk, traj.resp_mean_untruncated[i], uses_ref)
+            tv = validation_seconds(sc, k, w_val)
+            t += tv
+            data.update(val_metrics(traj.score[i]))
+            data["timing_s/testing"] = tv
+        events.append(SimEvent(t, step, data))
+    return SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info)
+
+
+# ---------------------------------------------------------------------------------------------- ground truth
+ROLLOUT_GRID: dict[str, list[float]] = {
+    "util": [round(0.20 + 0.01 * i, 2) for i in range(76)],
+    "tp": [1, 2, 4, 8],
+    "max_num_seqs": [64, 128, 256, 384, 512, 768, 1024, 1536, 2048],
+    "mnbt": [2048, 4096, 8192, 16384, 32768],
+    "chunked": [0, 1],
+    "prefix": [0, 1],
+    "eager": [0, 1],
+}
+TRAIN_STATIC = {"ppo_micro": [1, 2, 4, 8, 16, 32, 64], "lp_micro": [1, 2, 4, 8, 16, 32, 64, 128]}
+TRAIN_DYNAMIC = {"tok_cap": [4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]}
+TRAIN_FLAGS = {
+    "grad_ckpt": [0, 1],
+    "act_off": [0, 1],
+    "remove_pad": [0, 1],
+    "ent_chunk": [0, 1],
+    "ent_ckpt": [0, 1],
+    "fsdp2": [0, 1],
+    "sp": [1, 2, 4, 8],
+}
+SHARED = {"param_off": [0, 1], "opt_off": [0, 1], "free_cache": [0, 1]}
+
+_KNOB_TO_KEY = {name: key for name, (key, _) in S.SYSTEM_KEYS.items()}
+
+
+def knobs_to_overrides(knobs: dict[str, float]) -> dict[str, Any]:
+    """Inverse of ``system.knobs_from_config`` for the knobs given (bools and strategy restored)."""
+    space = search_space()
+    out: dict[str, Any] = {}
+    for name, value in knobs.items():
+        key = _KNOB_TO_KEY.get(name)
+        if key is None:
+            continue
+        if name == "fsdp2":
+            out[key] = "fsdp2" if value else "fsdp"
+        elif key in space and space[key].kind == "bool":
+            out[key] = bool(value)
+        elif key in space and space[key].kind in ("int", "categorical"):
+            out[key] = int(value)
+        else:
+            out[key] = float(value)
+    return out
+
+
+def _grid(axes: dict[str, list[float]]) -> dict[str, np.ndarray]:
+    names = list(axes)
+    mesh = np.meshgrid(*[np.asarray(axes[n], dtype=float) for n in names], indexing="ij")
+    return {n: m.ravel() for n, m in zip(names, mesh)}
+
+
+def _valid_mask(grid: dict[str, np.ndarray], keys: list[str], cfg0: dict[str, Any]) -> np.ndarray:
+    """Evaluate the catalogue's constraints once per distinct combination of ``keys``."""
+    space = search_space()
+    cols = np.stack([grid[k] for k in keys], axis=1)
+    uniq, inverse = np.unique(cols, axis=0, return_inverse=True)
+    ok = np.empty(len(uniq), dtype=bool)
+    for i, row in enumerate(uniq):
+        cfg = {**cfg0, **knobs_to_overrides(dict(zip(keys, row.tolist())))}
+        ok[i] = not space.check_constraints(cfg)
+    return ok[inverse.ravel()]
+
+
+def window_workloads(sc: Scenario, config: dict[str, Any], horizon: int) -> list[S.StepWorkload]:
+    """Noise-free workloads of the throughput window's steps (updates 3-5)."""
+    from state.objectives import throughput_window
+
+    first, last = throughput_window(horizon)
+    lk = L.LearningKnobs.from_config(config, sc)
+    traj = L.learning_trajectory(config, sc, last, collapse_draw=math.inf)
+    uses_ref = lk.use_kl
+    return [_workload(sc, lk, traj.resp_mean_untruncated[s - 1], uses_ref)[0] for s in range(first, last + 1)]
+
+
+def expected_throughput(config: dict[str, Any], scenario: str | Scenario, horizon: int = 6,
+                        memory_capacity_gb: float | None = None) -> tuple[float, float]:
+    """Noise-free (mean throughput over the window, peak memory over it) of a full config."""
+    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    if memory_capacity_gb is not None:
+        sc = sc.with_memory(memory_capacity_gb)
+    k = S.knobs_from_config(config)
+    thr, peak = [], 0.0
+    for w in window_workloads(sc, config, horizon):
+        o = S.simulate_step(sc, k, w)
+        thr.append(_scalar(o["throughput"]))
+        peak = max(peak, _scalar(o["peak_gb"]))
+    return float(np.mean(thr)), peak
+
+
+@functools.lru_cache(maxsize=32)
+def ground_truth(scenario: str, margin: float = 0.1, horizon: int = 6, memory_capacity_gb: float | None = None,
+                 top_k: int = 64) -> dict[str, Any]:
+    """The best stage-1 config of the discretised system space (noise-free), by exhaustive evaluation.
+
+    Rollout knobs (``ROLLOUT_GRID``) and training knobs (``TRAIN_*``) are evaluated on their full grids for
+    every combination of the knobs they share (offloads, free_cache_engine); the throughput of a pair is
+    exact, and the pairs compared are the ``top_k`` fastest feasible of each side (the step time is their
+    sum, so the best pair is among them unless the per-step window reorders them, which it does not here).
+    Feasible = no vLLM KV failure, every phase's peak within ``(1 - margin) x capacity``, verl's
+    constraints hold.
+
+    Returns:
+        dict with ``throughput``, ``overrides`` (vs ``base_config``), ``peak_memory_gb``, ``baseline_throughput``,
+        ``baseline_peak_memory_gb``, ``gain_pct``, ``limit_gb``, ``evaluated`` (grid points).
+    """
+    sc = get_scenario(scenario)
+    if memory_capacity_gb is not None:
+        sc = sc.with_memory(memory_capacity_gb)
+    cfg0 = base_config(sc)
+    limit = (1 - margin) * sc.gpu.memory_gb
+    k0 = S.knobs_from_config(cfg0)
+    wls = window_workloads(sc, cfg0, horizon)
+    n_gpus = sc.n_gpus
+    tokens = np.array([w.tokens for w in wls])
+
+    rgrid = _grid(ROLLOUT_GRID)
+    r_valid = _valid_mask(rgrid, ["mnbt", "chunked", "tp"], cfg0)
+    static = _grid({**TRAIN_STATIC, **TRAIN_FLAGS, "dyn": [0]})
+    dynamic = _grid({**TRAIN_DYNAMIC, **TRAIN_FLAGS, "dyn": [1]})
+    tgrid = {}
+    for name in set(static) | set(dynamic):
+        a = static.get(name, np.full(len(static["dyn"]), k0[name]))
+        b = dynamic.get(name, np.full(len(dynamic["dyn"]), k0[name]))
+        tgrid[name] = np.concatenate([a, b])
+    tgrid["ref_micro"] = tgrid["lp_micro"].copy()
+    t_valid = _valid_mask(tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
+    evaluated = 0
+    best: dict[str, Any] = {"throughput": -1.0}
+    for combo in itertools.product(*SHARED.values()):
+        shared = dict(zip(SHARED, combo))
+        kr = {**k0, **rgrid, **shared}
+        kt = {**k0, **tgrid, **shared, "free_cache": 1.0}  # the kept KV pool is added per pair below
+        g_time = np.zeros((len(wls), len(rgrid["util"])))
+        t_time = np.zeros((len(wls), len(tgrid["dyn"])))
+        r_mem = np.zeros(len(rgrid["util"]))
+        t_mem = np.zeros(len(tgrid["dyn"]))
+        r_ok = r_valid.copy()
+        for i, w in enumerate(wls):
+            ro = S.rollout_phase(sc, kr, w)
+            ov = S.step_overheads(sc, kr, w)
+            g_time[i] = ro["t_gen"] + ov["t_weights"] + ov["t_reward"] + ov["t_adv"]
+            r_mem = np.maximum(r_mem, ro["mem_gen"])
+            r_ok &= ~np.asarray(ro["kv_fail"])
+            tr = S.train_phases(sc, kt, w)
+            t_time[i] = tr["t_old"] + tr["t_ref"] + tr["t_update"]
+            t_mem = np.maximum.reduce([t_mem, tr["mem_old"], tr["mem_ref"], tr["mem_update"]])
+        evaluated += r_mem.size + t_mem.size
+        r_ok &= r_mem <= limit
+        kept = (1 - shared["free_cache"]) * rgrid["util"] * sc.gpu.memory_gb
+        t_ok = t_valid & (t_mem <= limit)
+        if not r_ok.any() or not t_ok.any():
+            continue
+        r_idx = np.flatnonzero(r_ok)
+        r_idx = r_idx[np.argsort(g_time[:, r_idx].sum(0))[:top_k]]
+        if shared["free_cache"]:
+            t_idx = np.flatnonzero(t_ok)
+            t_idx = t_idx[np.argsort(t_time[:, t_idx].sum(0))[:top_k]]
+        else:  # the training side must also leave room for the kept pool: keep the fastest per budget
+            t_idx = np.flatnonzero(t_ok)
+            order = np.argsort(t_time[:, t_idx].sum(0))
+            t_idx = t_idx[order[: top_k * 8]]
+        step = g_time[:, r_idx][:, :, None] + t_time[:, t_idx][:, None, :]
+        thr = (tokens[:, None, None] / (step * n_gpus)).mean(0)
+        pair_ok = (t_mem[t_idx][None, :] + kept[r_idx][:, None]) <= limit
+        thr = np.where(pair_ok, thr, -1.0)
+        i, j = np.unravel_index(int(np.argmax(thr)), thr.shape)
+        if thr[i, j] > best["throughput"]:
+            ri, ti = r_idx[i], t_idx[j]
+            knobs = {**{n: float(rgrid[n][ri]) for n in rgrid}, **{n: float(tgrid[n][ti]) for n in tgrid}, **shared}
+            peak = max(float(r_mem[ri]), float(t_mem[ti] + kept[ri]))
+            best = {"throughput": float(thr[i, j]), "knobs": knobs, "peak_memory_gb": peak}
+    base_thr, base_peak = expected_throughput(cfg0, sc, horizon)
+    full = {**cfg0, **knobs_to_overrides(best.get("knobs", {}))}
+    overrides = {k: v for k, v in full.items() if cfg0.get(k) != v}
+    if not full.get("actor_rollout_ref.actor.use_dynamic_bsz"):
+        overrides.pop("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", None)
+    else:
+        for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+            overrides.pop(key, None)
+    if not full.get("actor_rollout_ref.actor.use_kl_loss"):
+        overrides.pop("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", None)
+    return {
+        "scenario": scenario,
+        "throughput": best["throughput"],
+        "overrides": overrides,
+        "peak_memory_gb": best.get("peak_memory_gb"),
+        "baseline_throughput": base_thr,
+        "baseline_peak_memory_gb": base_peak,
+        "gain_pct": 100 * (best["throughput"] / base_thr - 1),
+        "limit_gb": limit,
+        "evaluated": evaluated,
+    }
+
+
+LEARNING_GRID: dict[str, list[Any]] = {
+    "actor_rollout_ref.actor.optim.lr": [3e-7, 1e-6, 2e-6, 3e-6, 5e-6, 7e-6, 1e-5, 2e-5],
+    "actor_rollout_ref.actor.use_kl_loss": [False, True],
+    "actor_rollout_ref.actor.kl_loss_coef": [0.001, 0.01],
+    "actor_rollout_ref.actor.entropy_coeff": [0.0, 0.001],
+    "actor_rollout_ref.actor.clip_ratio_high": [0.2, 0.28],
+    "actor_rollout_ref.rollout.temperature": [0.8, 1.0, 1.2],
+    "actor_rollout_ref.actor.ppo_mini_batch_size": [64, 128, 256],
+}
+
+
+@functools.lru_cache(maxsize=32)
+def ground_truth_learning(scenario: str, horizon: int = 30) -> dict[str, Any]:
+    """Best expected (noise-free) final validation score over ``LEARNING_GRID``.
+
+    The grid covers the knobs with the largest effects (warm-up, weight decay, clip_grad, top_p and the
+    loss aggregation move the score little); n, batch and response length stay at the scenario's (they
+    change the step's cost, which stage 2 does not price).
+    """
+    sc = get_scenario(scenario)
+    cfg0 = base_config(sc)
+    base = L.final_score_noise_free(cfg0, sc, horizon)
+    best_score, best_over = -1.0, {}
+    keys = list(LEARNING_GRID)
+    for values in itertools.product(*LEARNING_GRID.values()):
+        over = dict(zip(keys, values))
+        if not over["actor_rollout_ref.actor.use_kl_loss"] and over["actor_rollout_ref.actor.kl_loss_coef"] != 0.001:
+            continue
+        s = L.final_score_noise_free({**cfg0, **over}, sc, horizon)
+        if s > best_score:
+            best_score, best_over = s, over
+    return {"scenario": scenario, "score": best_score, "overrides": {k: v for k, v in best_over.items() if cfg0.get(k) != v},
+            "baseline_score": base, "gain": best_score - base}

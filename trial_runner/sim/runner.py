@@ -1,0 +1,228 @@
+"""SimRunner: plays a simulated verl trial into its trial directory as (simulated) time passes.
+
+No subprocess. ``launch`` computes the whole trial once (``model.simulate``, deterministic per seed) and
+stores it in the trial directory with the start time; every ``poll`` appends the metric lines whose
+simulated time has come, and writes ``status.json`` at the end. ``stop`` truncates the stream where the
+clock stands, so early termination saves simulated GPU-hours for real. Everything lives in the trial
+directory: a handle re-attached from another process (a resumed tuner) continues the same trial.
+
+Clocks:
+    ``wall``: simulated seconds = wall seconds since launch x ``time_scale``.
+    ``poll``: every poll advances to the next ``steps_per_poll`` metric lines (deterministic, no sleeping;
+              the benchmark uses it so results do not depend on machine load).
+    In ``wall`` mode ``steps_per_poll`` (if set) caps how far one poll may advance.
+
+Files besides the trial contract (``metrics.jsonl``, ``status.json``, ``trial.log``):
+    ``sim_trial.json``  the spec, scenario, clock settings and start time (written once);
+    ``sim_plan.json``   the precomputed trial (metric lines with their simulated times, the ending);
+    ``sim_state.json``  progress: lines written, simulated seconds used, GPU-hours used and planned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from state.models import TrialStatus
+from trial_runner.base import (
+    LOG_FILE,
+    METRICS_FILE,
+    TrialHandle,
+    TrialPoll,
+    TrialRunner,
+    TrialSpec,
+    read_status,
+    write_status,
+)
+from trial_runner.metrics import write_record
+from trial_runner.sim import model
+
+META_FILE = "sim_trial.json"
+PLAN_FILE = "sim_plan.json"
+STATE_FILE = "sim_state.json"
+LOCK_FILE = ".sim.lock"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(trial_dir: Path) -> Iterator[None]:
+    """Serialise pollers of one trial (threads or processes)."""
+    with open(trial_dir / LOCK_FILE, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class SimRunner(TrialRunner):
+    """Trial runner of the simulated verl cluster (see the module docstring)."""
+
+    name = "sim"
+
+    def __init__(self, scenario: str, seed: int = 0, time_scale: float = 2000.0, memory_capacity_gb: float | None = None,
+                 clock: str = "wall", steps_per_poll: int | None = None) -> None:
+        if clock not in ("wall", "poll"):
+            raise ValueError(f"`clock` must be 'wall' or 'poll', but got {clock!r}.")
+        if not time_scale > 0:
+            raise ValueError(f"`time_scale` must be > 0 (simulated seconds per wall second), but got {time_scale!r}.")
+        if steps_per_poll is not None and steps_per_poll < 1:
+            raise ValueError(f"`steps_per_poll` must be >= 1 or None, but got {steps_per_poll!r}.")
+        model.get_scenario(scenario)  # fail early on an unknown name
+        self.scenario = scenario
+        self.seed = seed
+        self.time_scale = float(time_scale)
+        self.memory_capacity_gb = memory_capacity_gb
+        self.clock = clock
+        self.steps_per_poll = steps_per_poll if steps_per_poll is not None else (1 if clock == "poll" else None)
+
+    # ------------------------------------------------------------------ lifecycle
+    def launch(self, spec: TrialSpec) -> TrialHandle:
+        trial_dir = Path(spec.trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (METRICS_FILE, "status.json", STATE_FILE):
+            (trial_dir / stale).unlink(missing_ok=True)
+        capacity = spec.memory_capacity_gb or self.memory_capacity_gb
+        seed = self.seed * 1_000_003 + spec.seed
+        result = model.simulate(spec.config, self.scenario, spec.steps, seed=seed, memory_capacity_gb=capacity)
+        started = time.time()
+        meta = {
+            "spec": spec.model_dump(),
+            "scenario": self.scenario,
+            "seed": seed,
+            "time_scale": self.time_scale,
+            "clock": self.clock,
+            "steps_per_poll": self.steps_per_poll,
+            "memory_capacity_gb": capacity,
+            "started_at": started,
+        }
+        plan = {
+            "events": [[e.t, e.step, e.data] for e in result.events],
+            "status": result.status,
+            "reason": result.reason,
+            "end_t": result.end_t,
+            "last_step": result.last_step,
+            "n_gpus": result.n_gpus,
+            "init_s": result.init_s,
+            "info": result.info,
+        }
+        _write_json(trial_dir / PLAN_FILE, plan)
+        _write_json(trial_dir / META_FILE, meta)
+        _write_json(trial_dir / STATE_FILE, self._usage(plan, written=0, sim_t=0.0, polls=0, final=None))
+        (trial_dir / METRICS_FILE).touch()
+        with open(trial_dir / LOG_FILE, "w") as log:
+            log.write(f"[sim] {spec.trial_id} on {self.scenario}: {spec.steps} steps, seed {seed}, "
+                      f"{result.n_gpus} GPUs, clock={self.clock}\n")
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), started_at=started,
+                           extra={"scenario": self.scenario, "clock": self.clock})
+
+    def poll(self, handle: TrialHandle) -> TrialPoll:
+        trial_dir = Path(handle.trial_dir)
+        done = read_status(trial_dir)
+        if done is not None:
+            return done
+        with _locked(trial_dir):
+            return self._advance(trial_dir, stop_reason=None)
+
+    def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
+        trial_dir = Path(handle.trial_dir)
+        with _locked(trial_dir):
+            done = read_status(trial_dir)
+            if done is not None:
+                return done
+            return self._advance(trial_dir, stop_reason=reason or "stopped")
+
+    def usage(self, handle: TrialHandle) -> dict[str, Any]:
+        """Simulated seconds and GPU-hours used so far, and what the whole trial would have used."""
+        return sim_usage(handle.trial_dir)
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _usage(plan: dict, written: int, sim_t: float, polls: int, final: str | None) -> dict[str, Any]:
+        n = plan["n_gpus"]
+        return {
+            "written": written,
+            "polls": polls,
+            "sim_elapsed_s": sim_t,
+            "gpu_hours": sim_t * n / 3600.0,
+            "planned_s": plan["end_t"],
+            "planned_gpu_hours": plan["end_t"] * n / 3600.0,
+            "status": final,
+        }
+
+    def _advance(self, trial_dir: Path, stop_reason: str | None) -> TrialPoll:
+        meta = json.loads((trial_dir / META_FILE).read_text())
+        plan = json.loads((trial_dir / PLAN_FILE).read_text())
+        state = json.loads((trial_dir / STATE_FILE).read_text())
+        events = plan["events"]
+        written, polls = int(state["written"]), int(state["polls"]) + 1
+        per_poll = meta.get("steps_per_poll")
+        if stop_reason is not None:
+            target = state["sim_elapsed_s"] if meta["clock"] == "poll" else self._wall_target(meta, state)
+            if per_poll and written < len(events):  # stopping never reveals more than the clock allows
+                target = min(target, events[min(written + per_poll, len(events)) - 1][0])
+        elif meta["clock"] == "poll":
+            target = events[written + per_poll - 1][0] if written + per_poll <= len(events) else plan["end_t"]
+        else:
+            target = self._wall_target(meta, state)
+            if per_poll and written < len(events):
+                target = min(target, events[min(written + per_poll, len(events)) - 1][0])
+        target = max(target, float(state["sim_elapsed_s"]))
+
+        new = [e for e in events[written:] if e[0] <= target]
+        if new:
+            with open(trial_dir / METRICS_FILE, "a") as f:
+                for _, step, data in new:
+                    write_record(f, step, data)
+            with open(trial_dir / LOG_FILE, "a") as log:
+                for _, step, data in new:
+                    shown = {k: data[k] for k in ("perf/throughput", "timing_s/step", "perf/max_memory_allocated_gb",
+                                                  "critic/score/mean", model.VAL_KEY) if k in data}
+                    log.write(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in shown.items()) + "\n")
+        written += len(new)
+        last_step = events[written - 1][1] if written else 0
+
+        final: TrialPoll | None = None
+        if stop_reason is not None:
+            sim_t = min(target, plan["end_t"])
+            final = TrialPoll(status=TrialStatus.STOPPED, reason=stop_reason, last_step=last_step)
+        elif written == len(events) and target >= plan["end_t"]:
+            sim_t = plan["end_t"]
+            final = TrialPoll(status=TrialStatus(plan["status"]), reason=plan["reason"], last_step=plan["last_step"])
+        else:
+            sim_t = min(target, plan["end_t"])
+        _write_json(trial_dir / STATE_FILE,
+                    self._usage(plan, written, sim_t, polls, final.status.value if final else None))
+        if final is None:
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=last_step)
+        with open(trial_dir / LOG_FILE, "a") as log:
+            log.write(f"[sim] {final.status.value}: {final.reason or 'ok'} (step {final.last_step}, "
+                      f"{sim_t:.0f} simulated s, {sim_t * plan['n_gpus'] / 3600:.2f} GPU-h)\n")
+        write_status(trial_dir, final.status, final.reason, final.last_step or 0)
+        return final
+
+    @staticmethod
+    def _wall_target(meta: dict, state: dict) -> float:
+        return (time.time() - float(meta["started_at"])) * float(meta["time_scale"])
+
+
+def sim_usage(trial_dir: str | os.PathLike) -> dict[str, Any]:
+    """The ``sim_state.json`` of a simulated trial (``{}`` when the directory holds none)."""
+    try:
+        return json.loads((Path(trial_dir) / STATE_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+__all__ = ["SimRunner", "sim_usage"]
