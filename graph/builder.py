@@ -22,8 +22,10 @@ from tools.stop import stop_trial
 from tools.watch import watch_trial
 
 
-def make_builder() -> StateGraph:
-    builder = StateGraph(TuningState, context_schema=Services, input_schema=InputState)
+def make_builder(*, context_schema: type | None = Services) -> StateGraph:
+    """The uncompiled graph. Studio builds it with ``context_schema=None``: ``Services`` holds live objects
+    that have no JSON schema, and Studio passes no context (the nodes build services from the state)."""
+    builder = StateGraph(TuningState, context_schema=context_schema, input_schema=InputState)
     builder.add_node("start", start_session)  # first step: counters, ledger run row
     builder.add_node("profiler", profiler)  # queue each stage's baseline, then profile it
     builder.add_node("proposer", proposer)  # K candidates from profile, history, feedback

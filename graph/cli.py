@@ -135,6 +135,10 @@ def tune(
     candidates: int = typer.Option(3, min=1, max=10, help="Candidates per proposal round."),
     wall_clock: Optional[float] = typer.Option(None, help="Wall-clock budget in seconds for the session."),
     approve: str = typer.Option("tty", help="Reviewer channel: tty, auto, none (pause and exit), slack."),
+    slack_channel: Optional[str] = typer.Option(
+        None, help="With --approve slack: channel id to post reviews to (default $MART_SLACK_CHANNEL)."),
+    slack_api_url: Optional[str] = typer.Option(
+        None, help="Slack Web API base URL (default $MART_SLACK_API_URL, else Slack's); the token is $SLACK_BOT_TOKEN."),
     auto_policy: str = typer.Option("all", help="With --approve auto: 'all' or 'margin'."),
     detach: bool = typer.Option(False, "--detach", help="Exit at the first review (same as --approve none)."),
     agents: str = typer.Option("rules", help="Agent strategy for both roles: rules or llm."),
@@ -172,8 +176,17 @@ def tune(
         )
     except ValidationError as e:
         _fail(str(e))
+    reviewer = None
+    if options.approve == "slack":
+        from graph.reviewers.slack import SlackConfigError, SlackReviewer
+
+        reviewer = SlackReviewer(channel=slack_channel, api_url=slack_api_url)
+        try:
+            reviewer.check()
+        except SlackConfigError as e:
+            _fail(str(e))
     try:
-        summary = run_tune(options, api_key=llm_api_key)
+        summary = run_tune(options, api_key=llm_api_key, reviewer=reviewer)
     except (RunError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -217,20 +230,25 @@ def review(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     as_json: bool = JSON,
 ) -> None:
-    """Answer a run's pending review (interactive without flags) and continue the run."""
+    """Answer a run's pending review (interactive without flags) and continue the run.
+
+    Without flags the review is asked on this terminal, and so are the run's later reviews (unless
+    --detach). With a flag, later reviews go to the run's own channel (--detach: exit at the next one).
+    """
     import getpass
 
-    from graph.reviewers.base import parse_assignments
+    from graph.reviewers.base import TTYReviewer, parse_assignments
+    from graph.session import pending_review
     from graph.session import resume as run_resume
     from state.models import ReviewDecision
-    from state.run_store import RunError
+    from state.run_store import RunError, RunStore
     from state.search_space import ConfigError
 
     chosen = [approve_, reject is not None, bool(edit)]
     if sum(chosen) > 1:
         _fail("give one of --approve, --reject or --edit")
     who = reviewer or getpass.getuser()
-    decision = None
+    decision, channel, interrupt_id = None, None, None
     try:
         if approve_:
             decision = ReviewDecision(action="approve", reviewer=who, channel="cli")
@@ -238,8 +256,27 @@ def review(
             decision = ReviewDecision(action="reject", feedback=reject, reviewer=who, channel="cli")
         elif edit:
             decision = ReviewDecision(action="edit", edits=parse_assignments(edit), reviewer=who, channel="cli")
-        summary = run_resume(run, runs_dir, decision=decision, approve="none" if detach else None,
-                             quiet=quiet or None)
+        else:  # interactive: ask now, answer exactly this review (unless someone else answers it first)
+            store = RunStore.open(run, runs_dir)
+            try:
+                request = pending_review(store)
+            finally:
+                store.close()
+            if request is None:
+                _fail(f"run {store.run_id} has no pending review (see `mart status {store.run_id}`)")
+            import sys
+
+            tty = TTYReviewer(stdout=sys.stderr if as_json else None)  # keep --json output clean
+            decision = tty.review(request)
+            if decision is None:
+                _finish({"run_id": store.run_id, "status": "paused", "pending_review": request}, as_json)
+                return
+            if reviewer:
+                decision = decision.model_copy(update={"reviewer": reviewer})
+            interrupt_id = request["interrupt_id"]
+            channel = None if detach else tty
+        summary = run_resume(run, runs_dir, decision=decision, interrupt_id=interrupt_id, reviewer=channel,
+                             approve="none" if detach else None, quiet=quiet or None)
     except (RunError, ConfigError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -247,17 +284,61 @@ def review(
     _finish(summary, as_json)
 
 
+def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
+    from rich.table import Table
+
+    from graph.session import run_status
+    from state.ledger import DB_FILE
+    from state.run_store import RunError, RunStore
+
+    infos = []
+    for path in sorted(p for p in runs_dir.glob("*") if (p / DB_FILE).exists()):
+        try:
+            store = RunStore.open(path, runs_dir)
+            try:
+                infos.append(run_status(store))
+            finally:
+                store.close()
+        except RunError:
+            continue
+    if pending_only:
+        infos = [i for i in infos if i["pending_review"]]
+    if as_json:
+        _print_json(infos)
+        return
+    if not infos:
+        typer.echo(f"no {'pending reviews' if pending_only else 'runs'} in {runs_dir}")
+        return
+    table = Table(title=f"runs in {runs_dir}")
+    for col in ("run", "status", "stage", "trials", "pending review", "answer with"):
+        table.add_column(col)
+    for i in infos:
+        req = i["pending_review"]
+        table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
+                      i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
+                      f"#{req['review_no']} {req['candidate_id']} ({len(req.get('diff') or [])} changes)" if req else "-",
+                      f"mart review {i['run_id']}" if req else "")
+    _console().print(table)
+
+
 @app.command()
 def status(
-    run: str = typer.Argument(..., help="Run id or run directory."),
+    run: Optional[str] = typer.Argument(None, help="Run id or run directory (default: list the runs)."),
     runs_dir: Path = RUNS_DIR,
+    pending: bool = typer.Option(False, "--pending", help="Without RUN: only runs waiting for a review."),
     as_json: bool = JSON,
 ) -> None:
-    """Where a run stands: running, paused (at a review, or waiting for resume), completed, failed."""
+    """Where a run stands: running, paused (at a review, or waiting for resume), completed, failed.
+
+    Without RUN: every run in --runs-dir with its pending review, if any.
+    """
     from graph.reviewers.base import format_request
     from graph.session import run_status
     from state.run_store import RunError, RunStore
 
+    if run is None:
+        _list_runs(runs_dir, pending, as_json)
+        return
     try:
         store = RunStore.open(run, runs_dir)
         info = run_status(store)
@@ -309,6 +390,41 @@ def trials(
                       str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".2f"),
                       f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
     _console().print(table)
+
+
+# -- Slack ------------------------------------------------------------------------------------------
+slack_app = typer.Typer(help="Review from Slack: `mart tune --approve slack` posts, `mart slack serve` receives.",
+                        no_args_is_help=True)
+app.add_typer(slack_app, name="slack")
+
+
+@slack_app.command("serve")
+def slack_serve(
+    port: int = typer.Option(3000, min=0, max=65535, help="Port (0: any free port, printed at start)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; put a TLS proxy or tunnel in front for Slack."),
+    runs_dir: Path = RUNS_DIR,
+    reviewer: list[str] = typer.Option([], "--reviewer", help="Slack user id allowed to decide (repeatable; "
+                                                               "also $MART_SLACK_REVIEWERS, comma-separated)."),
+    api_url: Optional[str] = typer.Option(None, help="Slack Web API base URL (default $MART_SLACK_API_URL)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each decision (never secrets or headers)."),
+) -> None:
+    """Receive Slack's Approve / Edit / Reject clicks (request URL: http://HOST:PORT/slack/events).
+
+    Secrets from the environment only: SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN.
+    """
+    import logging
+
+    from graph.reviewers.slack import SlackConfigError
+    from graph.reviewers.slack_server import serve
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        serve(runs_dir, host=host, port=port, reviewers=reviewer, api_url=api_url)
+    except (SlackConfigError, OSError) as e:
+        _fail(str(e))
+    except Exception as e:  # bolt's start-up check of the token (auth.test) and the like
+        _fail(f"{type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -74,6 +74,37 @@ _CACHE: dict[str, Services] = {}
 _CACHE_LOCK = threading.Lock()
 
 
+def _thread_id() -> str | None:
+    try:
+        from langgraph.config import get_config
+
+        return (get_config().get("configurable") or {}).get("thread_id")
+    except RuntimeError:  # called outside a graph run
+        return None
+
+
+def ensure_run(state: dict[str, Any]) -> dict[str, str]:
+    """``run_id``/``run_dir`` of the session, creating the run directory when the input has none.
+
+    The session driver always passes both. A LangGraph Studio run starts from ``{"options": {...}}``
+    only: its run is ``studio-<thread id>`` under ``options.runs_dir`` (created once; the start node may
+    re-run after a crash and then finds it).
+    """
+    if state.get("run_dir"):
+        return {"run_id": state.get("run_id") or Path(state["run_dir"]).name, "run_dir": state["run_dir"]}
+    options = TuneOptions(**(state.get("options") or {}))
+    run_id = state.get("run_id")
+    if not run_id:
+        thread = "".join(c for c in str(_thread_id() or "") if c.isalnum() or c in "-_")[:40]
+        if not thread:
+            raise ValueError("state has no run_dir and the call has no thread_id: give one of them")
+        run_id = f"studio-{thread}"
+    run_dir = Path(options.runs_dir).resolve() / run_id
+    if not (run_dir / "trials").is_dir():
+        RunStore.create(options.runs_dir, run_id).close()
+    return {"run_id": run_id, "run_dir": str(run_dir)}
+
+
 def services_for(state: dict[str, Any], runtime: Any) -> Services:
     """The services of this invocation: the runtime context, else cached ones built from the state."""
     ctx = getattr(runtime, "context", None)

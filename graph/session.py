@@ -24,6 +24,22 @@ from state.run_store import RunError, RunStore
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials")
 
 
+class StaleReview(RunError):
+    """The decision answers a review that is no longer the pending one (already decided, or re-asked)."""
+
+
+def review_request(snap) -> dict[str, Any] | None:
+    """The pending review request of a state snapshot, with its ``interrupt_id``; None when not paused.
+
+    The interrupt id changes with every review (and when a review is re-asked after an invalid answer),
+    so a channel can tell a stale answer from a current one.
+    """
+    if not snap.interrupts:
+        return None
+    intr = snap.interrupts[0]
+    return {**intr.value, "interrupt_id": intr.id}
+
+
 def graph_config(run_id: str) -> dict[str, Any]:
     # Never put secrets in `configurable`: LangGraph copies some of it into checkpoint metadata.
     return {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
@@ -76,9 +92,11 @@ class ConsoleProgress:
 
 def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,
            api_key: str | None, progress: ConsoleProgress) -> dict[str, Any]:
+    reviewer.bind(store)
     services: Services = build_services(options, store, api_key=api_key)
     services.progress = progress
-    graph = compile_graph(store.checkpointer())
+    saver = store.checkpointer()
+    graph = compile_graph(saver)
     config = graph_config(store.run_id)
     ledger = store.ledger
     ledger.upsert_run(store.run_id, status="running", pid=os.getpid(), error=None)
@@ -93,7 +111,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 return summary
             if not snap.interrupts:
                 raise RunError(f"the graph stopped at {snap.next} without a pending review")
-            request = snap.interrupts[0].value
+            request = review_request(snap)
             decision = reviewer.review(request)
             if decision is None:
                 ledger.upsert_run(store.run_id, status="paused", pid=None)
@@ -110,6 +128,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
         raise
     finally:
         services.close()
+        saver.conn.close()  # the Slack server drives many runs in one process
 
 
 def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | None = None,
@@ -142,27 +161,37 @@ def load_options(store: RunStore, **overrides: Any) -> TuneOptions:
 
 def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,
            reviewer: Reviewer | None = None, decision: ReviewDecision | None = None,
-           **option_overrides: Any) -> dict[str, Any]:
-    """Continue a run: after a crash, a Ctrl-C, or a pause (``decision`` answers the pending review)."""
+           interrupt_id: str | None = None, **option_overrides: Any) -> dict[str, Any]:
+    """Continue a run: after a crash, a Ctrl-C, or a pause (``decision`` answers the pending review).
+
+    Args:
+        interrupt_id: answer only if this is still the pending review's interrupt (checked under the
+            run's writer lock); else ``StaleReview``. Channels that answer asynchronously (Slack) use it.
+    """
     store = RunStore.open(run, runs_dir)
     try:
         with store.lock():
             options = load_options(store, **option_overrides)
             status = (store.ledger.run(store.run_id) or {}).get("status")
             if status == "completed":
+                if decision is not None:
+                    raise RunError(f"run {store.run_id} is completed: there is no review to answer")
                 row = store.ledger.run(store.run_id) or {}
                 return row.get("summary") or {"run_id": store.run_id, "status": "completed"}
             reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
             progress = ConsoleProgress(options.quiet)
-            graph = compile_graph(store.checkpointer())
-            snap = graph.get_state(graph_config(store.run_id))
+            snap = state_snapshot(store)
+            if interrupt_id is not None and (not snap.interrupts or snap.interrupts[0].id != interrupt_id):
+                raise StaleReview(f"run {store.run_id}: review {interrupt_id} is no longer pending "
+                                  "(already decided, or asked again)")
             if decision is not None:
                 if not snap.interrupts:
                     raise RunError(f"run {store.run_id} has no pending review to answer")
                 validate_decision(store, options, snap, decision)
                 first: Any = Command(resume=decision.model_dump(mode="json"))
             elif snap.interrupts:
-                request = snap.interrupts[0].value
+                reviewer.bind(store)
+                request = review_request(snap)
                 answer = reviewer.review(request)
                 if answer is None:
                     store.ledger.upsert_run(store.run_id, status="paused", pid=None)
@@ -200,10 +229,17 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
 
 
 def pending_review(store: RunStore) -> dict[str, Any] | None:
-    """The pending review request of a run, or None."""
-    graph = compile_graph(store.checkpointer())
-    snap = graph.get_state(graph_config(store.run_id))
-    return snap.interrupts[0].value if snap.interrupts else None
+    """The pending review request of a run (with its ``interrupt_id``), or None."""
+    return review_request(state_snapshot(store))
+
+
+def state_snapshot(store: RunStore):
+    """The run's current state snapshot (closes its checkpoint connection: servers call this often)."""
+    saver = store.checkpointer()
+    try:
+        return compile_graph(saver).get_state(graph_config(store.run_id))
+    finally:
+        saver.conn.close()
 
 
 def run_status(store: RunStore) -> dict[str, Any]:
@@ -211,8 +247,7 @@ def run_status(store: RunStore) -> dict[str, Any]:
     row = store.ledger.run(store.run_id) or {}
     status = row.get("status") or "created"
     holder = store.lock_holder()
-    graph = compile_graph(store.checkpointer())
-    snap = graph.get_state(graph_config(store.run_id))
+    snap = state_snapshot(store)
     values = snap.values or {}
     waiting_for = None
     if holder:
@@ -236,7 +271,7 @@ def run_status(store: RunStore) -> dict[str, Any]:
             "steps_done": len(store.ledger.metric_records(running["trial_id"])),
             "horizon": running.get("horizon"),
         },
-        "pending_review": snap.interrupts[0].value if snap.interrupts else None,
+        "pending_review": review_request(snap),
         "summary": row.get("summary"),
         "error": row.get("error"),
         "updated_at": row.get("updated_at"),

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from langgraph.types import Command
 
-from graph.services import services_for
+from graph.services import ensure_run, services_for
 from state.models import Stage, TrialRecord
 
 STAGES: tuple[Stage, ...] = ("system", "learning")
@@ -37,14 +37,19 @@ def overrides_of(state: dict[str, Any], services, record: TrialRecord) -> dict[s
 
 
 def start_session(state, runtime) -> Command[Literal["profiler"]]:
-    """Initialise counters on the first step (a no-op when resuming a started session)."""
-    services = services_for(state, runtime)
+    """Initialise counters on the first step (a no-op when resuming a started session).
+
+    A session started from options only (LangGraph Studio) gets its run directory here.
+    """
     if state.get("stage"):
         return Command(goto="profiler")
+    ids = ensure_run(state)
+    services = services_for({**state, **ids}, runtime)
     services.ledger.upsert_run(services.run_id, status="running", options=services.options.model_dump(mode="json"))
     return Command(
         goto="profiler",
         update={
+            **ids,
             "stage": "system", "status": "running", "started_at": time.time(), "trial_seq": 0,
             "trials_done": {}, "profiles": {}, "baseline": {}, "best": {}, "best_overrides": {},
             "feedback": [], "round": 0, "reviews": 0, "exhausted": {}, "candidates": [], "critiques": [],

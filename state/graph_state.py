@@ -7,7 +7,9 @@ by the nodes (no accumulating reducers).
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
+
+from typing_extensions import TypedDict  # pydantic (Studio's schema endpoint) needs it on Python < 3.12
 
 from state.models import Candidate, Critique, Profile, Stage, TrialRecord
 

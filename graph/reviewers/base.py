@@ -9,13 +9,22 @@ from __future__ import annotations
 import abc
 import getpass
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from state.models import ReviewDecision
+
+if TYPE_CHECKING:
+    from state.run_store import RunStore
 
 
 class Reviewer(abc.ABC):
     name: str = "base"
+    store: RunStore | None = None
+    """The run under review, set by the session driver (``bind``) before the first request."""
+
+    def bind(self, store: RunStore) -> None:
+        """Called by the driver with the run it drives (channels that record messages use its ledger)."""
+        self.store = store
 
     @abc.abstractmethod
     def review(self, request: dict[str, Any]) -> ReviewDecision | None:

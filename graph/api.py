@@ -1,0 +1,129 @@
+"""Python API for notebooks: open a run, get its compiled graph and config, and drive it yourself.
+
+Example::
+
+    from langgraph.types import Command
+    from graph.api import open_run
+
+    with open_run("20261130-154001-26f0", runs_dir="runs") as run:
+        print(run.pending_review())                     # the review request (diff, rationale, critique)
+        run.graph.invoke(Command(resume={"action": "approve", "reviewer": "me"}), run.config,
+                         context=run.context)           # continues until the next review (or the end)
+        for snap in run.graph.get_state_history(run.config):   # newest first
+            print(snap.metadata["step"], snap.next)
+
+``context=`` may be left out: the nodes then build their services from the state's options (as in
+LangGraph Studio). The handle holds the run's writer lock until ``close()``, so no other driver (a
+``mart review``, the Slack server) moves the run under you. See ``docs/reviewers.md`` for time travel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from langgraph.types import Command
+
+from graph.builder import compile_graph
+from graph.services import Services, build_services
+from graph.session import graph_config, load_options, review_request
+from state.models import ReviewDecision
+from state.run_store import RunError, RunStore
+
+
+class RunHandle:
+    """One open run: ``graph`` (compiled with the run's SqliteSaver), ``config``, ``context``.
+
+    Args:
+        store: the opened run.
+        api_key: for LLM agents (kept in memory only; default ``$OPENAI_API_KEY``).
+        lock: hold the run's writer lock while open (default). Without it, only read.
+    """
+
+    def __init__(self, store: RunStore, *, api_key: str | None = None, lock: bool = True) -> None:
+        self.store = store
+        self._api_key = api_key
+        self._stack = ExitStack()
+        if lock:
+            self._stack.enter_context(store.lock())
+        self._saver = store.checkpointer()
+        self.graph = compile_graph(self._saver)
+        self.config: dict[str, Any] = graph_config(store.run_id)
+        self._context: Services | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.store.run_id
+
+    @property
+    def context(self) -> Services:
+        """The run's services (backend, runner, ledger, agents), built on first use; pass as ``context=``."""
+        if self._context is None:
+            self._context = build_services(load_options(self.store), self.store, api_key=self._api_key)
+        return self._context
+
+    def state(self):
+        """The current ``StateSnapshot`` (``.values``, ``.next``, ``.interrupts``)."""
+        return self.graph.get_state(self.config)
+
+    def pending_review(self) -> dict[str, Any] | None:
+        """The pending review request (with its ``interrupt_id``), or None."""
+        return review_request(self.state())
+
+    def decide(self, decision: ReviewDecision | dict[str, Any]) -> dict[str, Any] | None:
+        """Answer the pending review and run to the next one; returns it, or None when the run ended."""
+        if self.pending_review() is None:
+            raise RunError(f"run {self.run_id} has no pending review to answer")
+        if isinstance(decision, dict):
+            decision = ReviewDecision.model_validate({"channel": "notebook", **decision})
+        self.graph.invoke(Command(resume=decision), self.config, context=self.context, durability="sync")
+        return self.pending_review()
+
+    def past_reviews(self) -> Iterator[Any]:
+        """Snapshots of the checkpoints where the run stopped at a review, newest first (time travel)."""
+        for snap in self.graph.get_state_history(self.config):
+            if snap.next == ("human_review",) and snap.interrupts:
+                yield snap
+
+    def fork(self, snapshot_or_config: Any) -> dict[str, Any] | None:
+        """Re-open a past review on a new branch: copy that checkpoint as the thread's head, run to its
+        interrupt again, and return the (re-asked) review request. Answer it with ``decide``.
+
+        Resuming the old checkpoint itself would replay the stored answer; the copy has none.
+        """
+        config = getattr(snapshot_or_config, "config", snapshot_or_config)
+        self.graph.update_state(config, None, as_node="__copy__")
+        self.graph.invoke(None, self.config, context=self.context, durability="sync")
+        return self.pending_review()
+
+    def close(self) -> None:
+        if self._context is not None:
+            self._context.close()
+            self._context = None
+        self._saver.conn.close()
+        self._stack.close()
+        self.store.close()
+
+    def __enter__(self) -> RunHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_run(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,
+             lock: bool = True) -> RunHandle:
+    """Open a run by id (in ``runs_dir``) or path.
+
+    Raises:
+        RunNotFound, NotAMartRun: no such run / not a mart run.
+        RunLocked: another process drives the run (with ``lock=True``).
+    """
+    store = RunStore.open(run, runs_dir)
+    try:
+        return RunHandle(store, api_key=api_key, lock=lock)
+    except BaseException:
+        store.close()
+        raise

@@ -1,0 +1,250 @@
+"""The ``slack`` reviewer channel: post each review to a Slack channel as a Block Kit message and detach.
+
+``SlackReviewer.review`` posts the candidate (diff against the current best, rationale, critique,
+predicted memory) with Approve / Edit / Reject controls, records the message in the run's ledger
+(``slack_messages``: channel and ts, never a token) and returns None: the tuner exits and the paused run
+costs nothing. ``mart slack serve`` (``graph.reviewers.slack_server``) receives the clicks and continues
+the run. Configuration (flags win over the environment)::
+
+    SLACK_BOT_TOKEN      bot token (xoxb-...): environment only, never stored or logged
+    MART_SLACK_CHANNEL   channel id to post reviews to (``--slack-channel``)
+    MART_SLACK_API_URL   Slack Web API base URL (tests, Slack-compatible servers); default Slack's
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from graph.reviewers.base import Reviewer, format_request
+from state.ledger import Ledger
+from state.models import ReviewDecision
+
+TOKEN_ENV = "SLACK_BOT_TOKEN"
+CHANNEL_ENV = "MART_SLACK_CHANNEL"
+API_URL_ENV = "MART_SLACK_API_URL"
+
+ACTION_APPROVE = "mart_approve"
+ACTION_EDIT = "mart_edit"
+ACTION_REJECT = "mart_reject"
+ACTIONS_BLOCK = "mart_review_actions"
+MODAL_CALLBACK = "mart_decision"
+FEEDBACK_BLOCK, FEEDBACK_INPUT = "mart_feedback", "feedback_input"
+EDITS_BLOCK, EDITS_INPUT = "mart_edits", "edits_input"
+
+MESSAGES_TABLE = "slack_messages"
+
+
+class SlackConfigError(ValueError):
+    """Slack is not configured (no token, no channel); the message names the variable or flag."""
+
+
+def slack_client(api_url: str | None = None, token: str | None = None):
+    """A ``slack_sdk.WebClient`` from the environment (token) and an optional API base URL."""
+    from slack_sdk import WebClient
+
+    token = token or os.environ.get(TOKEN_ENV)
+    if not token:
+        raise SlackConfigError(f"set {TOKEN_ENV} (the Slack bot token) in the environment")
+    base = api_url or os.environ.get(API_URL_ENV) or WebClient.BASE_URL
+    return WebClient(token=token, base_url=base.rstrip("/") + "/", timeout=15)
+
+
+# -- what a button carries --------------------------------------------------------------------------
+def button_value(request: dict[str, Any]) -> str:
+    """Run id, interrupt id and candidate id: enough to find and check the review, nothing secret."""
+    return json.dumps({"run": request["run_id"], "interrupt": request.get("interrupt_id"),
+                       "candidate": request.get("candidate_id"), "review": request.get("review_no")},
+                      separators=(",", ":"))
+
+
+def parse_button_value(value: str) -> dict[str, Any]:
+    data = json.loads(value)
+    run = str(data.get("run") or "")
+    if not run or not all(c.isalnum() or c in "-_." for c in run) or run.startswith("."):
+        raise ValueError(f"bad run id in button value: {run!r}")
+    if not data.get("interrupt"):
+        raise ValueError("button value has no interrupt id")
+    return data
+
+
+# -- Block Kit --------------------------------------------------------------------------------------
+def _clip(text: str, n: int = 2900) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _fmt(v: Any) -> str:
+    return f"`{v!r}`" if not isinstance(v, str) else f"`{v}`"
+
+
+def summary_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The candidate as Block Kit sections (no controls): header, facts, diff, rationale, critique."""
+    pred, limit = request.get("predicted_memory_gb"), request.get("memory_limit_gb")
+    mem = ("unknown" if pred is None else f"{pred:.2f} GB") + ("" if limit is None else f" (limit {limit:.2f} GB)")
+    diff = "\n".join(f"• {_fmt(d['key'])}: {_fmt(d['current'])} → {_fmt(d['proposed'])}"
+                     for d in request.get("diff") or []) or "_no change against the current best_"
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _clip(
+            f"mart review #{request.get('review_no')}: {request.get('stage')} stage", 150)}},
+        {"type": "section", "fields": [
+            {"type": "mrkdwn", "text": f"*Run*\n`{request.get('run_id')}`"},
+            {"type": "mrkdwn", "text": f"*Candidate*\n`{request.get('candidate_id')}` ({request.get('source')})"},
+            {"type": "mrkdwn", "text": f"*Predicted peak memory*\n{mem}"},
+            {"type": "mrkdwn", "text": f"*Trials so far*\n{request.get('trials_done')}"
+                                       + (f", bottleneck {request['bottleneck']}" if request.get("bottleneck") else "")},
+        ]},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _clip("*Changes against the current best*\n" + diff)}},
+    ]
+    if request.get("rationale"):
+        blocks.append({"type": "section", "text": {"type": "mrkdwn",
+                                                   "text": _clip(f"*Rationale*\n{request['rationale']}")}})
+    crit = request.get("critique") or {}
+    if crit:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(
+            f"*Critic* (risk {crit.get('risk')})\n" + "\n".join(f"• {r}" for r in crit.get("reasons") or []))}})
+    if request.get("error"):
+        blocks.append({"type": "section", "text": {"type": "mrkdwn",
+                                                   "text": _clip(f":warning: *Previous answer refused*: {request['error']}")}})
+    return blocks
+
+
+def review_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The review message: the summary plus Approve / Edit… / Reject… buttons (edit and reject open a form)."""
+    value = button_value(request)
+    return [*summary_blocks(request), {
+        "type": "actions", "block_id": ACTIONS_BLOCK, "elements": [
+            {"type": "button", "action_id": ACTION_APPROVE, "style": "primary", "value": value,
+             "text": {"type": "plain_text", "text": "Approve"}},
+            {"type": "button", "action_id": ACTION_EDIT, "value": value, "text": {"type": "plain_text", "text": "Edit…"}},
+            {"type": "button", "action_id": ACTION_REJECT, "style": "danger", "value": value,
+             "text": {"type": "plain_text", "text": "Reject with feedback…"}},
+        ]}, {
+        "type": "context", "elements": [{"type": "mrkdwn", "text": f"or from a terminal: `mart review {request['run_id']}`"}],
+    }]
+
+
+def describe_decision(decision: ReviewDecision) -> str:
+    if decision.action == "approve":
+        return "approved"
+    if decision.action == "edit":
+        edits = ", ".join(f"{k}={v!r}" for k, v in decision.edits.items())
+        return f"edited ({edits})" + (f" - “{decision.feedback}”" if decision.feedback else "")
+    return "rejected" + (f": “{decision.feedback}”" if decision.feedback else "")
+
+
+def decided_blocks(request: dict[str, Any], decision: ReviewDecision, user_id: str) -> list[dict[str, Any]]:
+    """The message after a decision: the summary, no controls, and who decided what."""
+    icon = {"approve": ":white_check_mark:", "edit": ":pencil2:", "reject": ":x:"}[decision.action]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return [*summary_blocks(request), {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(
+        f"{icon} <@{user_id}> {describe_decision(decision)} at {when}; the run continues")}]}]
+
+
+def decision_modal(action: str, meta: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """The form for Edit (KEY=VALUE lines + optional note) or Reject (feedback for the proposer)."""
+    keys = ", ".join(f"`{k}`" for k in (request.get("overrides") or {})) or "the stage's knobs"
+    if action == "edit":
+        inputs = [
+            {"type": "input", "block_id": EDITS_BLOCK, "label": {"type": "plain_text", "text": "Edits (KEY=VALUE, one per line)"},
+             "element": {"type": "plain_text_input", "action_id": EDITS_INPUT, "multiline": True,
+                         "initial_value": "\n".join(f"{k}={v}" for k, v in (request.get("overrides") or {}).items())}},
+            {"type": "input", "block_id": FEEDBACK_BLOCK, "optional": True, "label": {"type": "plain_text", "text": "Note"},
+             "element": {"type": "plain_text_input", "action_id": FEEDBACK_INPUT}},
+        ]
+    else:
+        inputs = [{"type": "input", "block_id": FEEDBACK_BLOCK,
+                   "label": {"type": "plain_text", "text": "Feedback for the proposer"},
+                   "element": {"type": "plain_text_input", "action_id": FEEDBACK_INPUT, "multiline": True}}]
+    return {
+        "type": "modal", "callback_id": MODAL_CALLBACK, "private_metadata": json.dumps({**meta, "action": action}),
+        "title": {"type": "plain_text", "text": "Edit candidate" if action == "edit" else "Reject candidate"},
+        "submit": {"type": "plain_text", "text": "Run edited" if action == "edit" else "Reject"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": _clip(
+            f"Review #{request.get('review_no')} of run `{request.get('run_id')}`, candidate "
+            f"`{request.get('candidate_id')}` (changes {keys})")}}, *inputs],
+    }
+
+
+# -- the ledger's record of posted messages --------------------------------------------------------
+def _table(ledger: Ledger):
+    table = ledger.db[MESSAGES_TABLE]
+    if not table.exists():
+        table.create({"interrupt_id": str, "run_id": str, "review_no": int, "candidate_id": str, "channel": str,
+                      "ts": str, "posted_at": float, "decided_by": str, "action": str, "decided_at": float},
+                     pk="interrupt_id")
+    return table
+
+
+def record_message(ledger: Ledger, request: dict[str, Any], channel: str, ts: str) -> None:
+    _table(ledger).upsert({"interrupt_id": request["interrupt_id"], "run_id": request["run_id"],
+                           "review_no": request.get("review_no"), "candidate_id": request.get("candidate_id"),
+                           "channel": channel, "ts": ts, "posted_at": time.time()}, pk="interrupt_id")
+
+
+def mark_decided(ledger: Ledger, interrupt_id: str, user_id: str, action: str) -> None:
+    _table(ledger).upsert({"interrupt_id": interrupt_id, "decided_by": user_id, "action": action,
+                           "decided_at": time.time()}, pk="interrupt_id")
+
+
+def posted_messages(ledger: Ledger) -> list[dict[str, Any]]:
+    return list(_table(ledger).rows_where(order_by="posted_at"))
+
+
+class SlackReviewer(Reviewer):
+    """Posts the review to Slack and detaches; ``mart slack serve`` answers it when someone clicks.
+
+    Args:
+        channel: channel id (default ``$MART_SLACK_CHANNEL``, else the channel of this run's last review).
+        api_url: Slack Web API base URL (default ``$MART_SLACK_API_URL``, else Slack's).
+        client: a ready ``WebClient`` (the Slack server passes its own); else one from ``$SLACK_BOT_TOKEN``.
+    """
+
+    name = "slack"
+
+    def __init__(self, channel: str | None = None, api_url: str | None = None, client: Any = None) -> None:
+        self.channel = channel
+        self.api_url = api_url
+        self._client = client
+
+    def check(self) -> None:
+        """Fail early (SlackConfigError) when the token or the channel is missing."""
+        _ = self.client
+        self._channel()
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = slack_client(self.api_url)
+        return self._client
+
+    def _channel(self) -> str:
+        if self.channel or os.environ.get(CHANNEL_ENV):
+            return self.channel or os.environ[CHANNEL_ENV]
+        previous = posted_messages(self.store.ledger) if self.store else []
+        if previous:
+            return previous[-1]["channel"]
+        raise SlackConfigError(f"no Slack channel: pass --slack-channel or set {CHANNEL_ENV}")
+
+    def review(self, request: dict[str, Any]) -> None:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        ledger = self.store.ledger if self.store else None
+        posted = {m["interrupt_id"] for m in posted_messages(ledger)} if ledger is not None else set()
+        if request.get("interrupt_id") in posted:
+            return  # already posted (a resumed driver reached the same pause): don't post twice
+        try:
+            resp = self.client.chat_postMessage(channel=self._channel(), text=_clip(format_request(request), 3000),
+                                                blocks=review_blocks(request), unfurl_links=False)
+        except (SlackConfigError, SlackApiError, SlackClientError, OSError) as e:
+            # the run is paused either way: say so instead of failing the session
+            detail = e.response.get("error") if isinstance(e, SlackApiError) else str(e)
+            print(f"mart: could not post review #{request.get('review_no')} to Slack ({type(e).__name__}: {detail}); "
+                  f"the run is paused: answer with `mart review {request.get('run_id')}`", file=sys.stderr)
+            return
+        if ledger is not None and request.get("interrupt_id"):
+            record_message(ledger, request, resp["channel"], resp["ts"])
+        return

@@ -1,0 +1,389 @@
+"""``mart slack serve``: receive Slack's button clicks and form submissions, and continue the runs.
+
+Every request goes through slack_bolt's signature check (a bad or old signature gets 401), then the
+reviewer allow-list (anyone else gets 403 and an ephemeral note), then a check that the clicked review is
+still the run's pending interrupt (a second click or a stale message changes nothing and gets an
+ephemeral note). An accepted decision updates the message (who decided what) and continues the run in a
+worker thread of this server, holding the run's writer lock, until the next review (posted as a new
+message) or the end. While nobody clicks, the server sleeps in ``select``: no CPU.
+
+Secrets come from the environment only and are never logged: ``SLACK_SIGNING_SECRET`` (verifies
+requests), ``SLACK_BOT_TOKEN`` (posts and updates messages). Reviewers: ``MART_SLACK_REVIEWERS``
+(comma-separated Slack user ids) and ``--reviewer`` flags.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from graph.reviewers.base import parse_assignments
+from graph.reviewers.slack import (
+    ACTION_APPROVE,
+    ACTION_EDIT,
+    ACTION_REJECT,
+    EDITS_BLOCK,
+    EDITS_INPUT,
+    FEEDBACK_BLOCK,
+    FEEDBACK_INPUT,
+    MODAL_CALLBACK,
+    SlackConfigError,
+    SlackReviewer,
+    decided_blocks,
+    decision_modal,
+    describe_decision,
+    mark_decided,
+    parse_button_value,
+    slack_client,
+)
+from state.models import ReviewDecision
+
+SECRET_ENV = "SLACK_SIGNING_SECRET"
+REVIEWERS_ENV = "MART_SLACK_REVIEWERS"
+MAX_BODY = 1 << 20
+EVENTS_PATH = "/slack/events"
+
+log = logging.getLogger("mart.slack")
+
+
+class SlackReviewService:
+    """The bolt app and the decision logic (transport-free: ``dispatch`` takes a ``BoltRequest``).
+
+    Args:
+        runs_dir: where the runs live (a button names its run by id).
+        signing_secret: Slack's signing secret for this app.
+        reviewers: Slack user ids allowed to decide.
+        client: ``WebClient`` with the bot token (and the API base URL).
+        token_verification: call ``auth.test`` at start (fails early on a bad token).
+    """
+
+    def __init__(self, runs_dir: str | Path, *, signing_secret: str, reviewers: set[str], client: Any,
+                 token_verification: bool = True) -> None:
+        from slack_bolt import App
+
+        if not signing_secret:
+            raise SlackConfigError(f"set {SECRET_ENV} (the Slack app's signing secret) in the environment")
+        self.runs_dir = Path(runs_dir).resolve()
+        self.reviewers = set(reviewers)
+        self.client = client
+        self._guard = threading.Lock()
+        self._busy: dict[str, str] = {}  # run id -> who is deciding it now
+        self._workers: set[threading.Thread] = set()
+        bolt_log = logging.getLogger("mart.slack.bolt")
+        bolt_log.setLevel(logging.WARNING)  # bolt logs request bodies at debug level
+        self.app = App(client=client, signing_secret=signing_secret, token_verification_enabled=token_verification,
+                       process_before_response=True, logger=bolt_log)
+        self.app.middleware(self._allow_list)
+        for action_id in (ACTION_APPROVE, ACTION_EDIT, ACTION_REJECT):
+            self.app.action(action_id)(self._on_button)
+        self.app.view(MODAL_CALLBACK)(self._on_submit)
+
+    def dispatch(self, request):
+        return self.app.dispatch(request)
+
+    # -- gatekeeping -------------------------------------------------------------------------------
+    def _allow_list(self, body: dict[str, Any], next: Callable[[], Any]):
+        from slack_bolt import BoltResponse
+
+        if not isinstance(body, dict) or not body.get("type"):
+            return next()  # ssl_check and the like: bolt answers them
+        u = body.get("user")
+        user = u.get("id") if isinstance(u, dict) else u
+        if user not in self.reviewers:
+            log.warning("refused a %s from user %s: not on the reviewer allow-list", body.get("type"), user)
+            channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
+            if channel and user:
+                self._ephemeral(channel, user, "You are not on this mart server's reviewer allow-list; nothing changed.")
+            return BoltResponse(status=403, body="not a mart reviewer")
+        return next()
+
+    def _ephemeral(self, channel: str, user: str, text: str) -> None:
+        try:
+            self.client.chat_postEphemeral(channel=channel, user=user, text=text)
+        except Exception as e:  # a note that cannot be shown must not break the request
+            log.warning("could not post an ephemeral note: %s", type(e).__name__)
+
+    def _open_store(self, run: str):
+        from state.run_store import RunStore
+
+        return RunStore.open(self.runs_dir / run, self.runs_dir)
+
+    def check(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """The pending request if the button's review is still the run's pending one, else a note why not."""
+        from graph.session import pending_review
+        from state.run_store import RunError
+
+        run = meta["run"]
+        try:
+            store = self._open_store(run)
+        except RunError:
+            return None, f"Run `{run}` is not known to this mart server; nothing changed."
+        try:
+            holder = store.lock_holder()
+            if holder == os.getpid():
+                return None, f"Run `{run}` is already being decided; nothing changed."
+            if holder:
+                return None, f"Run `{run}` is being driven right now (pid {holder}); nothing changed."
+            request = pending_review(store)
+        finally:
+            store.close()
+        if request is None or request["interrupt_id"] != meta.get("interrupt"):
+            return None, (f"Review #{meta.get('review')} of run `{run}` was already decided (or asked again in a "
+                          "newer message); nothing changed.")
+        return request, None
+
+    def validate(self, meta: dict[str, Any], decision: ReviewDecision) -> str | None:
+        """Why an edit cannot run (the knob and the rule), or None."""
+        from graph.session import load_options, state_snapshot, validate_decision
+        from state.search_space import ConfigError
+
+        store = self._open_store(meta["run"])
+        try:
+            validate_decision(store, load_options(store), state_snapshot(store), decision)
+        except ConfigError as e:
+            return str(e)
+        finally:
+            store.close()
+        return None
+
+    # -- handlers ----------------------------------------------------------------------------------
+    def _on_button(self, ack: Callable[..., None], body: dict[str, Any], action: dict[str, Any]) -> None:
+        ack()  # process_before_response: Slack gets the answer when this returns (well within 3 s)
+        user = body["user"]["id"]
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
+        ts = (body.get("message") or {}).get("ts") or (body.get("container") or {}).get("message_ts")
+        try:
+            meta = {**parse_button_value(action.get("value") or ""), "channel": channel, "ts": ts}
+        except ValueError:
+            self._ephemeral(channel, user, "This button does not belong to a mart review; nothing changed.")
+            return
+        request, note = self.check(meta)
+        if note:
+            self._ephemeral(channel, user, note)
+            return
+        if action["action_id"] == ACTION_APPROVE:
+            decision = ReviewDecision(action="approve", reviewer=_who(body), channel="slack")
+            note = self.decide(meta, decision, user, request)
+            if note:
+                self._ephemeral(channel, user, note)
+            return
+        kind = "edit" if action["action_id"] == ACTION_EDIT else "reject"
+        self.client.views_open(trigger_id=body["trigger_id"], view=decision_modal(kind, meta, request))
+
+    def _on_submit(self, ack: Callable[..., None], body: dict[str, Any], view: dict[str, Any]) -> None:
+        user = body["user"]["id"]
+        try:
+            meta = json.loads(view.get("private_metadata") or "{}")
+            parse_button_value(json.dumps(meta))
+        except ValueError:
+            ack(response_action="errors", errors={FEEDBACK_BLOCK: "This form does not belong to a mart review."})
+            return
+        values = (view.get("state") or {}).get("values") or {}
+        feedback = ((values.get(FEEDBACK_BLOCK) or {}).get(FEEDBACK_INPUT) or {}).get("value") or ""
+        if meta.get("action") == "edit":
+            block = EDITS_BLOCK
+            raw = ((values.get(EDITS_BLOCK) or {}).get(EDITS_INPUT) or {}).get("value") or ""
+            try:
+                decision = ReviewDecision(action="edit", edits=parse_assignments(raw.split()), feedback=feedback,
+                                          reviewer=_who(body), channel="slack")
+            except ValueError as e:
+                ack(response_action="errors", errors={block: str(e)})
+                return
+        else:
+            block = FEEDBACK_BLOCK
+            if not feedback.strip():
+                ack(response_action="errors", errors={block: "Say what the proposer should do differently."})
+                return
+            decision = ReviewDecision(action="reject", feedback=feedback.strip(), reviewer=_who(body), channel="slack")
+        request, note = self.check(meta)
+        if note is None and decision.action == "edit":
+            note = self.validate(meta, decision)
+        if note is None:
+            note = self.decide(meta, decision, user, request)
+        if note:
+            ack(response_action="errors", errors={block: note[:2000]})
+            return
+        ack()
+
+    # -- deciding ----------------------------------------------------------------------------------
+    def decide(self, meta: dict[str, Any], decision: ReviewDecision, user: str, request: dict[str, Any]) -> str | None:
+        """Accept the decision (one at a time per run), update the message, continue the run in a worker."""
+        run = meta["run"]
+        with self._guard:
+            if run in self._busy:
+                return f"Run `{run}` is already being decided by <@{self._busy[run]}>; nothing changed."
+            request, note = self.check(meta)  # again, now that no other click of this server can interfere
+            if note:
+                return note
+            self._busy[run] = user
+        log.info("run %s review #%s: %s by %s", run, request.get("review_no"), decision.action, user)
+        try:
+            self.client.chat_update(channel=meta["channel"], ts=meta["ts"], blocks=decided_blocks(request, decision, user),
+                                    text=f"mart review #{request.get('review_no')}: {describe_decision(decision)} by {user}")
+        except Exception as e:
+            log.warning("could not update the review message: %s", type(e).__name__)
+        worker = threading.Thread(target=self._continue, args=(meta, decision, user), daemon=True,
+                                  name=f"mart-run-{run}")
+        self._workers.add(worker)
+        worker.start()
+        return None
+
+    def _continue(self, meta: dict[str, Any], decision: ReviewDecision, user: str) -> None:
+        from graph.session import StaleReview, resume
+        from state.run_store import RunError
+
+        run, channel = meta["run"], meta["channel"]
+        applied = False
+        try:
+            reviewer = SlackReviewer(channel=channel, client=self.client)
+            summary = resume(self.runs_dir / run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
+                             reviewer=reviewer, quiet=True)
+            applied = True
+            if summary.get("status") == "completed":
+                self._post(channel, completion_text(summary), None)
+        except (StaleReview, RunError) as e:  # raised before the decision reached the graph
+            log.warning("run %s: decision of %s not applied: %s", run, user, e)
+            self._ephemeral(channel, user, f"Your decision was not applied: {e}")
+            self._post(channel, f":warning: <@{user}>'s decision on run `{run}` was not applied: {e}", meta.get("ts"))
+        except Exception as e:
+            applied = True
+            log.exception("run %s failed after a Slack decision", run)
+            self._post(channel, f":boom: run `{run}` failed: {type(e).__name__}: {e}", meta.get("ts"))
+        finally:
+            if applied:
+                self._record(run, meta["interrupt"], user, decision.action)
+            with self._guard:
+                self._busy.pop(run, None)
+                self._workers.discard(threading.current_thread())
+
+    def _record(self, run: str, interrupt_id: str, user: str, action: str) -> None:
+        try:
+            store = self._open_store(run)
+            try:
+                mark_decided(store.ledger, interrupt_id, user, action)
+            finally:
+                store.close()
+        except Exception as e:
+            log.warning("could not record the decision on run %s: %s", run, type(e).__name__)
+
+    def _post(self, channel: str, text: str, thread_ts: str | None) -> None:
+        try:
+            self.client.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts)
+        except Exception as e:
+            log.warning("could not post to Slack: %s", type(e).__name__)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait for the runs being continued to pause or finish (tests, shutdown); True when idle."""
+        with self._guard:
+            workers = list(self._workers)
+        for w in workers:
+            w.join(timeout)
+        return not any(w.is_alive() for w in workers)
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def http_server(self, host: str = "127.0.0.1", port: int = 3000, path: str = EVENTS_PATH) -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer((host, port), _handler(self, path))
+        server.daemon_threads = True
+        return server
+
+
+def _who(body: dict[str, Any]) -> str:
+    u = body.get("user") or {}
+    name = u.get("username") or u.get("name")
+    return f"{name} (slack:{u['id']})" if name else f"slack:{u['id']}"
+
+
+def completion_text(summary: dict[str, Any]) -> str:
+    sys_, learn = summary.get("system") or {}, summary.get("learning") or {}
+    parts = [f":checkered_flag: mart run `{summary.get('run_id')}` completed"]
+    if sys_.get("best_throughput") is not None:
+        gain = sys_.get("throughput_gain_pct")
+        parts.append(f"throughput {sys_.get('baseline_throughput')} → {sys_['best_throughput']} tokens/s"
+                     + (f" ({gain:+.1f}%)" if gain is not None else ""))
+    if learn.get("best_score") is not None:
+        parts.append(f"val score {learn.get('baseline_score')} → {learn['best_score']}")
+    return "; ".join(parts)
+
+
+def _handler(service: SlackReviewService, path: str) -> type[BaseHTTPRequestHandler]:
+    from slack_bolt.request import BoltRequest
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "mart-slack"
+
+        def _send(self, status: int, body: bytes, headers: dict[str, Any] | None = None) -> None:
+            self.send_response(status)
+            for key, values in (headers or {"content-type": ["text/plain; charset=utf-8"]}).items():
+                for value in values:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if urlparse(self.path).path == "/healthz":
+                self._send(200, b"ok")
+            else:
+                self._send(404, b"not found")
+
+        def do_POST(self) -> None:
+            url = urlparse(self.path)
+            if url.path != path:
+                self._send(404, b"not found")
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                self._send(413, b"too large")
+                return
+            body = self.rfile.read(length).decode("utf-8", "replace")
+            headers = {k.lower(): [v] for k, v in self.headers.items()}
+            resp = service.dispatch(BoltRequest(body=body, query=url.query, headers=headers))
+            self._send(resp.status, (resp.body or "").encode(), resp.headers)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            # the request line and status only: never headers (they carry the signature)
+            log.debug("%s %s", self.address_string(), fmt % args)
+
+    return Handler
+
+
+def reviewers_from_env(extra: list[str] | None = None) -> set[str]:
+    ids = {x.strip() for x in os.environ.get(REVIEWERS_ENV, "").split(",") if x.strip()}
+    return ids | {x.strip() for x in extra or [] if x.strip()}
+
+
+def serve(runs_dir: str | Path, *, host: str = "127.0.0.1", port: int = 3000, reviewers: list[str] | None = None,
+          api_url: str | None = None, path: str = EVENTS_PATH) -> None:
+    """Run the Slack endpoint until SIGTERM/SIGINT (``mart slack serve``)."""
+    allowed = reviewers_from_env(reviewers)
+    if not allowed:
+        raise SlackConfigError(f"no reviewers allowed: set {REVIEWERS_ENV} or pass --reviewer (Slack user ids)")
+    service = SlackReviewService(runs_dir, signing_secret=os.environ.get(SECRET_ENV, ""), reviewers=allowed,
+                                 client=slack_client(api_url))
+    server = service.http_server(host, port, path)
+    stop = threading.Event()
+
+    def _stop(*_: Any) -> None:
+        if not stop.is_set():
+            stop.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    bound_host, bound_port = server.server_address[:2]
+    print(f"mart slack: listening on http://{bound_host}:{bound_port}{path} for {len(allowed)} reviewer(s), "
+          f"runs in {service.runs_dir}", flush=True)
+    try:
+        server.serve_forever(poll_interval=2.0)
+    finally:
+        server.server_close()
+        if not service.wait_idle(timeout=10):
+            log.warning("a run was still being continued at shutdown; continue it with `mart resume RUN`")
