@@ -60,4 +60,5 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
         seed=services.options.seed,
         backend=services.backend.name,
         notes=notes,
+        rejected=services.ledger.rejected_overrides(services.run_id, stage),
     )

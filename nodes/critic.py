@@ -31,6 +31,6 @@ def critic(state, runtime) -> Command[Literal["human_review", "proposer", "stage
         chosen = by_id[verdict.pick].model_copy(update={"predicted_memory_gb": crit.predicted_memory_gb})
         return Command(goto="human_review", update={**update, "selected": chosen})
     if rnd <= services.options.max_revision_rounds:
-        return Command(goto="proposer", update={**update, "feedback": [*(state.get("feedback") or []), verdict.feedback]})
+        return Command(goto="proposer", update={**update, "feedback": [*(state.get("feedback") or []), f"critic: {verdict.feedback}"]})
     reason = f"the critic rejected every candidate for {rnd} rounds ({verdict.feedback})"
     return Command(goto="stage_control", update={**update, "exhausted": {**(state.get("exhausted") or {}), stage: reason}})

@@ -85,7 +85,8 @@ def human_review(state, runtime) -> Command[Literal["launch_trial", "proposer"]]
     services.ledger.add_review(services.run_id, f"review-{reviews:03d}", cand.candidate_id, decision)
     if decision.action == "reject":
         note = decision.feedback.strip() or "the reviewer rejected the candidate without a comment"
-        feedback = [*(state.get("feedback") or []), f"reviewer rejected {cand.overrides}: {note}"]
+        # the reviewer's words only: rejected overrides are known from the ledger (AgentContext.rejected)
+        feedback = [*(state.get("feedback") or []), f"reviewer on {cand.candidate_id}: {note}"]
         return Command(goto="proposer", update={"reviews": reviews, "feedback": feedback, "selected": None})
     seq = state.get("trial_seq", 0) + 1
     config = {**base, **overrides}

@@ -176,6 +176,12 @@ class Ledger:
             "channel": decision.channel, "created_at": time.time(),
         }, pk="review_id")
 
+    def rejected_overrides(self, run_id: str, stage: str) -> list[dict[str, Any]]:
+        """Overrides of the candidates a reviewer rejected in ``stage``."""
+        sql = ("select p.overrides from reviews r join proposals p on p.candidate_id = r.candidate_id "
+               "where r.run_id = ? and r.action = 'reject' and p.stage = ?")
+        return [json.loads(o) for (o,) in self.db.execute(sql, [run_id, stage]).fetchall()]
+
     def add_health_events(self, events: list[HealthEvent]) -> None:
         if events:
             self.db["health_events"].upsert_all([

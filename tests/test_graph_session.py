@@ -194,3 +194,11 @@ def test_oom_and_margin_keep_best_feasible(tmp_path):
     summary = tune(options(tmp_path, memory_capacity_gb=1.6, system_trials=6, learning_trials=0))
     assert summary["system"]["memory_limit_gb"] == pytest.approx(1.44)
     assert summary["system"]["best_peak_memory_gb"] <= 1.44
+
+
+def test_vague_rejection_never_brings_the_same_candidate_back(tmp_path):
+    no = ReviewDecision(action="reject", feedback="not convinced", reviewer="ann", channel="test")
+    reviewer = Scripted([no, no, no])
+    tune(options(tmp_path, system_trials=2, learning_trials=0), reviewer=reviewer)
+    shown = [json.dumps(r["overrides"], sort_keys=True) for r in reviewer.requests]
+    assert len(shown) == 4 and len(set(shown)) == 4

@@ -41,12 +41,15 @@ class AgentContext:
     backend: str = "local"
     notes: list[str] = field(default_factory=list)
     """Free-form facts for LLM prompts (e.g. verl's perf-guide ordering)."""
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    """Overrides the reviewer rejected in this stage (never proposed again)."""
 
     def tried_keys(self) -> set[str]:
-        """Config hashes of every trial run so far in this stage (duplicates are pointless)."""
+        """Config hashes of every trial run so far in this stage, and of rejected candidates."""
         from state.models import config_hash
 
-        return {config_hash(t.config) for t in self.history if t.stage == self.stage}
+        keys = {config_hash(t.config) for t in self.history if t.stage == self.stage}
+        return keys | {config_hash(self.full_config(o)) for o in self.rejected}
 
     def full_config(self, overrides: dict[str, Any]) -> dict[str, Any]:
         return {**self.base_config, **overrides}

@@ -55,6 +55,8 @@ def parse_feedback(texts: list[str], space: SearchSpace) -> FeedbackRules:
     rules = FeedbackRules()
     aliases = {p.key: _aliases(p.key) for p in space.params}
     for text in texts:
+        if text.startswith("critic:"):
+            continue  # the critic's reasons quote knob names; they are not a reviewer's intent
         for clause in re.split(r"[.;\n]|,| but | and ", text.lower()):
             clause = f" {clause.strip()} "
             if not clause.strip():

@@ -1,0 +1,303 @@
+"""One structured chat call to any OpenAI-compatible endpoint (OpenAI, ``vllm serve``, ...), via ChatOpenAI.
+
+Configuration (flags win over the environment; the CLI maps its flags onto ``TuneOptions`` and ``api_key``):
+
+=====================  =============================  ===========================================
+setting                from ``TuneOptions`` / arg     environment fallback
+=====================  =============================  ===========================================
+model                  ``llm_model``                  ``MART_LLM_MODEL`` (required)
+base URL               ``llm_base_url``               ``OPENAI_BASE_URL`` (unset = api.openai.com)
+API key                ``api_key`` argument           ``OPENAI_API_KEY`` (``EMPTY`` for a custom URL)
+timeout per request    ``llm_timeout_s``              -
+structured output      ``structured`` argument        ``MART_LLM_STRUCTURED`` = json_schema (default),
+                                                      function_calling or json_mode
+HTTP retries           ``max_retries`` argument       ``MART_LLM_MAX_RETRIES`` (default 2)
+repair rounds          ``repair_rounds`` argument     ``MART_LLM_REPAIR_ROUNDS`` (default 2, max 2)
+streaming (SSE)        ``streaming`` argument         ``MART_LLM_STREAM`` = 1 (default off)
+=====================  =============================  ===========================================
+
+Timeouts, 429 and 5xx are retried by the openai client with exponential backoff (it honours
+``Retry-After``), at most ``max_retries`` times: one call takes at most about
+``(max_retries + 1) x timeout`` plus the backoff waits. The API key is held by the client only (as a
+``SecretStr``); it is never logged, stored or put in graph state, and error messages are scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+from nodes.agents.schemas import openai_function, openai_response_format
+
+if TYPE_CHECKING:
+    from graph.context import TuneOptions
+
+StructuredMethod = Literal["json_schema", "function_calling", "json_mode"]
+STRUCTURED_METHODS: tuple[str, ...] = ("json_schema", "function_calling", "json_mode")
+DEFAULT_MAX_RETRIES = 2
+MAX_MAX_RETRIES = 6
+DEFAULT_REPAIR_ROUNDS = 2
+MAX_REPAIR_ROUNDS = 2
+PLACEHOLDER_API_KEY = "EMPTY"
+"""Sent to a custom base URL when no key is configured (``vllm serve`` without ``--api-key`` accepts any)."""
+
+
+class LLMConfigError(ValueError):
+    """The LLM agents are asked for but cannot be configured (no model, no key, bad method)."""
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """Resolved, secret-free settings of the LLM agents (safe to log)."""
+
+    model: str
+    base_url: str | None
+    timeout_s: float
+    max_retries: int
+    structured: StructuredMethod
+    repair_rounds: int
+    streaming: bool
+    strict: bool = True
+    price_per_mtok: tuple[float, float] | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        options: TuneOptions,
+        *,
+        structured: str | None = None,
+        max_retries: int | None = None,
+        repair_rounds: int | None = None,
+        streaming: bool | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> LLMSettings:
+        """Options and arguments first, then the environment, then defaults.
+
+        Raises:
+            LLMConfigError: no model configured, or an unknown structured-output method.
+        """
+        env = os.environ if env is None else env
+        model = options.llm_model or env.get("MART_LLM_MODEL")
+        if not model:
+            raise LLMConfigError(
+                "the LLM agents need a model: pass --llm-model (TuneOptions.llm_model) or set MART_LLM_MODEL"
+            )
+        method = structured or env.get("MART_LLM_STRUCTURED") or "json_schema"
+        if method not in STRUCTURED_METHODS:
+            raise LLMConfigError(f"MART_LLM_STRUCTURED must be one of {list(STRUCTURED_METHODS)}, but got {method!r}")
+        retries = max_retries if max_retries is not None else _env_int(env, "MART_LLM_MAX_RETRIES", DEFAULT_MAX_RETRIES)
+        repairs = repair_rounds if repair_rounds is not None else _env_int(env, "MART_LLM_REPAIR_ROUNDS", DEFAULT_REPAIR_ROUNDS)
+        stream = streaming if streaming is not None else env.get("MART_LLM_STREAM", "").lower() in ("1", "true", "yes")
+        return cls(
+            model=model,
+            base_url=options.llm_base_url or env.get("OPENAI_BASE_URL") or None,
+            timeout_s=float(options.llm_timeout_s),
+            max_retries=max(0, min(int(retries), MAX_MAX_RETRIES)),
+            structured=method,  # type: ignore[arg-type]
+            repair_rounds=max(0, min(int(repairs), MAX_REPAIR_ROUNDS)),
+            streaming=stream,
+            price_per_mtok=options.llm_price_per_mtok,
+        )
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        if self.price_per_mtok is None:
+            return None
+        price_in, price_out = self.price_per_mtok
+        return (prompt_tokens * price_in + completion_tokens * price_out) / 1e6
+
+
+def resolve_api_key(api_key: str | None, base_url: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The ``api_key`` argument, else ``$OPENAI_API_KEY``, else a placeholder for a custom base URL.
+
+    Raises:
+        LLMConfigError: no key for api.openai.com.
+    """
+    env = os.environ if env is None else env
+    key = api_key or env.get("OPENAI_API_KEY")
+    if key:
+        return key
+    if base_url:
+        return PLACEHOLDER_API_KEY
+    raise LLMConfigError(
+        "the LLM agents need an API key for api.openai.com: set OPENAI_API_KEY (or pass --llm-api-key), "
+        "or point --llm-base-url / OPENAI_BASE_URL at a server that needs none"
+    )
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LLMConfigError(f"{name} must be an integer, but got {raw!r}") from None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class LLMCallError(Exception):
+    """The endpoint did not answer usably (after the client's retries).
+
+    ``kind``: timeout, rate_limit, server, auth, not_found, bad_request, connection, other.
+    ``fatal``: retrying later in the session is pointless (bad key, unknown model).
+    """
+
+    def __init__(self, kind: str, message: str, *, fatal: bool = False) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.fatal = fatal
+        self.latency_s = 0.0
+
+
+_KEYLIKE = re.compile(r"\b(sk|key|token)-[A-Za-z0-9_\-\*\.]{4,}", re.IGNORECASE)
+
+
+def redact(text: str, secret: str | None = None, limit: int = 300) -> str:
+    """``text`` without the secret or anything key-like, on one line, at most ``limit`` characters."""
+    if secret and secret != PLACEHOLDER_API_KEY:
+        text = text.replace(secret, "***")
+    text = _KEYLIKE.sub(lambda m: m.group(1) + "-***", text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def classify_error(exc: BaseException, secret: str | None = None) -> LLMCallError:
+    """Map an openai/httpx exception to an ``LLMCallError`` with a scrubbed message."""
+    import openai
+
+    msg = redact(str(exc) or type(exc).__name__, secret)
+    if isinstance(exc, openai.APITimeoutError):
+        return LLMCallError("timeout", msg)
+    if isinstance(exc, openai.APIConnectionError):
+        return LLMCallError("connection", msg)
+    if isinstance(exc, openai.RateLimitError):
+        return LLMCallError("rate_limit", msg)
+    if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
+        return LLMCallError("auth", msg, fatal=True)
+    if isinstance(exc, openai.NotFoundError):
+        return LLMCallError("not_found", msg, fatal=True)
+    if isinstance(exc, openai.BadRequestError):
+        return LLMCallError("bad_request", msg)
+    if isinstance(exc, openai.APIStatusError):
+        return LLMCallError("server" if exc.status_code >= 500 else "other", msg)
+    if isinstance(exc, TimeoutError):
+        return LLMCallError("timeout", msg)
+    return LLMCallError("other", f"{type(exc).__name__}: {msg}")
+
+
+# --------------------------------------------------------------------------- the call
+
+
+@dataclass
+class LLMReply:
+    """One answered call: the raw answer text, its JSON (or why it is not JSON), usage and latency."""
+
+    text: str
+    data: Any = None
+    parse_error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+
+
+class StructuredChat:
+    """A ChatOpenAI bound to one output schema; ``invoke(messages)`` returns an ``LLMReply``.
+
+    The request is shaped by ``with_structured_output(..., include_raw=True)`` (``response_format``
+    json_schema, forced tool call, or json_object); the answer is parsed here from the raw message, so
+    that malformed JSON yields a message the repair round can quote instead of an exception.
+    """
+
+    def __init__(self, settings: LLMSettings, api_key: str, schema: type[BaseModel]) -> None:
+        from langchain_openai import ChatOpenAI
+
+        self.settings = settings
+        self.schema = schema
+        self._secret = api_key
+        llm = ChatOpenAI(
+            model=settings.model,
+            base_url=settings.base_url,
+            api_key=api_key,
+            timeout=settings.timeout_s,
+            max_retries=settings.max_retries,
+            streaming=settings.streaming,
+            stream_usage=True,
+            use_responses_api=False,
+        )
+        if settings.structured == "json_schema":
+            # A dict (not the class) keeps ChatOpenAI on the plain `create` path: a malformed answer comes
+            # back as text to quote, rather than as an exception from the client's own parser.
+            target: Any = openai_response_format(schema, strict=settings.strict)
+            self._runnable = llm.with_structured_output(target, method="json_schema", include_raw=True)
+        elif settings.structured == "function_calling":
+            target = openai_function(schema, strict=settings.strict)
+            self._runnable = llm.with_structured_output(target, method="function_calling", include_raw=True)
+        else:
+            self._runnable = llm.with_structured_output(None, method="json_mode", include_raw=True)
+        self.tool_name = openai_function(schema)["name"]
+
+    def __repr__(self) -> str:  # never show the client (it holds the key)
+        return f"StructuredChat(model={self.settings.model!r}, schema={self.schema.__name__})"
+
+    def invoke(self, messages: list[Any]) -> LLMReply:
+        """Raises:
+        LLMCallError: the endpoint failed (timeout, 429 or 5xx after retries, auth, ...)."""
+        start = time.monotonic()
+        try:
+            out = self._runnable.invoke(messages)
+        except Exception as e:  # noqa: BLE001 - openai/httpx errors; anything else is reported the same way
+            err = classify_error(e, self._secret)
+            err.latency_s = time.monotonic() - start
+            raise err from None
+        latency = time.monotonic() - start
+        raw = out["raw"] if isinstance(out, dict) else out
+        usage = getattr(raw, "usage_metadata", None) or {}
+        text, data, error = self._parse(raw)
+        return LLMReply(
+            text=text,
+            data=data,
+            parse_error=error,
+            prompt_tokens=int(usage.get("input_tokens") or 0),
+            completion_tokens=int(usage.get("output_tokens") or 0),
+            latency_s=latency,
+        )
+
+    def _parse(self, raw: Any) -> tuple[str, Any, str | None]:
+        for call in getattr(raw, "tool_calls", None) or []:
+            return json.dumps(call.get("args")), call.get("args"), None
+        for bad in getattr(raw, "invalid_tool_calls", None) or []:
+            text = str(bad.get("args") or "")
+            return text, None, f"the tool call's arguments are not valid JSON ({_json_error(text)})"
+        content = getattr(raw, "content", "")
+        if isinstance(content, list):
+            content = "".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
+        text = str(content or "")
+        if not text.strip():
+            return text, None, "the answer is empty (expected one JSON object)"
+        try:
+            return text, json.loads(_strip_fences(text)), None
+        except json.JSONDecodeError:
+            return text, None, f"the answer is not valid JSON ({_json_error(_strip_fences(text))})"
+
+
+def _strip_fences(text: str) -> str:
+    t = text.strip()
+    m = re.match(r"^```(?:json)?\s*(.*?)\s*```$", t, re.DOTALL)
+    return m.group(1) if m else t
+
+
+def _json_error(text: str) -> str:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"{e.msg} at line {e.lineno} column {e.colno}"
+    return "unexpected"
