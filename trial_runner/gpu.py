@@ -1,0 +1,191 @@
+"""GPU probe through NVML (``pynvml`` from the ``nvidia-ml-py`` package; the ``gpu`` extra).
+
+Everything here degrades to "no GPU" instead of raising: no ``pynvml`` module, no driver, no device
+all give ``probe() == []``, a sampler that records nothing, and ``wait_gpu_memory_free`` returning True.
+
+    >>> from trial_runner.gpu import probe, memory_capacity_gb
+    >>> gpus = probe()            # [] on a CPU-only machine
+    >>> memory_capacity_gb()      # per-GPU total of the smallest GPU, or None
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU's memory as NVML reports it (GiB; ``used`` includes every process on the device)."""
+
+    index: int
+    name: str
+    total_gb: float
+    used_gb: float
+    free_gb: float
+    uuid: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _nvml() -> Any | None:
+    """The initialised ``pynvml`` module, or None when NVML is unavailable."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... : no GPU here
+        return None
+    return pynvml
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def probe() -> list[GpuInfo]:
+    """GPU count and total/used/free memory per GPU; ``[]`` where there is no driver or device."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    out: list[GpuInfo] = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            try:
+                uuid = _text(nv.nvmlDeviceGetUUID(h))
+            except Exception:
+                uuid = ""
+            out.append(GpuInfo(i, _text(nv.nvmlDeviceGetName(h)), mem.total / GIB, mem.used / GIB, mem.free / GIB, uuid))
+    except Exception:
+        return out
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def memory_capacity_gb(gpus: list[GpuInfo] | None = None) -> float | None:
+    """Per-GPU memory the margin rule uses: the smallest GPU's total (None without GPUs)."""
+    gpus = probe() if gpus is None else gpus
+    return min(g.total_gb for g in gpus) if gpus else None
+
+
+def used_memory_gb() -> dict[int, float]:
+    """Used memory per GPU index right now (empty without GPUs)."""
+    return {g.index: g.used_gb for g in probe()}
+
+
+class PeakSampler:
+    """Background thread sampling used GPU memory; ``peaks_gb`` holds the maximum seen per GPU.
+
+    Used memory is device-wide (NVML cannot attribute it to one trial without per-process queries), so
+    the peak is meaningful when the trial has the GPUs to itself, as mart's trials do.
+
+        with PeakSampler(interval_s=1.0) as s:
+            ...  # run the trial
+        s.peaks_gb, s.max_peak_gb
+    """
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"`interval_s > 0` must hold, but got {interval_s=}.")
+        self.interval_s = interval_s
+        self.peaks_gb: dict[int, float] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def max_peak_gb(self) -> float | None:
+        return max(self.peaks_gb.values()) if self.peaks_gb else None
+
+    def sample_once(self) -> None:
+        for idx, used in used_memory_gb().items():
+            self.peaks_gb[idx] = max(self.peaks_gb.get(idx, 0.0), used)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample_once()
+            if not self.peaks_gb:  # no GPU: nothing to sample, stop at once
+                return
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> PeakSampler:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpu-peak-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> dict[int, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 1)
+        return dict(self.peaks_gb)
+
+    def __enter__(self) -> PeakSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_gpu_memory_free(threshold_gb: float = 1.0, timeout_s: float = 60.0, poll_s: float = 1.0) -> bool:
+    """Wait until every GPU uses at most ``threshold_gb``; True at once without GPUs, False on timeout.
+
+    Call it before the next trial: vLLM workers of a stopped run can keep GPU memory for a while.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        used = used_memory_gb()
+        if all(u <= threshold_gb for u in used.values()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
+def gpu_processes() -> list[dict[str, Any]]:
+    """Processes holding GPU memory (pid, gpu index, used GiB), for error messages; [] without GPUs."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    out = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                used = getattr(p, "usedGpuMemory", None)
+                out.append({"gpu": i, "pid": p.pid, "used_gb": (used or 0) / GIB})
+    except Exception:
+        pass
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def main() -> None:  # pragma: no cover - exercised by scripts/gpu_check.sh
+    """``python -m trial_runner.gpu``: print the probe as JSON (one object per GPU)."""
+    import json
+
+    gpus = probe()
+    print(json.dumps({"gpu_count": len(gpus), "gpus": [g.to_dict() for g in gpus],
+                      "memory_capacity_gb": memory_capacity_gb(gpus), "processes": gpu_processes()}, indent=2))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

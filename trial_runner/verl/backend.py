@@ -1,0 +1,152 @@
+"""The ``verl`` backend: verl's search-space catalogue, the user's base config, pre-validation, runners.
+
+    mart trial --backend verl --base-config my_verl.yaml --steps 5 --out runs/t1
+    mart tune  --backend verl --base-config my_verl.yaml [--verl-entrypoint "bash my_wrapper.sh"]
+               [--ray-address http://HEAD:8265]
+
+The base config is the user's data, model and cluster shape (see ``trial_runner.verl.overrides`` for the
+accepted file forms); the candidate's knobs are applied over it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from state.models import config_hash
+from state.search_space import ConfigError, SearchSpace
+from state.spaces.verl import SEARCH_SPACE
+from trial_runner.base import Backend, TrialRunner
+from trial_runner.verl.overrides import load_base_config
+from trial_runner.verl.prevalidate import validate_many, verl_available
+from trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
+
+#: mart tunes GRPO: these hold unless the user's base config says otherwise (rollout.n = verl's GRPO example).
+GRPO_BASE: dict[str, Any] = {
+    "algorithm.adv_estimator": "grpo",
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.n": 5,
+}
+
+
+class VerlBackend(Backend):
+    """verl on this machine (one node) or, with ``ray_address``, as Ray jobs on an existing cluster.
+
+    Args:
+        entrypoint: launch command, default ``python -m verl.trainer.main_ppo`` (``--verl-entrypoint``).
+        base_config: path of the user's base config (YAML/JSON mapping or list of overrides), or the
+            mapping / list itself.
+        ray_address: the cluster's dashboard address (``http://HEAD:8265``): trials become Ray jobs.
+        memory_capacity_gb: memory per GPU for the margin rule when NVML finds no GPU here (e.g. the
+            trials run on a remote cluster); NVML's per-GPU total wins when GPUs are present.
+        prevalidate: compose and validate candidates with verl (None = when verl is importable).
+        watchdog: progress watchdog of the runner.
+        runner_options: further keyword arguments of ``VerlRunner`` (kill_grace_s, oom_exit_grace_s, env, ...).
+    """
+
+    name = "verl"
+    score_metric_prefix = "val-core/"
+
+    def __init__(
+        self,
+        entrypoint: str | None = None,
+        base_config: str | dict[str, Any] | list[str] | None = None,
+        ray_address: str | None = None,
+        memory_capacity_gb: float | None = None,
+        *,
+        prevalidate: bool | None = None,
+        watchdog: WatchdogConfig | None = None,
+        runner_options: dict[str, Any] | None = None,
+        **unused: Any,
+    ) -> None:
+        self.entrypoint = entrypoint
+        self.base_config_source = base_config
+        self.user_base = load_base_config(base_config)
+        self.ray_address = ray_address
+        self._memory_capacity_gb = memory_capacity_gb
+        self.prevalidate = verl_available() if prevalidate is None else prevalidate
+        self.watchdog = watchdog
+        self.runner_options = dict(runner_options or {})
+        self._gpus: list | None = None
+        self._verl_cache: dict[str, list[str]] = {}
+        # fail early on a bad entrypoint string
+        VerlRunner(entrypoint, sample_gpu=False)
+
+    # ------------------------------------------------------------------------------ catalogue & config
+
+    def search_space(self) -> SearchSpace:
+        return SEARCH_SPACE
+
+    def _probe(self) -> list:
+        if self._gpus is None:
+            from trial_runner.gpu import probe
+
+            self._gpus = probe()
+        return self._gpus
+
+    def allowed_keys(self) -> frozenset[str]:
+        """Keys that may reach verl's command line: catalogue knobs, the base config's keys, mart's own."""
+        return frozenset(p.key for p in SEARCH_SPACE.params) | frozenset(self.user_base) | frozenset(GRPO_BASE) | \
+            FIXED_KEYS | {"trainer.n_gpus_per_node"}
+
+    def base_config(self) -> dict[str, Any]:
+        """verl's defaults of the catalogue knobs, mart's GRPO settings, GPUs found here, then the user's base."""
+        cfg: dict[str, Any] = SEARCH_SPACE.defaults()
+        cfg.update(GRPO_BASE)
+        gpus = self._probe() if self.ray_address is None else []
+        if gpus and "trainer.n_gpus_per_node" not in self.user_base:
+            cfg["trainer.n_gpus_per_node"] = len(gpus)
+        cfg.update(self.user_base)
+        return cfg
+
+    def validate_config(self, config: dict[str, Any]) -> list[str]:
+        """Catalogue constraints, the key whitelist, then (when enabled) verl's own compose + validate."""
+        errors = list(SEARCH_SPACE.check_constraints(config))
+        runner = self._runner()
+        try:
+            overrides = runner.config_overrides(config)
+        except ConfigError as e:
+            return errors + [str(e)]
+        if self.prevalidate and not errors:
+            errors += [f"verl validate_config: {m}" for m in self.verl_validate([overrides])[0]]
+        return errors
+
+    def verl_validate(self, override_lists: list[list[str]]) -> list[list[str]]:
+        """verl's verdict on each override list (cached by content); [] entries are valid."""
+        keys = [config_hash({"o": ovs}) for ovs in override_lists]
+        todo = [(k, ovs) for k, ovs in zip(keys, override_lists) if k not in self._verl_cache]
+        if todo:
+            try:
+                results = validate_many([ovs for _, ovs in todo])
+            except Exception as e:  # never take the tuner down: report it as the candidate's problem
+                results = [[f"could not run verl's validation ({e})"] for _ in todo]
+            for (k, _), res in zip(todo, results):
+                self._verl_cache[k] = res
+        return [self._verl_cache[k] for k in keys]
+
+    # ------------------------------------------------------------------------------ runners
+
+    def _runner(self) -> VerlRunner:
+        options: dict[str, Any] = {
+            "gpu_free_threshold_gb": None if self.ray_address else 2.0,
+            "sample_gpu": self.ray_address is None,
+            **self.runner_options,
+        }
+        return VerlRunner(self.entrypoint, allowed_keys=self.allowed_keys(), watchdog=self.watchdog, **options)
+
+    def make_runner(self) -> TrialRunner:
+        runner = self._runner()
+        if self.ray_address:
+            from trial_runner.ray.runner import RayJobRunner
+
+            return RayJobRunner(self.ray_address, runner)
+        return runner
+
+    def memory_capacity_gb(self) -> float | None:
+        """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value."""
+        if self.ray_address is None:
+            from trial_runner.gpu import memory_capacity_gb
+
+            cap = memory_capacity_gb(self._probe())
+            if cap is not None:
+                return cap
+        return self._memory_capacity_gb

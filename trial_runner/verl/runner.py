@@ -1,0 +1,530 @@
+"""Launch verl (or a site's wrapper of it) as a trial process, and follow it: metrics, failures, watchdog.
+
+Per trial directory ``D`` and attempt ``k`` (1, 2, ... for relaunches of the same trial):
+
+    D/attempt-k/metrics.jsonl   VERL_FILE_LOGGER_PATH (verl truncates it on open: one file per attempt)
+    D/metrics.jsonl             symlink to the current attempt's file (the generic trial-dir contract)
+    D/attempt-k/launch.json     argv and environment additions of the attempt
+    D/attempt-k/exit.json       exit code, written by ``trial_runner.verl.supervise``
+    D/attempt-k/gpu_peaks.json  peak GPU memory sampled over the run (NVML; only with GPUs)
+    D/attempt-k/hydra/          Hydra's run dir (``hydra.run.dir``)
+    D/checkpoints/              ``trainer.default_local_dir`` unless the config sets one
+    D/trial.log                 stdout+stderr of every attempt, appended (``handle.extra["log_offset"]``)
+    D/status.json               written by this runner once the attempt ends (verl does not write one)
+
+Ownership: the process group belongs to the trial. ``poll``/``stop`` work from any process that holds the
+handle (psutil + the leader's create time guard against pid reuse); the exit code comes from exit.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from state.models import TrialStatus
+from state.search_space import ConfigError
+from trial_runner.base import (
+    LOG_FILE,
+    METRICS_FILE,
+    TrialHandle,
+    TrialPoll,
+    TrialRunner,
+    TrialSpec,
+    read_status,
+    write_status,
+)
+from trial_runner.metrics import StepRecord
+from trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
+from trial_runner.verl.overrides import build_overrides, check_key, override
+
+DEFAULT_ENTRYPOINT = ("python", "-m", "verl.trainer.main_ppo")
+
+#: keys mart sets on every launch (they may also appear in the user's base config).
+FIXED_KEYS = frozenset({
+    "trainer.logger", "trainer.total_training_steps", "trainer.total_epochs", "trainer.project_name",
+    "trainer.experiment_name", "trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir",
+    "hydra.run.dir",
+})
+
+#: verl loops over epochs and stops early, silently, when they run out: keep at least this many.
+MIN_TOTAL_EPOCHS = 1000
+
+
+def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | None = None) -> list[str]:
+    """``--verl-entrypoint`` as argv: shlex-split, ``python`` -> this interpreter, relative script paths absolute.
+
+    Relative paths are resolved against the current directory now, because trials run with their own
+    directory as the working directory.
+    """
+    if entrypoint is None:
+        argv = list(DEFAULT_ENTRYPOINT)
+    elif isinstance(entrypoint, str):
+        argv = shlex.split(entrypoint)
+    else:
+        argv = [str(a) for a in entrypoint]
+    if not argv:
+        raise ConfigError("the verl entrypoint is empty.")
+    if argv[0] in ("python", "python3"):
+        argv[0] = python or sys.executable
+    for i, tok in enumerate(argv):
+        if i and not tok.startswith("-") and not os.path.isabs(tok) and os.path.isfile(tok):
+            argv[i] = os.path.abspath(tok)
+    return argv
+
+
+@dataclass
+class WatchdogConfig:
+    """When a run that makes no progress is killed.
+
+    Before the first training step: ``first_step_timeout_s`` after launch (model load, vLLM start, the
+    step-0 validation and step 1). Afterwards: no new step within ``max(min_step_timeout_s, k x expected)``
+    where ``expected`` is ``expected_step_s`` or, when None, the median ``timing_s/step`` the run logged
+    (else its mean time per step so far).
+    """
+
+    enabled: bool = True
+    first_step_timeout_s: float = 3600.0
+    k: float = 5.0
+    min_step_timeout_s: float = 300.0
+    expected_step_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.k <= 0 or self.first_step_timeout_s <= 0 or self.min_step_timeout_s < 0:
+            raise ValueError(f"watchdog: `k > 0`, `first_step_timeout_s > 0` and `min_step_timeout_s >= 0` "
+                             f"must hold, but got ({self.k=}, {self.first_step_timeout_s=}, {self.min_step_timeout_s=}).")
+
+
+@dataclass
+class Progress:
+    """Training progress of one run as seen by a poller, and the watchdog's verdict on it."""
+
+    last_step: int | None = None
+    first_train_seen_at: float | None = None
+    last_progress_at: float | None = None
+    step_times: list[float] = field(default_factory=list)
+
+    def observe(self, records: Iterable[StepRecord], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        for r in records:
+            if self.last_step is None or r.step > self.last_step:
+                self.last_step = r.step
+                if r.step >= 1:  # step 0 is the pre-training validation, not training progress
+                    self.last_progress_at = now
+                    if self.first_train_seen_at is None:
+                        self.first_train_seen_at = now
+            t = r.get("timing_s/step")
+            if not math.isnan(t) and t > 0:
+                self.step_times.append(t)
+
+    def expired(self, wd: WatchdogConfig, started_at: float, now: float | None = None) -> str | None:
+        """A reason when the run is hung by ``wd``'s rules, else None."""
+        if not wd.enabled:
+            return None
+        now = time.time() if now is None else now
+        if self.last_progress_at is None:
+            if now - started_at > wd.first_step_timeout_s:
+                return (f"watchdog: no training step within {wd.first_step_timeout_s:.0f} s of launch "
+                        f"(last step {self.last_step}); killed as hung")
+            return None
+        if wd.expected_step_s is not None:
+            expected = wd.expected_step_s
+        elif self.step_times:
+            expected = sorted(self.step_times)[len(self.step_times) // 2]
+        else:
+            n = max(1, self.last_step or 1)
+            expected = (self.last_progress_at - (self.first_train_seen_at or started_at)) / max(1, n - 1)
+        limit = max(wd.min_step_timeout_s, wd.k * expected)
+        idle = now - self.last_progress_at
+        if idle > limit:
+            return (f"watchdog: no new step for {idle:.1f} s after step {self.last_step} (limit {limit:.1f} s = "
+                    f"max({wd.min_step_timeout_s:g}, {wd.k:g} x expected {expected:.2f} s)); killed as hung")
+        return None
+
+
+@dataclass
+class _Follow:
+    """What this runner knows about one attempt it follows (rebuilt from disk after a restart)."""
+
+    tail: FallbackMetricsTail
+    progress: Progress = field(default_factory=Progress)
+    log_scan_offset: int = 0
+    oom_reason: str | None = None
+    oom_seen_at: float | None = None
+
+
+class VerlRunner(TrialRunner):
+    """Runs ``ENTRYPOINT key=value ...`` in the trial directory and follows it (see the module docstring).
+
+    Args:
+        entrypoint: the launch command (str, shlex-split, or argv); default ``python -m verl.trainer.main_ppo``.
+        allowed_keys: config keys that may become overrides (the backend passes catalogue + base keys);
+            None allows any valid dotted key.
+        watchdog: progress watchdog settings.
+        env: extra environment variables for every trial.
+        oom_exit_grace_s: after OOM text appears in the log, how long the run may take to exit by itself
+            before it is killed and marked ``oom``.
+        gpu_free_threshold_gb, gpu_free_timeout_s: before a launch, wait until every GPU uses at most this
+            much memory (leftovers of a previous trial); None disables the check.
+        sample_gpu: record peak GPU memory over the run (NVML, in the supervisor).
+        kill_grace_s: SIGTERM-to-SIGKILL grace when the watchdog or the OOM rule kills a run.
+    """
+
+    name = "verl"
+
+    def __init__(
+        self,
+        entrypoint: str | Sequence[str] | None = None,
+        *,
+        allowed_keys: Iterable[str] | None = None,
+        watchdog: WatchdogConfig | None = None,
+        env: dict[str, str] | None = None,
+        oom_exit_grace_s: float = 60.0,
+        gpu_free_threshold_gb: float | None = 2.0,
+        gpu_free_timeout_s: float = 120.0,
+        sample_gpu: bool = True,
+        kill_grace_s: float = 10.0,
+    ) -> None:
+        self.entrypoint = split_entrypoint(entrypoint)
+        self.allowed_keys = None if allowed_keys is None else frozenset(allowed_keys) | FIXED_KEYS
+        self.watchdog = watchdog or WatchdogConfig()
+        self.env = dict(env or {})
+        self.oom_exit_grace_s = oom_exit_grace_s
+        self.gpu_free_threshold_gb = gpu_free_threshold_gb
+        self.gpu_free_timeout_s = gpu_free_timeout_s
+        self.sample_gpu = sample_gpu
+        self.kill_grace_s = kill_grace_s
+        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self._follow: dict[tuple[str, int], _Follow] = {}
+
+    # ------------------------------------------------------------------------------------ the command
+
+    def config_overrides(self, config: dict[str, Any]) -> list[str]:
+        """The candidate's own overrides (whitelisted keys of the flat config), without mart's run keys."""
+        return build_overrides({k: v for k, v in config.items() if k not in FIXED_KEYS}, allowed=self.allowed_keys)
+
+    def run_overrides(self, spec: TrialSpec, attempt: int) -> list[str]:
+        """The keys mart sets for every run: logging, horizon, unique names, no silent resume, directories."""
+        cfg = spec.config
+        trial_dir = Path(spec.trial_dir).resolve()
+        loggers = ["console", "file"]
+        user_loggers = cfg.get("trainer.logger")
+        if isinstance(user_loggers, (list, tuple)):
+            loggers += [str(x) for x in user_loggers if str(x) not in loggers]
+        resume_path = cfg.get("trainer.resume_from_path")
+        out = {
+            "trainer.logger": loggers,
+            "trainer.total_training_steps": spec.steps,
+            "trainer.total_epochs": max(int(cfg.get("trainer.total_epochs") or 0), MIN_TOTAL_EPOCHS),
+            "trainer.project_name": cfg.get("trainer.project_name") or "mart",
+            "trainer.experiment_name": f"{spec.trial_id}-a{attempt}",
+            # resume only when a checkpoint is named on purpose; verl's default (auto) would silently resume
+            "trainer.resume_mode": "resume_path" if resume_path else "disable",
+            "trainer.default_local_dir": cfg.get("trainer.default_local_dir") or str(trial_dir / "checkpoints"),
+            "hydra.run.dir": str(trial_dir / f"attempt-{attempt}" / "hydra"),
+        }
+        if resume_path:
+            out["trainer.resume_from_path"] = resume_path
+        return [override(k, v) for k, v in out.items()]
+
+    def attempt(self, spec: TrialSpec) -> int:
+        """The attempt a launch of ``spec`` would be: the latest unused ``attempt-k`` dir, or a new one.
+
+        An attempt dir is used once ``launch.json`` or ``metrics.jsonl`` exists in it. Creating the dir and
+        pointing ``D/metrics.jsonl`` at it happens here, so ``build_command`` and ``build_env`` (called by
+        ``RayJobRunner`` in either order) agree.
+        """
+        trial_dir = Path(spec.trial_dir).resolve()
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        nums = sorted(int(p.name.split("-", 1)[1]) for p in trial_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit())
+        k = nums[-1] if nums else 0
+        if k == 0 or any((trial_dir / f"attempt-{k}" / n).exists() for n in ("launch.json", METRICS_FILE)):
+            k += 1
+        adir = trial_dir / f"attempt-{k}"
+        adir.mkdir(exist_ok=True)
+        link = trial_dir / METRICS_FILE
+        target = Path(f"attempt-{k}") / METRICS_FILE
+        try:
+            if link.is_symlink() or link.exists():
+                if not link.is_symlink() or os.readlink(link) != str(target):
+                    link.unlink()
+            if not link.is_symlink():
+                link.symlink_to(target)
+        except OSError:
+            pass  # no symlinks here: metrics() reads the attempt's file directly
+        return k
+
+    def build_command(self, spec: TrialSpec) -> list[str]:
+        """argv of the run: entrypoint + candidate overrides + mart's run overrides (no shell involved)."""
+        k = self.attempt(spec)
+        return self.entrypoint + self.config_overrides(spec.config) + self.run_overrides(spec, k)
+
+    def metrics_path(self, spec: TrialSpec, attempt: int) -> Path:
+        return Path(spec.trial_dir).resolve() / f"attempt-{attempt}" / METRICS_FILE
+
+    def build_env(self, spec: TrialSpec) -> dict[str, str]:
+        """Environment additions of the run (the caller merges them into its own environment)."""
+        k = self.attempt(spec)
+        return {
+            **self.env,
+            "VERL_FILE_LOGGER_PATH": str(self.metrics_path(spec, k)),
+            "RAY_COLOR_PREFIX": "0",
+            "PYTHONUNBUFFERED": "1",
+            "MART_TRIAL_ID": spec.trial_id,
+            "MART_ATTEMPT": str(k),
+        }
+
+    def launch_cwd(self, spec: TrialSpec) -> str:
+        return str(Path(spec.trial_dir).resolve())
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def _check_gpus_free(self) -> None:
+        if self.gpu_free_threshold_gb is None:
+            return
+        from trial_runner.gpu import gpu_processes, wait_gpu_memory_free
+
+        if not wait_gpu_memory_free(self.gpu_free_threshold_gb, self.gpu_free_timeout_s):
+            raise RuntimeError(
+                f"GPU memory is still in use (> {self.gpu_free_threshold_gb} GiB on some GPU after "
+                f"{self.gpu_free_timeout_s:.0f} s): {gpu_processes()}; a previous trial's workers may linger."
+            )
+
+    def _live_attempt(self, spec: TrialSpec) -> TrialHandle | None:
+        """A handle on this trial's latest attempt if its process is still alive (a repeated launch)."""
+        trial_dir = Path(spec.trial_dir).resolve()
+        nums = sorted(int(p.name.split("-", 1)[1]) for p in trial_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit())
+        if not nums:
+            return None
+        adir = trial_dir / f"attempt-{nums[-1]}"
+        try:
+            info = json.loads((adir / "launch.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if (adir / "exit.json").exists() or not info.get("pid"):
+            return None
+        handle = TrialHandle(
+            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=info["pid"],
+            pid_create_time=info.get("pid_create_time"), started_at=info.get("at", time.time()),
+            extra={"attempt": nums[-1], "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
+                   "steps": spec.steps, "log_offset": info.get("log_offset", 0), "reattached": True},
+        )
+        return handle if self._leader(handle) is not None else None
+
+    def launch(self, spec: TrialSpec) -> TrialHandle:
+        """Start the trial (or re-attach to its latest attempt if that is still running)."""
+        live = self._live_attempt(spec)
+        if live is not None:
+            return live
+        self._check_gpus_free()
+        trial_dir = Path(spec.trial_dir).resolve()
+        argv = self.build_command(spec)
+        env_add = self.build_env(spec)
+        k = int(env_add["MART_ATTEMPT"])
+        adir = trial_dir / f"attempt-{k}"
+        for stale in ("exit.json", "gpu_peaks.json"):
+            (adir / stale).unlink(missing_ok=True)
+        launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "at": time.time()}
+        (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
+        (trial_dir / "status.json").unlink(missing_ok=True)
+        sup = [sys.executable, "-m", "trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
+        if self.sample_gpu:
+            sup += ["--gpu-peaks-file", str(adir / "gpu_peaks.json")]
+        log_path = trial_dir / LOG_FILE
+        with open(log_path, "ab") as log:
+            log_offset = log.tell()
+            log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
+            log.flush()
+            env = {**os.environ, **env_add}
+            pythonpath = str(Path(__file__).resolve().parents[2])  # so the supervisor imports from any cwd
+            env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            proc = subprocess.Popen(sup + ["--"] + argv, cwd=trial_dir, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = None
+        launch_info.update(pid=proc.pid, pid_create_time=create_time, log_offset=log_offset)
+        (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
+        handle = TrialHandle(
+            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=proc.pid,
+            pid_create_time=create_time, started_at=launch_info["at"],
+            extra={"attempt": k, "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
+                   "steps": spec.steps, "log_offset": log_offset},
+        )
+        self._procs[(spec.trial_id, k)] = proc
+        return handle
+
+    def _key(self, handle: TrialHandle) -> tuple[str, int]:
+        return handle.trial_id, int(handle.extra.get("attempt", 1))
+
+    def _state(self, handle: TrialHandle) -> _Follow:
+        key = self._key(handle)
+        st = self._follow.get(key)
+        if st is None:
+            st = _Follow(tail=self.metrics(handle), log_scan_offset=int(handle.extra.get("log_offset", 0)))
+            self._follow[key] = st
+        return st
+
+    def metrics(self, handle: TrialHandle) -> FallbackMetricsTail:
+        """verl's JSONL of this attempt; the console lines of trial.log when no JSONL file appears."""
+        path = handle.extra.get("metrics_path") or str(Path(handle.trial_dir) / METRICS_FILE)
+        return FallbackMetricsTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
+
+    def _leader(self, handle: TrialHandle) -> psutil.Process | None:
+        """The attempt's process-group leader if it is still this trial's process (pid-reuse safe)."""
+        proc = self._procs.get(self._key(handle))
+        if proc is not None and proc.poll() is not None:
+            return None
+        if handle.pid is None:
+            return None
+        try:
+            p = psutil.Process(handle.pid)
+            if handle.pid_create_time is not None and abs(p.create_time() - handle.pid_create_time) > 1.0:
+                return None
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return p
+        except psutil.Error:
+            return None
+
+    def _group_alive(self, pgid: int) -> bool:
+        """Does any live (non-zombie) process remain in the process group ``pgid``?"""
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        for p in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    return True
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return False
+
+    def _signal_group(self, handle: TrialHandle, sig: int) -> None:
+        if handle.pid is None:
+            return
+        try:
+            os.killpg(handle.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _kill(self, handle: TrialHandle, grace_s: float) -> None:
+        """SIGTERM to the process group, up to ``grace_s`` to exit, then SIGKILL; returns once it is gone."""
+        if self._leader(handle) is None and not (handle.pid and self._group_alive(handle.pid)):
+            return
+        self._signal_group(handle, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._reap(handle)
+            if not self._group_alive(handle.pid):
+                return
+            time.sleep(0.1)
+        self._signal_group(handle, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self._group_alive(handle.pid):
+            self._reap(handle)
+            time.sleep(0.05)
+        self._reap(handle)
+
+    def _reap(self, handle: TrialHandle) -> None:
+        proc = self._procs.get(self._key(handle))
+        if proc is not None:
+            proc.poll()
+
+    def _returncode(self, handle: TrialHandle) -> int | None:
+        proc = self._procs.get(self._key(handle))
+        exit_file = Path(handle.extra.get("attempt_dir", handle.trial_dir)) / "exit.json"
+        try:
+            return int(json.loads(exit_file.read_text())["returncode"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if proc is not None and proc.returncode is not None:
+            rc = proc.returncode  # the supervisor itself was killed (SIGKILL) or failed
+            return rc
+        return None
+
+    def _update(self, handle: TrialHandle, st: _Follow) -> list[StepRecord]:
+        recs = st.tail.read_new()
+        st.progress.observe(recs)
+        return recs
+
+    def _scan_log_for_oom(self, handle: TrialHandle, st: _Follow) -> None:
+        log_path = Path(handle.trial_dir) / LOG_FILE
+        try:
+            size = log_path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size <= st.log_scan_offset:
+            return
+        start = max(st.log_scan_offset - 4096, int(handle.extra.get("log_offset", 0)))  # overlap: split lines
+        text = read_tail(log_path, start, max_bytes=size - start)
+        st.log_scan_offset = size
+        if st.oom_reason is None:
+            reason = find_oom(text)
+            if reason:
+                st.oom_reason, st.oom_seen_at = reason, time.time()
+
+    def poll(self, handle: TrialHandle) -> TrialPoll:
+        done = read_status(handle.trial_dir)
+        if done is not None:
+            return done
+        st = self._state(handle)
+        self._update(handle, st)
+        if self._leader(handle) is not None:
+            self._scan_log_for_oom(handle, st)
+            if st.oom_seen_at and st.progress.last_progress_at and st.progress.last_progress_at > st.oom_seen_at + 1.0:
+                st.oom_reason = st.oom_seen_at = None  # it went on training: the OOM text was not fatal
+            if st.oom_reason and st.oom_seen_at and time.time() - st.oom_seen_at > self.oom_exit_grace_s:
+                self._kill(handle, self.kill_grace_s)
+                return self._finish(handle, st, TrialStatus.OOM, st.oom_reason + " (killed: it did not exit)")
+            hung = st.progress.expired(self.watchdog, handle.started_at)
+            if hung:
+                self._kill(handle, self.kill_grace_s)
+                return self._finish(handle, st, TrialStatus.STOPPED, hung)
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=st.progress.last_step)
+        # the leader is gone: clean up what is left of its group, read the rest, classify
+        if handle.pid and self._group_alive(handle.pid):
+            self._kill(handle, grace_s=2.0)
+        self._update(handle, st)
+        log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
+        outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
+        return self._finish(handle, st, outcome.status, outcome.reason)
+
+    def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
+        self._update(handle, st)
+        last = st.progress.last_step or 0
+        write_status(handle.trial_dir, status, reason, last)
+        return TrialPoll(status=status, reason=reason, last_step=last)
+
+    def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
+        done = read_status(handle.trial_dir)
+        if done is not None:
+            return done
+        st = self._state(handle)
+        self._kill(handle, grace_s)
+        return self._finish(handle, st, TrialStatus.STOPPED, reason)
+
+    def gpu_peaks(self, handle: TrialHandle) -> dict[str, Any] | None:
+        """The sampled GPU memory peaks of an ended attempt (None without GPUs or before the end)."""
+        path = Path(handle.extra.get("attempt_dir", handle.trial_dir)) / "gpu_peaks.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if data.get("peaks_gb") else None
+
+
+__all__ = ["DEFAULT_ENTRYPOINT", "FIXED_KEYS", "Progress", "VerlRunner", "WatchdogConfig", "check_key", "split_entrypoint"]

@@ -1,0 +1,72 @@
+"""A thin parent for a trial's process: records its exit code (and sampled GPU memory peaks) in files.
+
+``python -m trial_runner.verl.supervise --exit-file F [--gpu-peaks-file G] -- CMD ARGS...``
+
+The runner starts this as the leader of a new process group; the command inherits the group, the working
+directory, the environment and the output. The tuner can crash and come back: the exit code is then read
+from ``F`` (``{"returncode": int, "ended_at": float}``) instead of from a ``wait`` it can no longer do.
+SIGTERM/SIGINT sent to the group reach the command directly; this process ignores them and waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trial_runner.verl.supervise")
+    parser.add_argument("--exit-file", required=True)
+    parser.add_argument("--gpu-peaks-file", default=None)
+    parser.add_argument("--sample-s", type=float, default=1.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        parser.error("no command given after --")
+
+    # the group's SIGTERM/SIGINT are for the command; this process waits for it. A Python handler (unlike
+    # SIG_IGN) is not inherited across exec, so the command keeps the default dispositions.
+    signal.signal(signal.SIGTERM, _note_signal)
+    signal.signal(signal.SIGINT, _note_signal)
+    started = time.time()
+    try:
+        proc = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"mart: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
+        _write_json(args.exit_file, {"returncode": 127, "ended_at": time.time(), "error": str(e)})
+        return 127
+
+    sampler = None
+    if args.gpu_peaks_file:
+        from trial_runner.gpu import PeakSampler
+
+        sampler = PeakSampler(args.sample_s).start()
+    rc = proc.wait()
+    result: dict = {"returncode": rc, "started_at": started, "ended_at": time.time()}
+    if sampler is not None:
+        peaks = sampler.stop()
+        _write_json(args.gpu_peaks_file, {"peaks_gb": {str(k): v for k, v in peaks.items()},
+                                          "max_peak_gb": sampler.max_peak_gb, "samples": sampler.samples})
+    _write_json(args.exit_file, result)
+    return rc if rc >= 0 else 128 - rc
+
+
+def _note_signal(signum: int, frame: object) -> None:
+    """Keep waiting for the command (it got the same signal from the process group)."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
