@@ -60,5 +60,6 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
         seed=services.options.seed,
         backend=services.backend.name,
         notes=notes,
+        validate_config=services.backend.validate_config,
         rejected=services.ledger.rejected_overrides(services.run_id, stage),
     )

@@ -98,3 +98,13 @@ def test_memory_model_learns_from_single_knob_pairs():
     m2 = MemoryModel.fit([oom], [p.key for p in SPACE.params], capacity_gb=5.0)
     assert m2.predict({**base, SEQS: 256}) >= 5.0
     assert config_hash({"a": 1}) == config_hash({"a": 1})
+
+
+def test_critic_uses_the_backends_own_validation():
+    c = ctx()
+    c.validate_config = lambda full: ["verl: real_train_batch_size must be divisible"] if full[MB] == 4 else []
+    cands = [Candidate(candidate_id="a", stage="system", overrides={MB: 4}, expected_gain=1.0),
+             Candidate(candidate_id="b", stage="system", overrides={MB: 8}, expected_gain=0.5)]
+    verdict = RulesCritic().critique(c, cands)
+    assert verdict.pick == "b"
+    assert "divisible" in verdict.critiques[0].reasons[0]

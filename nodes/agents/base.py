@@ -41,6 +41,8 @@ class AgentContext:
     backend: str = "local"
     notes: list[str] = field(default_factory=list)
     """Free-form facts for LLM prompts (e.g. verl's perf-guide ordering)."""
+    validate_config: Callable[[dict[str, Any]], list[str]] | None = None
+    """The backend's full-config check (constraints, and e.g. verl's own validate_config); None = constraints."""
     rejected: list[dict[str, Any]] = field(default_factory=list)
     """Overrides the reviewer rejected in this stage (never proposed again)."""
 
@@ -50,6 +52,13 @@ class AgentContext:
 
         keys = {config_hash(t.config) for t in self.history if t.stage == self.stage}
         return keys | {config_hash(self.full_config(o)) for o in self.rejected}
+
+    def config_errors(self, overrides: dict[str, Any]) -> list[str]:
+        """Everything wrong with a candidate's full config, as the backend sees it."""
+        full = self.full_config(overrides)
+        if self.validate_config is not None:
+            return list(self.validate_config(full))
+        return self.search_space.check_constraints(full)
 
     def full_config(self, overrides: dict[str, Any]) -> dict[str, Any]:
         return {**self.base_config, **overrides}

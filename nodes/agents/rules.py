@@ -233,7 +233,8 @@ class RulesCritic(Critic):
             except ConfigError as e:
                 reasons.append(str(e))
             full = ctx.full_config(cand.overrides)
-            reasons += ctx.search_space.check_constraints(full)
+            if not reasons:  # the backend's check (verl's validate_config) only on well-typed overrides
+                reasons += ctx.config_errors(cand.overrides)
             if config_hash(full) in tried:
                 reasons.append("duplicate of a config already tried in this stage")
             pred = ctx.predict_memory(full)
