@@ -15,6 +15,16 @@ app = typer.Typer(
 )
 
 
+def _backend_options(items: list[str]) -> dict:
+    from graph.reviewers.base import parse_assignments
+
+    try:
+        return parse_assignments(items)
+    except ValueError as e:
+        typer.echo(f"error: --backend-option: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def trial(
     backend: str = typer.Option("local", help="Backend: local, verl, sim, or package.module:factory."),
@@ -30,6 +40,9 @@ def trial(
     base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config (YAML/JSON of KEY: VALUE)."),
     ray_address: Optional[str] = typer.Option(None, help="Run the trial as a Ray job on this cluster (http://HEAD:8265)."),
     scenario: Optional[str] = typer.Option(None, help="sim backend: the cluster scenario (e.g. qwen3-8b-1x8)."),
+    backend_option: list[str] = typer.Option(
+        [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
+    ),
 ) -> None:
     """Run one trial in the foreground and show its progress."""
     from trial_runner.trial_command import run_trial
@@ -40,6 +53,7 @@ def trial(
         "base_config": str(base_config) if base_config else None,
         "ray_address": ray_address,
         "scenario": scenario,
+        **_backend_options(backend_option),
     }
     code = run_trial(
         backend=backend,
@@ -151,6 +165,9 @@ def tune(
     base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config file."),
     ray_address: Optional[str] = typer.Option(None, help="Run trials as Ray jobs on this cluster."),
     scenario: Optional[str] = typer.Option(None, help="sim backend: cluster scenario."),
+    backend_option: list[str] = typer.Option(
+        [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
+    ),
     seed: int = typer.Option(0, help="Random seed (agents and trials)."),
     runs_dir: Path = RUNS_DIR,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
@@ -164,7 +181,8 @@ def tune(
     from state.run_store import RunError
 
     backend_options = {"entrypoint": verl_entrypoint, "base_config": str(base_config) if base_config else None,
-                       "ray_address": ray_address, "scenario": scenario}
+                       "ray_address": ray_address, "scenario": scenario,
+                       **_backend_options(backend_option)}
     try:
         options = TuneOptions(
             backend=backend, backend_options={k: v for k, v in backend_options.items() if v is not None},
@@ -175,7 +193,7 @@ def tune(
             llm_base_url=llm_base_url, seed=seed, runs_dir=str(runs_dir), quiet=quiet,
         )
     except ValidationError as e:
-        _fail(str(e))
+        _fail("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()))
     reviewer = None
     if options.approve == "slack":
         from graph.reviewers.slack import SlackConfigError, SlackReviewer

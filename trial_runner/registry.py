@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any, Callable
 
 from trial_runner.base import Backend
@@ -27,6 +29,8 @@ def load_backend(spec: str, **options: Any) -> Backend:
             f"unknown backend {spec!r}: use one of {sorted(BUILTIN_BACKENDS)} or 'package.module:factory'"
         )
     module_name, _, attr = target.partition(":")
+    if os.getcwd() not in sys.path:  # plugins in the user's project import like `python -m` would
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
