@@ -15,6 +15,17 @@ app = typer.Typer(
 )
 
 
+def _price(text: str | None):
+    if text is None:
+        return None
+    try:
+        inp, out = (float(x) for x in text.split(","))
+    except ValueError:
+        typer.echo(f"error: --llm-price must be IN,OUT in USD per 1M tokens, got {text!r}", err=True)
+        raise typer.Exit(2) from None
+    return inp, out
+
+
 def _backend_options(items: list[str]) -> dict:
     from graph.reviewers.base import parse_assignments
 
@@ -161,6 +172,8 @@ def tune(
     llm_model: Optional[str] = typer.Option(None, help="LLM model name (default $MART_LLM_MODEL)."),
     llm_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL (default $OPENAI_BASE_URL)."),
     llm_api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY); never stored."),
+    llm_timeout: float = typer.Option(60.0, min=1.0, help="Seconds per LLM request before it is retried/given up."),
+    llm_price: Optional[str] = typer.Option(None, help="USD per 1M tokens as IN,OUT (shows the cost in the summary)."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="verl backend: launch command."),
     base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config file."),
     ray_address: Optional[str] = typer.Option(None, help="Run trials as Ray jobs on this cluster."),
@@ -190,7 +203,8 @@ def tune(
             learning_horizon=learning_horizon, memory_margin=margin, memory_capacity_gb=memory_capacity_gb,
             num_candidates=candidates, wall_clock_s=wall_clock, approve="none" if detach else approve,
             auto_policy=auto_policy, agents=agents, proposer=proposer, critic=critic, llm_model=llm_model,
-            llm_base_url=llm_base_url, seed=seed, runs_dir=str(runs_dir), quiet=quiet,
+            llm_base_url=llm_base_url, llm_timeout_s=llm_timeout, llm_price_per_mtok=_price(llm_price), seed=seed,
+            runs_dir=str(runs_dir), quiet=quiet,
         )
     except ValidationError as e:
         _fail("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()))

@@ -41,7 +41,7 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
                       ("run_id", "stage")),
     "profiles": ({"run_id": str, "stage": str, "trial_id": str, "profile": str}, ("run_id", "stage")),
     "agent_calls": ({"call_id": str, "run_id": str, "role": str, "strategy": str, "ok": int,
-                     "fallback_reason": str, "prompt_tokens": int, "completion_tokens": int, "cost_usd": float,
+                     "fallback_reason": str, "error": str, "model": str, "prompt_version": str, "prompt_tokens": int, "completion_tokens": int, "cost_usd": float,
                      "latency_s": float, "created_at": float}, "call_id"),
 }
 
@@ -202,7 +202,8 @@ class Ledger:
         if calls:
             self.db["agent_calls"].upsert_all([
                 {"call_id": f"{prefix}:{i}", "run_id": run_id, "role": c.role, "strategy": c.strategy,
-                 "ok": int(c.ok), "fallback_reason": c.fallback_reason, "prompt_tokens": c.prompt_tokens,
+                 "ok": int(c.ok), "fallback_reason": c.fallback_reason, "error": c.error, "model": c.model,
+                 "prompt_version": c.prompt_version, "prompt_tokens": c.prompt_tokens,
                  "completion_tokens": c.completion_tokens, "cost_usd": _num(c.cost_usd),
                  "latency_s": c.latency_s, "created_at": time.time()} for i, c in enumerate(calls)
             ], pk="call_id")

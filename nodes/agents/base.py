@@ -84,6 +84,8 @@ class AgentCallInfo(BaseModel):
     completion_tokens: int = 0
     cost_usd: float | None = None
     latency_s: float = 0.0
+    model: str | None = None
+    prompt_version: str | None = None
 
 
 class Proposer(abc.ABC):

@@ -119,6 +119,8 @@ class _LLMStrategy:
             completion_tokens=ct,
             cost_usd=self.settings.cost_usd(pt, ct) if strategy == "llm" else None,
             latency_s=round(reply.latency_s if reply else latency_s, 4),
+            model=self.settings.model if strategy == "llm" else None,
+            prompt_version=self.prompt_version if strategy == "llm" else None,
         ))
         if error:
             log.info("%s LLM call not usable: %s", self.role, error)
@@ -215,7 +217,7 @@ class LLMProposer(_LLMStrategy, Proposer):
                 continue
             overrides = {**ctx.best_overrides, **changes}
             full = ctx.full_config(overrides)
-            broken = space.check_constraints(full)
+            broken = ctx.config_errors(overrides)
             if broken:
                 errors.append(f"candidate {i} ({_kv(changes)}) breaks constraints: " + " ".join(broken))
                 continue
@@ -357,7 +359,7 @@ def check_candidate(ctx: AgentContext, c: Candidate) -> CandidateCheck:
         overrides = dict(c.overrides)
     full = ctx.full_config(overrides)
     try:
-        chk.constraint_errors.extend(ctx.search_space.check_constraints(full))
+        chk.constraint_errors.extend(ctx.config_errors(overrides))
     except Exception as e:  # noqa: BLE001 - a constraint that cannot read a malformed value
         chk.constraint_errors.append(f"cannot check constraints ({e})")
     chk.predicted_memory_gb = _safe_predict(ctx, full)
