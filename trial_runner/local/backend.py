@@ -1,0 +1,58 @@
+"""mart's ``local`` backend: the embedded GRPO workload, one OS process per trial."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from state.search_space import SearchSpace
+from trial_runner.base import Backend, TrialRunner
+from trial_runner.local.config import DEFAULTS, config_errors
+
+DEFAULT_MEMORY_CAPACITY_GB = 0.08
+"""Emulated device memory, chosen from measurements (bench/local_workload.py, CPU, workload memory):
+the default config peaks near 0.027 GB (a third of it); ppo_micro_batch_size_per_gpu 32 without
+gradient checkpointing near 0.06 GB (fits, 2.5x the default's throughput); 64 without checkpointing
+0.08 GB (at the edge); adding max_num_seqs 128 and log-prob micro-batches of 128, or dynamic batches
+of 2048 tokens, 0.10 GB (over): the fastest system configs approach or exceed the capacity."""
+
+
+class LocalBackend(Backend):
+    """The embedded default workload.
+
+    Args:
+        memory_capacity_gb: emulated device memory (default ``DEFAULT_MEMORY_CAPACITY_GB``); a trial
+            whose step peak exceeds it ends as ``oom``.
+        ray_address: run each trial as a Ray job on this cluster (wraps the local runner).
+    """
+
+    name = "local"
+    score_metric_prefix = "val-core/"
+
+    def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None, **unused: Any) -> None:
+        self._capacity = memory_capacity_gb
+        self.ray_address = ray_address
+
+    def search_space(self) -> SearchSpace:
+        from state.spaces.local import SEARCH_SPACE
+
+        return SEARCH_SPACE
+
+    def base_config(self) -> dict[str, Any]:
+        return dict(DEFAULTS)
+
+    def validate_config(self, config: dict[str, Any]) -> list[str]:
+        """Every error of a full flat config: unknown keys, types, ranges, batch arithmetic."""
+        return config_errors(config)[1]
+
+    def make_runner(self) -> TrialRunner:
+        from trial_runner.local.runner import LocalRunner
+
+        runner = LocalRunner(memory_capacity_gb=self.memory_capacity_gb())
+        if self.ray_address:
+            from trial_runner.ray.runner import RayJobRunner
+
+            return RayJobRunner(self.ray_address, runner)
+        return runner
+
+    def memory_capacity_gb(self) -> float | None:
+        return self._capacity if self._capacity is not None else DEFAULT_MEMORY_CAPACITY_GB

@@ -1,0 +1,195 @@
+"""Runs each local trial as its own OS process (own process group), watched through a serialisable handle.
+
+Ownership: the process belongs to the trial. ``launch`` starts it and returns; ``poll`` and ``stop``
+work on any ``TrialHandle`` (also one made by another, perhaps crashed, tuner process): liveness is
+the pid *and* its creation time, so a recycled pid is never mistaken for the trial. Children this
+runner started are reaped here, so they never linger as zombies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+import trial_runner
+from state.models import TrialStatus
+from trial_runner.base import (
+    LOG_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+    TrialHandle,
+    TrialPoll,
+    TrialRunner,
+    TrialSpec,
+    read_status,
+    write_status,
+)
+from trial_runner.metrics import MetricsTail
+
+CONFIG_FILE = "config.json"
+_REPO_ROOT = str(Path(trial_runner.__file__).resolve().parent.parent)
+
+
+class LocalRunner(TrialRunner):
+    """Launches ``python -m trial_runner.local`` per trial.
+
+    Args:
+        memory_capacity_gb: emulated device memory for trials whose spec sets none (None = no limit).
+        python: the interpreter to run the worker with.
+    """
+
+    name = "local"
+
+    def __init__(self, memory_capacity_gb: float | None = None, python: str = sys.executable) -> None:
+        self.memory_capacity_gb = memory_capacity_gb
+        self.python = python
+        self._procs: dict[int, subprocess.Popen] = {}  # children not yet reaped
+        self._exit_codes: dict[int, int] = {}  # pid -> exit code of children reaped here
+        self._tails: dict[str, tuple[MetricsTail, int | None]] = {}  # trial dir -> (tail, last step)
+
+    # --- launching -------------------------------------------------------------------------------------
+    def write_config(self, spec: TrialSpec) -> Path:
+        """Create the trial dir and write ``config.json`` (the full flat config, steps and seed included)."""
+        trial_dir = Path(spec.trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        config = dict(spec.config)
+        config["trainer.total_training_steps"] = spec.steps
+        config["seed"] = spec.seed
+        path = trial_dir / CONFIG_FILE
+        path.write_text(json.dumps(config, indent=1, sort_keys=True))
+        return path
+
+    def build_command(self, spec: TrialSpec) -> list[str]:
+        """The worker's argv (the Ray runner reuses it); ``config.json`` is expected in the trial dir."""
+        argv = [self.python, "-m", "trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
+                "--config", str(Path(spec.trial_dir) / CONFIG_FILE), "--seed", str(spec.seed)]
+        capacity = spec.memory_capacity_gb if spec.memory_capacity_gb is not None else self.memory_capacity_gb
+        if capacity is not None:
+            argv += ["--memory-capacity-gb", repr(float(capacity))]
+        return argv
+
+    def build_env(self, spec: TrialSpec) -> dict[str, str]:
+        """Environment additions of the worker (the Ray runner reuses them)."""
+        path = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+        return {"PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+
+    def launch(self, spec: TrialSpec) -> TrialHandle:
+        self._reap()
+        self.write_config(spec)
+        trial_dir = Path(spec.trial_dir)
+        for stale in (STATUS_FILE, METRICS_FILE):  # a fresh trial: nothing left from an earlier one
+            (trial_dir / stale).unlink(missing_ok=True)
+        self._tails.pop(str(trial_dir), None)
+        env = {**os.environ, **self.build_env(spec)}
+        with open(trial_dir / LOG_FILE, "wb") as log:
+            proc = subprocess.Popen(self.build_command(spec), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self._procs[proc.pid] = proc
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            created = None
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=proc.pid,
+                           pid_create_time=created)
+
+    # --- watching --------------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        for pid, proc in list(self._procs.items()):
+            if proc.poll() is not None:
+                del self._procs[pid]
+                self._exit_codes[pid] = proc.returncode
+
+    def _alive(self, handle: TrialHandle) -> bool:
+        if handle.pid is None:
+            return False
+        proc = self._procs.get(handle.pid)
+        if proc is not None:
+            if proc.poll() is None and not _is_zombie(handle.pid):
+                return True
+            try:  # an exiting thread group shows as a zombie a few ms before it can be reaped
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._reap()
+            return False
+        try:
+            p = psutil.Process(handle.pid)
+            if handle.pid_create_time is not None and abs(p.create_time() - handle.pid_create_time) > 0.05:
+                return False  # the pid was recycled: our trial is gone
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _ended_without_status(self, handle: TrialHandle) -> TrialPoll:
+        code = self._exit_codes.get(handle.pid) if handle.pid is not None else None
+        if code is None:
+            reason = "the trial process ended without writing a status (killed?)"
+        elif code < 0:
+            reason = f"killed by {signal.Signals(-code).name} without writing a status"
+        else:
+            reason = f"exited with code {code} without a status"
+        return TrialPoll(status=TrialStatus.FAILED, reason=reason, last_step=_last_step(handle.trial_dir))
+
+    def _running_step(self, handle: TrialHandle) -> int | None:
+        tail, last = self._tails.get(handle.trial_dir) or (MetricsTail(Path(handle.trial_dir) / METRICS_FILE), None)
+        for rec in tail.read_new():
+            last = rec.step if last is None else max(last, rec.step)
+        self._tails[handle.trial_dir] = (tail, last)
+        return last
+
+    def poll(self, handle: TrialHandle) -> TrialPoll:
+        if self._alive(handle):
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=self._running_step(handle))
+        status = read_status(handle.trial_dir)
+        return status if status is not None else self._ended_without_status(handle)
+
+    def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
+        if self._alive(handle):
+            assert handle.pid is not None
+            self._signal(handle.pid, signal.SIGTERM)
+            if not self._wait_gone(handle, grace_s):
+                self._signal(handle.pid, signal.SIGKILL)
+                self._wait_gone(handle, 5.0)
+        self._reap()
+        status = read_status(handle.trial_dir)
+        if status is None or status.status is TrialStatus.STOPPED:
+            last = status.last_step if status is not None and status.last_step is not None else _last_step(handle.trial_dir)
+            write_status(handle.trial_dir, TrialStatus.STOPPED, reason, last or 0)
+        return read_status(handle.trial_dir) or TrialPoll(status=TrialStatus.STOPPED, reason=reason)
+
+    @staticmethod
+    def _signal(pid: int, sig: int) -> None:
+        try:
+            if os.getpgid(pid) == pid:  # the trial leads its own group (start_new_session)
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _wait_gone(self, handle: TrialHandle, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._alive(handle):
+                return True
+            time.sleep(0.02)
+        return not self._alive(handle)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _last_step(trial_dir: str) -> int | None:
+    records = MetricsTail(Path(trial_dir) / METRICS_FILE).read_new()
+    return max((r.step for r in records), default=None)

@@ -1,0 +1,183 @@
+"""The trial process: one GRPO run writing verl-format metrics into its own trial directory.
+
+    python -m trial_runner.local --out DIR --steps N --config DIR/config.json \\
+        [--memory-capacity-gb X] [--seed S]
+
+Writes ``DIR/metrics.jsonl`` (a step-0 validation record, then one line per step 1..N), prints a
+console line per step (the runner sends stdout/stderr to ``DIR/trial.log``) and ends with
+``DIR/status.json`` and one of these exit codes:
+
+    0  completed   all N steps done
+    1  failed      an error (traceback in trial.log)
+    2  failed      the config was rejected (before any step)
+    3  oom         the step's peak memory exceeded --memory-capacity-gb (or a real out-of-memory)
+    4  stopped     SIGTERM or SIGINT (ends within a fraction of a second)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from state.search_space import ConfigError
+from trial_runner.base import METRICS_FILE, write_status
+from trial_runner.local import memory
+from trial_runner.metrics import write_record
+
+EXIT_COMPLETED, EXIT_FAILED, EXIT_CONFIG, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 4
+
+
+class TrialStopped(Exception):
+    """SIGTERM/SIGINT arrived: stop at once and say so."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trial_runner.local", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="trial directory")
+    p.add_argument("--steps", type=int, default=None, help="training steps (overrides trainer.total_training_steps)")
+    p.add_argument("--config", default=None, help="JSON file of flat verl keys (overrides of the defaults)")
+    p.add_argument("--memory-capacity-gb", type=float, default=None, help="emulated device memory")
+    p.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
+    return p.parse_args(argv)
+
+
+def _on_signal(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise TrialStopped(f"received {signal.Signals(signum).name}")
+
+
+def _console(step: int, m: dict) -> str:
+    keys = ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm", "perf/throughput",
+            "perf/max_memory_allocated_gb", "timing_s/step")
+    parts = [f"step:{step}"] + [f"{k}:{m[k]:.4g}" for k in keys if k in m]
+    parts += [f"{k}:{v:.4f}" for k, v in m.items() if k.startswith("val-core/")]
+    return " - ".join(parts)
+
+
+def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
+    from trial_runner.local.config import load_config, resolve_threads
+
+    overrides = json.loads(Path(args.config).read_text()) if args.config else {}
+    if args.steps is not None:
+        overrides["trainer.total_training_steps"] = args.steps
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    cfg = load_config(overrides)
+    steps = cfg.total_training_steps
+
+    memory.tune_malloc()
+    import torch
+
+    from trial_runner.local.base_model import load_base_model
+    from trial_runner.local.grpo import GRPOTrainer, Timer
+
+    torch.set_num_threads(resolve_threads(cfg))
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    if use_cuda and args.memory_capacity_gb:  # a real allocation failure above the capacity, too
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_capacity_gb * memory.GB / total))
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its lazy imports (~70 MB) are not the workload's
+    monitor = memory.MemoryMonitor(args.memory_capacity_gb, device.type)
+    monitor.start()
+    print(f"local GRPO trial: {steps} steps on {device} ({torch.get_num_threads()} threads, "
+          f"capacity {args.memory_capacity_gb} GB, seed {cfg.seed}, pid {os.getpid()})", flush=True)
+
+    base = load_base_model(cfg, device, log=lambda s: print(s, flush=True))
+    trainer = GRPOTrainer(cfg, base, device, steps)
+    monitor.check()
+
+    def sync():
+        if use_cuda:
+            torch.cuda.synchronize()
+
+    def validate(metrics: dict) -> None:
+        monitor.enter("testing")
+        t0 = time.perf_counter()
+        metrics.update(trainer.validate())
+        sync()
+        metrics["timing_s/testing"] = time.perf_counter() - t0
+        monitor.check()
+
+    with open(out / METRICS_FILE, "w") as f:  # truncate, as verl's file logger
+        if cfg.val_before_train:
+            metrics: dict = {}
+            validate(metrics)
+            metrics["training/global_step"] = 0
+            write_record(f, 0, metrics)
+            print(_console(0, metrics), flush=True)
+        for step in range(1, steps + 1):
+            monitor.reset_peak()
+            timer = Timer(device, on_enter=monitor.enter, on_exit=monitor.check)
+            sync()
+            t0 = time.perf_counter()
+            metrics = trainer.step(timer)
+            sync()
+            step_s = time.perf_counter() - t0
+            tokens = metrics["perf/total_num_tokens"]
+            n_resp = metrics["response_length/mean"] * cfg.train_batch_size * cfg.rollout_n
+            metrics.update({f"timing_s/{k}": v for k, v in timer.times.items()})
+            metrics.update({
+                "timing_s/step": step_s,
+                "timing_per_token_ms/gen": 1000 * timer.times["gen"] / max(n_resp, 1),
+                "timing_per_token_ms/update_actor": 1000 * timer.times["update_actor"] / tokens,
+                "perf/time_per_step": step_s,
+                "perf/throughput": tokens / step_s,
+                "perf/max_memory_allocated_gb": monitor.peak_gb(),
+                "perf/cpu_memory_used_gb": monitor.used_gb(),
+            })
+            if "ref" in timer.times:
+                metrics["timing_per_token_ms/ref"] = 1000 * timer.times["ref"] / tokens
+            monitor.check()
+            if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == steps):
+                validate(metrics)
+            metrics["training/global_step"] = step
+            write_record(f, step, metrics)
+            progress["last_step"] = step
+            print(_console(step, metrics), flush=True)
+    monitor.stop()
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, (memory.MemoryCapacityExceeded, MemoryError)):
+        return True
+    oom_type = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    return oom_type is not None and isinstance(e, oom_type)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    progress = {"last_step": 0}
+    try:
+        try:
+            run(args, out, progress)
+            status, reason, code = "completed", None, EXIT_COMPLETED
+        except TrialStopped as e:
+            status, reason, code = "stopped", str(e), EXIT_STOPPED
+        except ConfigError as e:
+            status, reason, code = "failed", f"invalid config: {e}", EXIT_CONFIG
+        except BaseException as e:  # noqa: BLE001 - every ending gets a status
+            if _is_oom(e):
+                status, reason, code = "oom", str(e) or type(e).__name__, EXIT_OOM
+            else:
+                traceback.print_exc()
+                status, reason, code = "failed", f"{type(e).__name__}: {e}", EXIT_FAILED
+    except TrialStopped as e:  # a signal that landed inside a handler above
+        status, reason, code = "stopped", str(e), EXIT_STOPPED
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    write_status(out, status, reason, progress["last_step"])
+    print(f"trial {status}" + (f": {reason}" if reason else "") + f" (last step {progress['last_step']})", flush=True)
+    sys.stderr.flush()
+    os._exit(code)  # no slow interpreter teardown: the stop must take well under 2 s
