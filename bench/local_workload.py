@@ -3,6 +3,7 @@
     python bench/local_workload.py            # everything (~3-4 min on an idle 2-core box)
     python bench/local_workload.py --only 30  # the 30-step default trial only
     python bench/local_workload.py --only knobs|lr
+    python bench/local_workload.py --only knobs --rounds 3   # steadier timings on a shared box
 
 1. ``30``: a 30-step trial with the default config, as a process through the local runner (process start
    and the cached base model included): wall time, per-step time, validation score at step 0 and 30.
@@ -98,24 +99,36 @@ def bench_30(root: Path) -> dict:
     return out
 
 
-def bench_knobs(root: Path, steps: int) -> list[dict]:
+def bench_knobs(root: Path, steps: int, rounds: int) -> list[dict]:
+    print(f"\n== system knobs: {steps} steps each, {rounds} round(s) interleaved, one trial at a time; "
+          f"throughput = median over steps 2..{steps} (and over rounds) ==")
+    samples: dict[str, list[dict]] = {name: [] for name, _ in KNOB_CONFIGS}
+    for i in range(rounds):
+        for name, over in KNOB_CONFIGS:
+            _, recs, _ = run(f"{name} r{i}", {**over, "trainer.val_before_train": False, "trainer.test_freq": -1},
+                             steps, root)
+            recs = [r for r in recs if r.step >= 2]
+            samples[name].append({
+                "throughput": statistics.median(r.get("perf/throughput") for r in recs),
+                "step_s": statistics.median(r.get("timing_s/step") for r in recs),
+                "gen_s": statistics.median(r.get("timing_s/gen") for r in recs),
+                "update_s": statistics.median(r.get("timing_s/update_actor") for r in recs),
+                "peak_gb": max(r.get("perf/max_memory_allocated_gb") for r in recs),
+            })
+    print(f"{'config':44s} {'tok/s':>7s} {'(range)':>13s} {'x dflt':>7s} {'step s':>7s} {'gen s':>6s} {'upd s':>6s} "
+          f"{'peak GB':>8s}")
     rows = []
-    print(f"\n== system knobs: {steps} steps each, one after another; throughput = median of steps 2..{steps} ==")
-    print(f"{'config':44s} {'tok/s':>7s} {'x dflt':>7s} {'step s':>7s} {'gen s':>6s} {'upd s':>6s} {'peak GB':>8s}")
     for name, over in KNOB_CONFIGS:
-        _, recs, _ = run(name, {**over, "trainer.val_before_train": False, "trainer.test_freq": -1}, steps, root)
-        recs = [r for r in recs if r.step >= 2]
-        row = {
-            "config": name, "overrides": over,
-            "throughput": statistics.median(r.get("perf/throughput") for r in recs),
-            "step_s": statistics.median(r.get("timing_s/step") for r in recs),
-            "gen_s": statistics.median(r.get("timing_s/gen") for r in recs),
-            "update_s": statistics.median(r.get("timing_s/update_actor") for r in recs),
-            "peak_gb": max(r.get("perf/max_memory_allocated_gb") for r in recs),
-        }
+        runs = samples[name]
+        row = {"config": name, "overrides": over, "rounds": runs}
+        for key in ("throughput", "step_s", "gen_s", "update_s"):
+            row[key] = statistics.median(r[key] for r in runs)
+        row["peak_gb"] = max(r["peak_gb"] for r in runs)
+        tps = [r["throughput"] for r in runs]
         rows.append(row)
-        print(f"{name:44s} {row['throughput']:7.0f} {row['throughput'] / rows[0]['throughput']:7.2f} "
-              f"{row['step_s']:7.2f} {row['gen_s']:6.2f} {row['update_s']:6.2f} {row['peak_gb']:8.4f}", flush=True)
+        print(f"{name:44s} {row['throughput']:7.0f} {f'({min(tps):.0f}-{max(tps):.0f})':>13s} "
+              f"{row['throughput'] / rows[0]['throughput']:7.2f} {row['step_s']:7.2f} {row['gen_s']:6.2f} "
+              f"{row['update_s']:6.2f} {row['peak_gb']:8.4f}")
     tps = [r["throughput"] for r in rows]
     print(f"best / worst throughput: {max(tps) / min(tps):.2f}x   best / default: {max(tps) / tps[0]:.2f}x")
     print(f"default capacity LocalBackend().memory_capacity_gb() = {LocalBackend().memory_capacity_gb()} GB")
@@ -139,6 +152,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", choices=["30", "knobs", "lr"], action="append")
     p.add_argument("--knob-steps", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=1, help="repeat the knob table, interleaved (timings are noisy)")
     args = p.parse_args()
     parts = args.only or ["30", "knobs", "lr"]
     results: dict = {}
@@ -147,7 +161,7 @@ def main() -> None:
         if "30" in parts:
             results["thirty_steps"] = bench_30(root)
         if "knobs" in parts:
-            results["knobs"] = bench_knobs(root, args.knob_steps)
+            results["knobs"] = bench_knobs(root, args.knob_steps, args.rounds)
         if "lr" in parts:
             results["lr_x100"] = bench_lr(root, 10)
     out_dir = Path(__file__).resolve().parent / "results"

@@ -15,11 +15,15 @@ VAL = "val-core/digit_sort/reward/mean@1"
 
 def _train(overrides: dict, steps: int) -> tuple[list[float], list[dict]]:
     cfg = load_config(overrides)
-    torch.set_num_threads(1)
-    trainer = GRPOTrainer(cfg, load_base_model(cfg, CPU, log=lambda s: None), CPU, steps)
-    vals = [trainer.validate()[VAL]]
-    history = [trainer.step(Timer(CPU)) for _ in range(steps)]
-    vals.append(trainer.validate()[VAL])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the trial processes run
+    try:
+        trainer = GRPOTrainer(cfg, load_base_model(cfg, CPU, log=lambda s: None), CPU, steps)
+        vals = [trainer.validate()[VAL]]
+        history = [trainer.step(Timer(CPU)) for _ in range(steps)]
+        vals.append(trainer.validate()[VAL])
+    finally:
+        torch.set_num_threads(threads)
     return vals, history
 
 

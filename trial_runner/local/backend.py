@@ -8,12 +8,12 @@ from state.search_space import SearchSpace
 from trial_runner.base import Backend, TrialRunner
 from trial_runner.local.config import DEFAULTS, config_errors
 
-DEFAULT_MEMORY_CAPACITY_GB = 0.08
-"""Emulated device memory, chosen from measurements (bench/local_workload.py, CPU, workload memory):
-the default config peaks near 0.027 GB (a third of it); ppo_micro_batch_size_per_gpu 32 without
-gradient checkpointing near 0.06 GB (fits, 2.5x the default's throughput); 64 without checkpointing
-0.08 GB (at the edge); adding max_num_seqs 128 and log-prob micro-batches of 128, or dynamic batches
-of 2048 tokens, 0.10 GB (over): the fastest system configs approach or exceed the capacity."""
+DEFAULT_MEMORY_CAPACITY_GB = 0.075
+"""Emulated device memory, chosen from measurements (bench/local_workload.py, CPU workload memory):
+the default config peaks near 0.038 GB (half of it); ppo_micro_batch_size_per_gpu 64 with gradient
+checkpointing 0.054 GB and 32 without 0.059 GB (fit); the two fastest configs (micro 64 without
+checkpointing with max_num_seqs 128, or dynamic batches of 2048 tokens) ~0.067 GB (approach);
+micro 64 without checkpointing 0.080 GB and long padded responses 0.11+ GB (over: oom)."""
 
 
 class LocalBackend(Backend):

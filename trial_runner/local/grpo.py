@@ -159,6 +159,7 @@ class GRPOTrainer:
         self.opt_steps_per_step = (cfg.train_batch_size // cfg.ppo_mini_batch_size) * cfg.ppo_epochs
         self.total_opt_steps = total_steps * self.opt_steps_per_step
         self.opt_step = 0
+        self.probe: Callable[[], object] = lambda: None  # memory sampling at activation peaks
 
     # --- helpers ----------------------------------------------------------------------------------------
     def _pads(self) -> tuple[int | None, int | None]:
@@ -181,6 +182,7 @@ class GRPOTrainer:
         for mb in self._micro(lengths, list(range(N)), size):
             b = pack([prompts[i] for i in mb], [responses[i] for i in mb], self.device, pp, pr)
             lp, e = logprobs_entropy(response_logits(model, b, self.cfg.temperature), b.resp_ids)
+            self.probe()
             r = min(R, b.R)
             logp[mb, :r] = lp[:, :r]
             if want_entropy:
@@ -291,6 +293,7 @@ class GRPOTrainer:
                         kl_loss = aggf(kl_penalty(logp, ref_logp[mb, :r], c.kl_loss_type))
                         loss = loss + c.kl_loss_coef * kl_loss
                         m["kl_loss"] += float(kl_loss.detach())
+                    self.probe()
                     loss.backward()
                     with torch.no_grad():
                         m["pg_loss"] += float(pg_loss.detach())

@@ -72,7 +72,6 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     cfg = load_config(overrides)
     steps = cfg.total_training_steps
 
-    memory.tune_malloc()
     import torch
 
     from trial_runner.local.base_model import load_base_model
@@ -92,6 +91,7 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
 
     base = load_base_model(cfg, device, log=lambda s: print(s, flush=True))
     trainer = GRPOTrainer(cfg, base, device, steps)
+    trainer.probe = monitor.sample  # after each forward, where activations peak
     monitor.check()
 
     def sync():
