@@ -48,7 +48,7 @@ def trial(
     ),
     seed: int = typer.Option(0, help="Random seed."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="Command that launches verl (default: python -m verl.trainer.main_ppo)."),
-    base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config (YAML/JSON of KEY: VALUE)."),
+    base_config: Optional[Path] = typer.Option(None, help="The user's base config (verl, local): YAML/JSON of KEY: VALUE."),
     ray_address: Optional[str] = typer.Option(None, help="Run the trial as a Ray job on this cluster (http://HEAD:8265)."),
     scenario: Optional[str] = typer.Option(None, help="sim backend: the cluster scenario (e.g. qwen3-8b-1x8)."),
     backend_option: list[str] = typer.Option(
@@ -175,7 +175,7 @@ def tune(
     llm_timeout: float = typer.Option(60.0, min=1.0, help="Seconds per LLM request before it is retried/given up."),
     llm_price: Optional[str] = typer.Option(None, help="USD per 1M tokens as IN,OUT (shows the cost in the summary)."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="verl backend: launch command."),
-    base_config: Optional[Path] = typer.Option(None, help="verl backend: the user's base config file."),
+    base_config: Optional[Path] = typer.Option(None, help="The user's base config (verl, local): YAML/JSON of KEY: VALUE."),
     ray_address: Optional[str] = typer.Option(None, help="Run trials as Ray jobs on this cluster."),
     scenario: Optional[str] = typer.Option(None, help="sim backend: cluster scenario."),
     backend_option: list[str] = typer.Option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from state.search_space import SearchSpace
@@ -23,14 +24,31 @@ class LocalBackend(Backend):
         memory_capacity_gb: emulated device memory (default ``DEFAULT_MEMORY_CAPACITY_GB``); a trial
             whose step peak exceeds it ends as ``oom``.
         ray_address: run each trial as a Ray job on this cluster (wraps the local runner).
+        base_config: a YAML/JSON file of flat (or nested) verl-key overrides of the workload itself
+            (model size, task, batch sizes): the baseline every candidate is applied to.
+
+    Raises:
+        ValueError: the base config file cannot be read or breaks the config's rules.
     """
 
     name = "local"
     score_metric_prefix = "val-core/"
 
-    def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None, **unused: Any) -> None:
+    def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None,
+                 base_config: str | None = None, **unused: Any) -> None:
         self._capacity = memory_capacity_gb
         self.ray_address = ray_address
+        self._base = dict(DEFAULTS)
+        if base_config:
+            from trial_runner.trial_command import InputError, read_config_file
+
+            try:
+                self._base.update(read_config_file(Path(base_config)))
+            except InputError as e:
+                raise ValueError(str(e)) from None
+            errors = config_errors(self._base)[1]
+            if errors:
+                raise ValueError(f"base config {base_config}: " + " ".join(errors))
 
     def search_space(self) -> SearchSpace:
         from state.spaces.local import SEARCH_SPACE
@@ -38,7 +56,7 @@ class LocalBackend(Backend):
         return SEARCH_SPACE
 
     def base_config(self) -> dict[str, Any]:
-        return dict(DEFAULTS)
+        return dict(self._base)
 
     def validate_config(self, config: dict[str, Any]) -> list[str]:
         """Every error of a full flat config: unknown keys, types, ranges, batch arithmetic."""
