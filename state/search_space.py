@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Literal
 
 Kind = Literal["int", "float", "log", "categorical", "bool"]
 StageName = Literal["system", "learning"]

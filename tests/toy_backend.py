@@ -12,7 +12,15 @@ from pathlib import Path
 
 from state.models import TrialStatus
 from state.search_space import Constraint, ParamSpec, SearchSpace
-from trial_runner.base import Backend, TrialHandle, TrialPoll, TrialRunner, TrialSpec, read_status, write_status
+from trial_runner.base import (
+    Backend,
+    TrialHandle,
+    TrialPoll,
+    TrialRunner,
+    TrialSpec,
+    read_status,
+    write_status,
+)
 from trial_runner.metrics import write_record
 
 MB = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"

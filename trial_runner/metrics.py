@@ -7,7 +7,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -51,11 +51,14 @@ class MetricsTail:
     """Incremental reader of a growing JSONL file: returns only ``\\n``-terminated lines, once each.
 
     Keeps a byte offset, so a half-written last line is read on a later call, when it is complete.
+    ``parse`` turns one line into a record (default: verl's file-logger JSON; console logs use another).
     """
 
-    def __init__(self, path: str | os.PathLike, offset: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike, offset: int = 0,
+                 parse: Callable[[str], StepRecord | None] | None = None) -> None:
         self.path = Path(path)
         self.offset = offset
+        self.parse = parse or parse_line
 
     def read_new(self) -> list[StepRecord]:
         try:
@@ -70,7 +73,7 @@ class MetricsTail:
         self.offset += end + 1
         records = []
         for raw in chunk[: end + 1].splitlines():
-            rec = parse_line(raw.decode("utf-8", errors="replace"))
+            rec = self.parse(raw.decode("utf-8", errors="replace"))
             if rec is not None:
                 records.append(rec)
         return records

@@ -9,7 +9,6 @@ expected gain discounted by risk.
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 
 from state.models import TrialStatus
 from trial_runner.metrics import MetricsTail, StepRecord, parse_line
@@ -62,30 +61,11 @@ def parse_console_line(line: str) -> StepRecord | None:
     return StepRecord(step=int(m.group(1)), data=data)
 
 
-class ConsoleMetricsTail:
+class ConsoleMetricsTail(MetricsTail):
     """Incremental reader of metric lines in a log file (complete lines only), like ``MetricsTail``."""
 
     def __init__(self, path: str | os.PathLike, offset: int = 0) -> None:
-        self.path = Path(path)
-        self.offset = offset
-
-    def read_new(self) -> list[StepRecord]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        out = []
-        for raw in chunk[: end + 1].splitlines():
-            rec = parse_console_line(raw.decode("utf-8", errors="replace"))
-            if rec is not None:
-                out.append(rec)
-        return out
+        super().__init__(path, offset, parse=parse_console_line)
 
 
 class FallbackMetricsTail:
