@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import types
@@ -29,7 +30,7 @@ def _fake_nvml(used_gb: list[float], total_gb: float = 80.0) -> types.ModuleType
 
 
 def test_no_gpu_path_is_quiet(monkeypatch):
-    monkeypatch.setattr(gpu, "_nvml", lambda: None)
+    monkeypatch.setattr(gpu, "_nvml", lambda: contextlib.nullcontext(None))
     assert gpu.probe() == []
     assert gpu.memory_capacity_gb() is None
     assert gpu.wait_gpu_memory_free(0.0, timeout_s=0.1) is True

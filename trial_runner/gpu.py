@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 GIB = 1024**3
 
@@ -33,17 +34,26 @@ class GpuInfo:
         return asdict(self)
 
 
-def _nvml() -> Any | None:
-    """The initialised ``pynvml`` module, or None when NVML is unavailable."""
+@contextmanager
+def _nvml() -> Iterator[Any | None]:
+    """The initialised ``pynvml`` module (shut down on exit), or None when NVML is unavailable."""
     try:
         import pynvml
     except ImportError:
-        return None
+        yield None
+        return
     try:
         pynvml.nvmlInit()
     except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... : no GPU here
-        return None
-    return pynvml
+        yield None
+        return
+    try:
+        yield pynvml
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 def _text(value: Any) -> str:
@@ -52,26 +62,22 @@ def _text(value: Any) -> str:
 
 def probe() -> list[GpuInfo]:
     """GPU count and total/used/free memory per GPU; ``[]`` where there is no driver or device."""
-    nv = _nvml()
-    if nv is None:
-        return []
     out: list[GpuInfo] = []
-    try:
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            try:
-                uuid = _text(nv.nvmlDeviceGetUUID(h))
-            except Exception:
-                uuid = ""
-            out.append(GpuInfo(i, _text(nv.nvmlDeviceGetName(h)), mem.total / GIB, mem.used / GIB, mem.free / GIB, uuid))
-    except Exception:
-        return out
-    finally:
+    with _nvml() as nv:
+        if nv is None:
+            return out
         try:
-            nv.nvmlShutdown()
+            for i in range(nv.nvmlDeviceGetCount()):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                try:
+                    uuid = _text(nv.nvmlDeviceGetUUID(h))
+                except Exception:
+                    uuid = ""
+                out.append(GpuInfo(i, _text(nv.nvmlDeviceGetName(h)), mem.total / GIB, mem.used / GIB,
+                                   mem.free / GIB, uuid))
         except Exception:
-            pass
+            pass  # a device that fails mid-probe: report the ones read so far
     return out
 
 
@@ -158,21 +164,16 @@ def wait_gpu_memory_free(threshold_gb: float = 1.0, timeout_s: float = 60.0, pol
 
 def gpu_processes() -> list[dict[str, Any]]:
     """Processes holding GPU memory (pid, gpu index, used GiB), for error messages; [] without GPUs."""
-    nv = _nvml()
-    if nv is None:
-        return []
-    out = []
-    try:
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                used = getattr(p, "usedGpuMemory", None)
-                out.append({"gpu": i, "pid": p.pid, "used_gb": (used or 0) / GIB})
-    except Exception:
-        pass
-    finally:
+    out: list[dict[str, Any]] = []
+    with _nvml() as nv:
+        if nv is None:
+            return out
         try:
-            nv.nvmlShutdown()
+            for i in range(nv.nvmlDeviceGetCount()):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                    used = getattr(p, "usedGpuMemory", None)
+                    out.append({"gpu": i, "pid": p.pid, "used_gb": (used or 0) / GIB})
         except Exception:
             pass
     return out
