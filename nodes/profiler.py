@@ -12,10 +12,10 @@ from typing import Any, Literal
 from langgraph.types import Command
 
 from graph.services import services_for
-from nodes.stage_control import stage_base_config
+from nodes.stage_control import stage_base_config, stage_horizon
 from state.models import PhaseProfile, Profile, Stage, TrialRecord
 from state.objectives import peak_memory_gb, throughput_window
-from trial_runner.metrics import StepRecord, mean_over_steps
+from trial_runner.metrics import StepRecord, last_value, mean_over_steps
 
 #: verl's phases of one RL step, in execution order.
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor")
@@ -41,12 +41,7 @@ def build_profile(
     bottleneck = max(phases, key=lambda p: p.mean_s).name if phases else "unknown"
     peak = peak_memory_gb(records)
     peak = 0.0 if math.isnan(peak) else peak
-    score = None
-    for rec in reversed(records):
-        vals = [v for k, v in rec.data.items() if k.startswith(score_prefix) and not math.isnan(v)]
-        if vals:
-            score = vals[0]
-            break
+    score = last_value(records, score_prefix)
     entropy = mean("actor/entropy")
     return Profile(
         trial_id=trial.trial_id,
@@ -61,7 +56,7 @@ def build_profile(
         response_length_mean=_or0(mean("response_length/mean")),
         response_length_max=_or0(max((r.get("response_length/max") for r in records), default=0.0)),
         response_clip_ratio=_or0(mean("response_length/clip_ratio")),
-        score=score,
+        score=None if math.isnan(score) else score,
         entropy=None if math.isnan(entropy) else entropy,
     )
 
@@ -84,8 +79,6 @@ def profiler(state, runtime) -> Command[Literal["launch_trial", "proposer", "sta
             config=stage_base_config(state, services, stage),
         )
         return Command(goto="launch_trial", update={"pending_trial": record})
-    from nodes.stage_control import stage_horizon
-
     records = services.ledger.metric_records(baseline.trial_id)
     profile = build_profile(baseline, records, stage_horizon(services.options, stage), services.memory_limit_gb(),
                             services.backend.score_metric_prefix)
