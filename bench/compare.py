@@ -51,18 +51,18 @@ def backend_options(workload: str, scenario: str, seed: int) -> dict[str, Any]:
 
 
 def make_backend(workload: str, scenario: str, seed: int):
-    from trial_runner.registry import load_backend
+    from mart.trial_runner.registry import load_backend
 
     return load_backend(workload, **backend_options(workload, scenario, seed))
 
 
 def local_available() -> bool:
-    return importlib.util.find_spec("trial_runner.local.backend") is not None
+    return importlib.util.find_spec("mart.trial_runner.local.backend") is not None
 
 
 def mart_available() -> str | None:
     """None when mart's session API can run here, else why not."""
-    for mod in ("graph.session", "state.ledger"):
+    for mod in ("mart.graph.session", "mart.state.ledger"):
         try:
             if importlib.util.find_spec(mod) is None:
                 return f"{mod} is missing"
@@ -74,8 +74,8 @@ def mart_available() -> str | None:
 # ---------------------------------------------------------------------------------------------- mart
 def run_mart(workload: str, scenario: str, seed: int, budget: Budget, workdir: Path) -> MethodResult:
     """mart with the rules agents and auto-approval, through its session API; trials read from the ledger."""
-    from graph.session import TuneOptions, tune
-    from state.ledger import Ledger
+    from mart.graph.session import TuneOptions, tune
+    from mart.state.ledger import Ledger
 
     result = MethodResult(method="mart", scenario=scenario, seed=seed)
     t0 = time.monotonic()
@@ -179,8 +179,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
 def _noise_free_scores(scenario: str, res: MethodResult, budget: Budget) -> dict[str, Any]:
     """The simulator's noise-free value of the configs a method chose (what it would really get)."""
-    from trial_runner.sim import model
-    from trial_runner.sim.learning import final_score_noise_free
+    from mart.trial_runner.sim import model
+    from mart.trial_runner.sim.learning import final_score_noise_free
 
     base = model.base_config(scenario)
     system = {**base, **res.best_system}
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     budget, scenarios, seeds, methods = build_plan(args)
     if args.workload == "local" and not local_available():
-        raise SystemExit("--workload local needs trial_runner.local.backend (the CPU workload), which is missing")
+        raise SystemExit("--workload local needs mart.trial_runner.local.backend (the CPU workload), which is missing")
     if "mart" in methods:
         why = mart_available()
         if why:
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for sc in scenarios:
         report["scenarios"][sc] = {"methods": {m: [] for m in methods}}
         if args.workload == "sim":
-            from trial_runner.sim.model import ground_truth, ground_truth_learning
+            from mart.trial_runner.sim.model import ground_truth, ground_truth_learning
 
             gt = ground_truth(sc, budget.memory_margin, budget.system_horizon)
             report["scenarios"][sc]["ground_truth"] = gt

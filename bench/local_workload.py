@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from state.models import TrialStatus
-from trial_runner.base import TrialSpec
-from trial_runner.local.backend import LocalBackend
-from trial_runner.local.runner import LocalRunner
-from trial_runner.metrics import MetricsTail
+from mart.state.models import TrialStatus
+from mart.trial_runner.base import TrialSpec
+from mart.trial_runner.local.backend import LocalBackend
+from mart.trial_runner.local.runner import LocalRunner
+from mart.trial_runner.metrics import MetricsTail
 
 VAL = "val-core/digit_sort/reward/mean@1"
 A = "actor_rollout_ref.actor."

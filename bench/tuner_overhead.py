@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graph.context import TuneOptions  # noqa: E402
-from graph.session import tune  # noqa: E402
-from state.ledger import Ledger  # noqa: E402
+from mart.graph.context import TuneOptions  # noqa: E402
+from mart.graph.session import tune  # noqa: E402
+from mart.state.ledger import Ledger  # noqa: E402
 
 
 def measure(options: TuneOptions) -> dict:
@@ -53,7 +53,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(Path(__file__).resolve().parents[1])
-        rows.append(measure(TuneOptions(backend="tests.toy_backend:make_backend", approve="auto", runs_dir=tmp,
+        rows.append(measure(TuneOptions(backend="tests.support.toy_backend:make_backend", approve="auto", runs_dir=tmp,
                                         system_trials=6, learning_trials=5, quiet=True, watch_interval_s=0.05)))
         if args.local:
             rows.append(measure(TuneOptions(backend="local", approve="auto", runs_dir=tmp, quiet=True)))

@@ -3,7 +3,7 @@
 Example::
 
     from langgraph.types import Command
-    from graph.api import open_run
+    from mart.graph.api import open_run
 
     with open_run("20261130-154001-26f0", runs_dir="runs") as run:
         print(run.pending_review())                     # the review request (diff, rationale, critique)
@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.types import Command
-
-from graph.builder import compile_graph
-from graph.services import Services, build_services
-from graph.session import graph_config, load_options, review_request
-from state.models import ReviewDecision
-from state.run_store import RunError, RunStore
+from mart.graph.builder import compile_graph
+from mart.graph.services import Services, build_services
+from mart.graph.session import graph_config, load_options, review_request
+from mart.state.models import ReviewDecision
+from mart.state.run_store import RunError, RunStore
 
 
 class RunHandle:

@@ -7,19 +7,18 @@ wiring below only names the nodes and the entry point.
 from __future__ import annotations
 
 from langgraph.graph import START, StateGraph
-
-from graph.services import Services
-from nodes.critic import critic
-from nodes.health_monitor import health_monitor
-from nodes.human_review import human_review
-from nodes.profiler import profiler
-from nodes.proposer import proposer
-from nodes.stage_control import finish, stage_control, start_session
-from state.graph_state import InputState, TuningState
-from tools.collect import collect_trial
-from tools.launch import launch_trial
-from tools.stop import stop_trial
-from tools.watch import watch_trial
+from mart.graph.services import Services
+from mart.nodes.critic import critic
+from mart.nodes.health_monitor import health_monitor
+from mart.nodes.human_review import human_review
+from mart.nodes.profiler import profiler
+from mart.nodes.proposer import proposer
+from mart.nodes.stage_control import finish, stage_control, start_session
+from mart.state.graph_state import InputState, TuningState
+from mart.tools.collect import collect_trial
+from mart.tools.launch import launch_trial
+from mart.tools.stop import stop_trial
+from mart.tools.watch import watch_trial
 
 
 def make_builder(*, context_schema: type | None = Services) -> StateGraph:

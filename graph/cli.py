@@ -27,7 +27,7 @@ def _price(text: str | None):
 
 
 def _backend_options(items: list[str]) -> dict:
-    from graph.reviewers.base import parse_assignments
+    from mart.graph.reviewers.base import parse_assignments
 
     try:
         return parse_assignments(items)
@@ -56,7 +56,7 @@ def trial(
     ),
 ) -> None:
     """Run one trial in the foreground and show its progress."""
-    from trial_runner.trial_command import run_trial
+    from mart.trial_runner.trial_command import run_trial
 
     options = {
         "memory_capacity_gb": memory_capacity_gb,
@@ -140,7 +140,7 @@ def _console():
 
 
 def _finish(summary: dict, as_json: bool) -> None:
-    from graph.session import SUMMARY_KEYS
+    from mart.graph.session import SUMMARY_KEYS
 
     if as_json:
         _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in SUMMARY_KEYS})
@@ -187,11 +187,10 @@ def tune(
     as_json: bool = JSON,
 ) -> None:
     """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
+    from mart.graph.context import TuneOptions
+    from mart.graph.session import tune as run_tune
+    from mart.state.run_store import RunError
     from pydantic import ValidationError
-
-    from graph.context import TuneOptions
-    from graph.session import tune as run_tune
-    from state.run_store import RunError
 
     backend_options = {"entrypoint": verl_entrypoint, "base_config": str(base_config) if base_config else None,
                        "ray_address": ray_address, "scenario": scenario,
@@ -210,7 +209,7 @@ def tune(
         _fail("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()))
     reviewer = None
     if options.approve == "slack":
-        from graph.reviewers.slack import SlackConfigError, SlackReviewer
+        from mart.graph.reviewers.slack import SlackConfigError, SlackReviewer
 
         reviewer = SlackReviewer(channel=slack_channel, api_url=slack_api_url)
         try:
@@ -237,8 +236,8 @@ def resume(
     as_json: bool = JSON,
 ) -> None:
     """Continue a run after a crash, a reboot or a pause; re-attaches a trial that is still running."""
-    from graph.session import resume as run_resume
-    from state.run_store import RunError
+    from mart.graph.session import resume as run_resume
+    from mart.state.run_store import RunError
 
     try:
         summary = run_resume(run, runs_dir, api_key=llm_api_key, approve="none" if detach else approve,
@@ -269,12 +268,12 @@ def review(
     """
     import getpass
 
-    from graph.reviewers.base import TTYReviewer, parse_assignments
-    from graph.session import pending_review
-    from graph.session import resume as run_resume
-    from state.models import ReviewDecision
-    from state.run_store import RunError, RunStore
-    from state.search_space import ConfigError
+    from mart.graph.reviewers.base import TTYReviewer, parse_assignments
+    from mart.graph.session import pending_review
+    from mart.graph.session import resume as run_resume
+    from mart.state.models import ReviewDecision
+    from mart.state.run_store import RunError, RunStore
+    from mart.state.search_space import ConfigError
 
     chosen = [approve_, reject is not None, bool(edit)]
     if sum(chosen) > 1:
@@ -317,11 +316,10 @@ def review(
 
 
 def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
+    from mart.graph.session import run_status
+    from mart.state.ledger import DB_FILE
+    from mart.state.run_store import RunError, RunStore
     from rich.table import Table
-
-    from graph.session import run_status
-    from state.ledger import DB_FILE
-    from state.run_store import RunError, RunStore
 
     infos = []
     for path in sorted(p for p in runs_dir.glob("*") if (p / DB_FILE).exists()):
@@ -364,9 +362,9 @@ def status(
 
     Without RUN: every run in --runs-dir with its pending review, if any.
     """
-    from graph.reviewers.base import format_request
-    from graph.session import run_status
-    from state.run_store import RunError, RunStore
+    from mart.graph.reviewers.base import format_request
+    from mart.graph.session import run_status
+    from mart.state.run_store import RunError, RunStore
 
     if run is None:
         _list_runs(runs_dir, pending, as_json)
@@ -399,9 +397,8 @@ def trials(
     as_json: bool = JSON,
 ) -> None:
     """The run's trials from the ledger."""
+    from mart.state.run_store import RunError, RunStore
     from rich.table import Table
-
-    from state.run_store import RunError, RunStore
 
     try:
         store = RunStore.open(run, runs_dir)
@@ -446,8 +443,8 @@ def slack_serve(
     """
     import logging
 
-    from graph.reviewers.slack import SlackConfigError
-    from graph.reviewers.slack_server import serve
+    from mart.graph.reviewers.slack import SlackConfigError
+    from mart.graph.reviewers.slack_server import serve
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from graph.context import TuneOptions
-from nodes.agents.base import Critic, Proposer
-from nodes.agents.registry import make_critic, make_proposer
-from state.ledger import Ledger
-from state.run_store import RunStore
-from trial_runner.base import Backend, TrialRunner
-from trial_runner.registry import load_backend
+from mart.graph.context import TuneOptions
+from mart.nodes.agents.base import Critic, Proposer
+from mart.nodes.agents.registry import make_critic, make_proposer
+from mart.state.ledger import Ledger
+from mart.state.run_store import RunStore
+from mart.trial_runner.base import Backend, TrialRunner
+from mart.trial_runner.registry import load_backend
 
 
 @dataclass
@@ -112,7 +112,7 @@ def services_for(state: dict[str, Any], runtime: Any) -> Services:
         return ctx
     run_dir = state.get("run_dir")
     if not run_dir:
-        raise ValueError("state has no run_dir: start sessions through graph.session or the start node")
+        raise ValueError("state has no run_dir: start sessions through mart.graph.session or the start node")
     with _CACHE_LOCK:
         if run_dir not in _CACHE:
             store = RunStore(Path(run_dir), state.get("run_id") or Path(run_dir).name)

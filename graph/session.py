@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.types import Command
-
-from graph.builder import compile_graph
-from graph.context import TuneOptions
-from graph.reviewers.base import Reviewer, make_reviewer
-from graph.services import Services, build_services
-from state.models import ReviewDecision
-from state.run_store import RunError, RunStore
+from mart.graph.builder import compile_graph
+from mart.graph.context import TuneOptions
+from mart.graph.reviewers.base import Reviewer, make_reviewer
+from mart.graph.services import Services, build_services
+from mart.state.models import ReviewDecision
+from mart.state.run_store import RunError, RunStore
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials")
 
@@ -212,8 +211,8 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
     """Refuse an invalid edit before it reaches the graph (ConfigError names the key and rule)."""
     if decision.action != "edit":
         return
-    from nodes.human_review import apply_decision
-    from trial_runner.registry import load_backend
+    from mart.nodes.human_review import apply_decision
+    from mart.trial_runner.registry import load_backend
 
     values = snap.values
     request = snap.interrupts[0].value

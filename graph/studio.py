@@ -10,6 +10,6 @@ review interrupt itself: resume with a ``ReviewDecision`` as JSON, e.g. ``{"acti
 
 from __future__ import annotations
 
-from graph.builder import make_builder
+from mart.graph.builder import make_builder
 
 graph = make_builder(context_schema=None).compile(name="mart")

@@ -1,4 +1,4 @@
 """Graph nodes: profiler, proposer, critic, human review, health monitor, stage control.
 
-Agents (the proposer's and critic's strategies: rules, llm) live in ``nodes.agents``.
+Agents (the proposer's and critic's strategies: rules, llm) live in ``mart.nodes.agents``.
 """

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodes.agents.base import AgentContext
-from nodes.agents.memory_model import MemoryModel
-from nodes.stage_control import stage_base_config
-from state.models import TrialRecord, TrialStatus
+from mart.nodes.agents.base import AgentContext
+from mart.nodes.agents.memory_model import MemoryModel
+from mart.nodes.stage_control import stage_base_config
+from mart.state.models import TrialRecord, TrialStatus
 
 OBJECTIVES = {
     "system": "maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from langgraph.types import Command
-
-from graph.services import services_for
-from nodes.agent_context import build_agent_context
-from tools.progress import emit
+from mart.graph.services import services_for
+from mart.nodes.agent_context import build_agent_context
+from mart.tools.progress import emit
 
 
 def critic(state, runtime) -> Command[Literal["human_review", "proposer", "stage_control"]]:

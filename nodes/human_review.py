@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from langgraph.types import Command, interrupt
+from mart.graph.services import services_for
+from mart.nodes.stage_control import stage_base_config
+from mart.state.models import Candidate, ReviewDecision, TrialRecord, config_hash
+from mart.state.search_space import ConfigError
 from pydantic import ValidationError
-
-from graph.services import services_for
-from nodes.stage_control import stage_base_config
-from state.models import Candidate, ReviewDecision, TrialRecord, config_hash
-from state.search_space import ConfigError
 
 
 def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:

@@ -50,20 +50,20 @@ for mod in pydantic psutil numpy pynvml; do
   "$PY" -c "import $mod" 2>/dev/null && echo "$mod: ok" || echo "$mod: MISSING"
 done
 
-say "NVML probe (python -m trial_runner.gpu)"
-timeout 30 "$PY" -m trial_runner.gpu || echo "probe failed"
+say "NVML probe (python -m mart.trial_runner.gpu)"
+timeout 30 "$PY" -m mart.trial_runner.gpu || echo "probe failed"
 
 say "local-workload trial on CUDA ($STEPS steps) with NVML peak sampling"
 timeout 170 "$PY" - "$OUT" "$STEPS" <<'PYEOF' || STATUS=1
 import json, math, subprocess, sys, time
 from pathlib import Path
-from trial_runner.gpu import PeakSampler, probe, wait_gpu_memory_free
+from mart.trial_runner.gpu import PeakSampler, probe, wait_gpu_memory_free
 
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
 trial = out / "local-cuda"
 trial.mkdir(parents=True, exist_ok=True)
 (trial / "config.json").write_text(json.dumps({"local.device": "cuda"}))
-cmd = [sys.executable, "-m", "trial_runner.local", "--out", str(trial), "--steps", str(steps),
+cmd = [sys.executable, "-m", "mart.trial_runner.local", "--out", str(trial), "--steps", str(steps),
        "--config", str(trial / "config.json")]
 print("run:", " ".join(cmd), flush=True)
 before = {g.index: round(g.used_gb, 2) for g in probe()}
@@ -106,11 +106,11 @@ say "verl runner on this GPU machine (stand-in entry point): supervisor, NVML pe
 timeout 60 "$PY" - "$OUT" <<'PYEOF' || echo "verl runner check FAILED"
 import sys, time
 from pathlib import Path
-from trial_runner.base import TrialSpec
-from trial_runner.verl import VerlBackend
+from mart.trial_runner.base import TrialSpec
+from mart.trial_runner.verl import VerlBackend
 
 out = Path(sys.argv[1])
-b = VerlBackend(entrypoint=f"{sys.executable} tests/fake_verl/main_ppo.py", base_config={"fake.step_s": 0.3},
+b = VerlBackend(entrypoint=f"{sys.executable} tests/support/fake_verl/main_ppo.py", base_config={"fake.step_s": 0.3},
                 prevalidate=False)
 print("backend memory_capacity_gb (NVML per-GPU total):", b.memory_capacity_gb())
 print("base trainer.n_gpus_per_node:", b.base_config().get("trainer.n_gpus_per_node"))

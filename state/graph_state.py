@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from mart.state.models import Candidate, Critique, Profile, Stage, TrialRecord
 from typing_extensions import TypedDict  # pydantic (Studio's schema endpoint) needs it on Python < 3.12
-
-from state.models import Candidate, Critique, Profile, Stage, TrialRecord
 
 
 class InputState(TypedDict, total=False):
@@ -68,4 +67,4 @@ class TuningState(InputState, total=False):
     """Stages that ended before their budget, with the reason (nothing new to try, critic gave up)."""
     last_trial: TrialRecord | None
     summary: dict[str, Any] | None
-    """The session's final summary (see ``nodes.stage_control.build_summary``)."""
+    """The session's final summary (see ``mart.nodes.stage_control.build_summary``)."""

@@ -1,6 +1,6 @@
 """Pydantic schemas exchanged between nodes, stored in graph state (small ones) and in the ledger.
 
-Every class here is registered with the checkpoint serializer (see ``state.serde``): add new ones to
+Every class here is registered with the checkpoint serializer (see ``mart.state.serde``): add new ones to
 ``STATE_TYPES`` at the bottom, or they silently degrade to dicts under ``LANGGRAPH_STRICT_MSGPACK``.
 """
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from state.ledger import DB_FILE, Ledger
+from mart.state.ledger import DB_FILE, Ledger
 
 
 class RunError(Exception):
@@ -104,8 +104,7 @@ class RunStore:
     def checkpointer(self):
         """A SqliteSaver on the run's file (one writer process: guard with ``lock``)."""
         from langgraph.checkpoint.sqlite import SqliteSaver
-
-        from state.serde import make_serde
+        from mart.state.serde import make_serde
 
         conn = sqlite3.connect(self.db_path, check_same_thread=False, timeout=30)
         return SqliteSaver(conn, serde=make_serde())

@@ -10,12 +10,11 @@ import time
 from typing import Literal
 
 from langgraph.types import Command
-
-from graph.services import services_for
-from nodes.stage_control import overrides_of, stage_horizon
-from state.models import TrialStatus
-from tools.progress import emit
-from trial_runner.base import TrialHandle, TrialSpec
+from mart.graph.services import services_for
+from mart.nodes.stage_control import overrides_of, stage_horizon
+from mart.state.models import TrialStatus
+from mart.tools.progress import emit
+from mart.trial_runner.base import TrialHandle, TrialSpec
 
 
 def launch_trial(state, runtime) -> Command[Literal["watch_trial", "collect_trial"]]:

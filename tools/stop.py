@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from langgraph.types import Command
-
-from graph.services import services_for
-from tools.progress import emit
-from trial_runner.base import TrialHandle
+from mart.graph.services import services_for
+from mart.tools.progress import emit
+from mart.trial_runner.base import TrialHandle
 
 
 def stop_trial(state, runtime) -> Command[Literal["collect_trial"]]:

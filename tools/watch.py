@@ -11,10 +11,9 @@ import time
 from typing import Literal
 
 from langgraph.types import Command
-
-from graph.services import services_for
-from tools.progress import emit
-from trial_runner.base import TrialHandle
+from mart.graph.services import services_for
+from mart.tools.progress import emit
+from mart.trial_runner.base import TrialHandle
 
 #: Upper bound of one watch pass without new steps, so a hung trial still reaches the health monitor.
 MAX_PASS_S = 30.0

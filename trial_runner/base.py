@@ -4,7 +4,7 @@ Ownership of a running trial: the process (or Ray job) belongs to the trial, not
 only *launches* it and afterwards talks to it through a serialisable ``TrialHandle`` (pid + start time,
 or job id). A tuner that crashed and resumed builds a new runner and re-attaches with the same handle:
 ``poll`` and ``stop`` must work on a handle made by another process. ``launch`` is not idempotent by
-itself; the caller (``tools.trials``) records the handle in the ledger before waiting on it.
+itself; the caller (``mart.tools.trials``) records the handle in the ledger before waiting on it.
 
 Trial directory contract (all backends write or mirror it):
     <trial_dir>/metrics.jsonl   verl's file-logger format: one ``{"step": N, "data": {...}}`` per line,
@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mart.state.models import TrialStatus
+from mart.state.search_space import SearchSpace
+from mart.trial_runner.metrics import MetricsTail, StepRecord
 from pydantic import BaseModel, Field
-
-from state.models import TrialStatus
-from state.search_space import SearchSpace
-from trial_runner.metrics import MetricsTail, StepRecord
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"

@@ -3,7 +3,7 @@
 Everything here degrades to "no GPU" instead of raising: no ``pynvml`` module, no driver, no device
 all give ``probe() == []``, a sampler that records nothing, and ``wait_gpu_memory_free`` returning True.
 
-    >>> from trial_runner.gpu import probe, memory_capacity_gb
+    >>> from mart.trial_runner.gpu import probe, memory_capacity_gb
     >>> gpus = probe()            # [] on a CPU-only machine
     >>> memory_capacity_gb()      # per-GPU total of the smallest GPU, or None
 """
@@ -180,7 +180,7 @@ def gpu_processes() -> list[dict[str, Any]]:
 
 
 def main() -> None:  # pragma: no cover - exercised by scripts/gpu_check.sh
-    """``python -m trial_runner.gpu``: print the probe as JSON (one object per GPU)."""
+    """``python -m mart.trial_runner.gpu``: print the probe as JSON (one object per GPU)."""
     import json
 
     gpus = probe()

@@ -7,13 +7,13 @@ import os
 import sys
 from typing import Any, Callable
 
-from trial_runner.base import Backend
+from mart.trial_runner.base import Backend
 
 # name -> "module:factory"; imported lazily so optional extras are only needed when used.
 BUILTIN_BACKENDS: dict[str, str] = {
-    "local": "trial_runner.local.backend:LocalBackend",
-    "verl": "trial_runner.verl.backend:VerlBackend",
-    "sim": "trial_runner.sim.backend:SimBackend",
+    "local": "mart.trial_runner.local.backend:LocalBackend",
+    "verl": "mart.trial_runner.verl.backend:VerlBackend",
+    "sim": "mart.trial_runner.sim.backend:SimBackend",
 }
 
 

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from state.objectives import learning_score, system_outcome
-from trial_runner.base import Backend, TrialRunner, TrialSpec
-from trial_runner.metrics import StepRecord
+from mart.state.objectives import learning_score, system_outcome
+from mart.trial_runner.base import Backend, TrialRunner, TrialSpec
+from mart.trial_runner.metrics import StepRecord
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def run_trial(
     on_records: Callable[[list[StepRecord]], bool] | None = None,
     n_devices: int = 1,
 ) -> TrialOutcome:
-    """Launch, poll until it ends (or ``on_records`` asks to stop it), score it with ``state.objectives``.
+    """Launch, poll until it ends (or ``on_records`` asks to stop it), score it with ``mart.state.objectives``.
 
     ``on_records(all_records_so_far)`` returning True stops the trial (a pruner).
     """

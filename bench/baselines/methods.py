@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mart.trial_runner.base import Backend
+from mart.trial_runner.metrics import StepRecord
+
 from bench.baselines.common import Budget, MethodResult, TrialOutcome, run_trial
 from bench.baselines.space import defaults_params, grid_points, optuna_suggest, random_overrides, valid
-from trial_runner.base import Backend
-from trial_runner.metrics import StepRecord
 
 Propose = Callable[[int], "dict[str, Any] | None"]
 Tell = Callable[[dict[str, Any], TrialOutcome], None]

@@ -7,7 +7,7 @@ import math
 import random
 from typing import Any
 
-from state.search_space import ParamSpec, SearchSpace
+from mart.state.search_space import ParamSpec, SearchSpace
 
 #: int ranges spanning this factor or more are sampled log-uniformly (batch sizes, sequence caps)
 LOG_INT_RATIO = 16

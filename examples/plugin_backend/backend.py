@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from state.models import TrialStatus
-from state.search_space import Constraint, ParamSpec, SearchSpace
-from trial_runner.base import (
+from mart.state.models import TrialStatus
+from mart.state.search_space import Constraint, ParamSpec, SearchSpace
+from mart.trial_runner.base import (
     LOG_FILE,
     Backend,
     TrialHandle,

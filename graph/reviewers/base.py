@@ -1,6 +1,6 @@
 """The reviewer-channel interface and the built-in channels ``auto``, ``tty`` and ``none``.
 
-A channel gets the review request (the interrupt's payload, see ``nodes.human_review``) and returns a
+A channel gets the review request (the interrupt's payload, see ``mart.nodes.human_review``) and returns a
 ``ReviewDecision``, or None to leave the run paused (the tuner exits; any channel can answer later).
 """
 
@@ -11,10 +11,10 @@ import getpass
 import sys
 from typing import TYPE_CHECKING, Any
 
-from state.models import ReviewDecision
+from mart.state.models import ReviewDecision
 
 if TYPE_CHECKING:
-    from state.run_store import RunStore
+    from mart.state.run_store import RunStore
 
 
 class Reviewer(abc.ABC):
@@ -157,7 +157,7 @@ def make_reviewer(approve: str, *, auto_policy: str = "all", **options: Any) -> 
     if approve == "none":
         return DetachReviewer()
     if approve == "slack":
-        from graph.reviewers.slack import SlackReviewer
+        from mart.graph.reviewers.slack import SlackReviewer
 
         return SlackReviewer(**options)
     raise ValueError(f"unknown reviewer channel {approve!r}: use auto, tty, none or slack")

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from graph.reviewers.base import parse_assignments
-from graph.reviewers.slack import (
+from mart.graph.reviewers.base import parse_assignments
+from mart.graph.reviewers.slack import (
     ACTION_APPROVE,
     ACTION_EDIT,
     ACTION_REJECT,
@@ -44,7 +44,7 @@ from graph.reviewers.slack import (
     parse_button_value,
     slack_client,
 )
-from state.models import ReviewDecision
+from mart.state.models import ReviewDecision
 
 SECRET_ENV = "SLACK_SIGNING_SECRET"
 REVIEWERS_ENV = "MART_SLACK_REVIEWERS"
@@ -112,14 +112,14 @@ class SlackReviewService:
             log.warning("could not post an ephemeral note: %s", type(e).__name__)
 
     def _open_store(self, run: str):
-        from state.run_store import RunStore
+        from mart.state.run_store import RunStore
 
         return RunStore.open(self.runs_dir / run, self.runs_dir)
 
     def check(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         """The pending request if the button's review is still the run's pending one, else a note why not."""
-        from graph.session import pending_review
-        from state.run_store import RunError
+        from mart.graph.session import pending_review
+        from mart.state.run_store import RunError
 
         run = meta["run"]
         try:
@@ -142,8 +142,8 @@ class SlackReviewService:
 
     def validate(self, meta: dict[str, Any], decision: ReviewDecision) -> str | None:
         """Why an edit cannot run (the knob and the rule), or None."""
-        from graph.session import load_options, state_snapshot, validate_decision
-        from state.search_space import ConfigError
+        from mart.graph.session import load_options, state_snapshot, validate_decision
+        from mart.state.search_space import ConfigError
 
         store = self._open_store(meta["run"])
         try:
@@ -237,8 +237,8 @@ class SlackReviewService:
         return None
 
     def _continue(self, meta: dict[str, Any], decision: ReviewDecision, user: str) -> None:
-        from graph.session import StaleReview, resume
-        from state.run_store import RunError
+        from mart.graph.session import StaleReview, resume
+        from mart.state.run_store import RunError
 
         run, channel = meta["run"], meta["channel"]
         applied = False

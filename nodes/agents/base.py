@@ -10,10 +10,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord
+from mart.state.search_space import SearchSpace
 from pydantic import BaseModel, Field
-
-from state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord
-from state.search_space import SearchSpace
 
 
 @dataclass
@@ -48,7 +47,7 @@ class AgentContext:
 
     def tried_keys(self) -> set[str]:
         """Config hashes of every trial run so far in this stage, and of rejected candidates."""
-        from state.models import config_hash
+        from mart.state.models import config_hash
 
         keys = {config_hash(t.config) for t in self.history if t.stage == self.stage}
         return keys | {config_hash(self.full_config(o)) for o in self.rejected}

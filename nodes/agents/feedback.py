@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from state.search_space import SearchSpace
+from mart.state.search_space import SearchSpace
 
 AVOID = ("don't", "dont", "do not", "not ", "no ", "avoid", "keep", "leave", "never", "stop changing", "without")
 UP = ("increase", "raise", "higher", "larger", "bigger", "more", "double", "up ")

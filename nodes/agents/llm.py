@@ -2,7 +2,7 @@
 
 Guard rails (the same for both roles):
 
-1. Every answer is checked: its JSON shape (``nodes.agents.schemas``), every override against the search
+1. Every answer is checked: its JSON shape (``mart.nodes.agents.schemas``), every override against the search
    space (``SearchSpace.validate_overrides``) and the full config against the constraints
    (``check_constraints``); the proposer also refuses repeats of tried configs.
 2. An unusable answer gets up to ``repair_rounds`` follow-up turns quoting mart's errors.
@@ -21,22 +21,21 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from nodes.agents.base import AgentCallInfo, AgentContext, Critic, CriticVerdict, Proposer
-from nodes.agents.llm_client import LLMCallError, LLMReply, LLMSettings, StructuredChat, resolve_api_key
-from nodes.agents.prompts import (
+from mart.nodes.agents.base import AgentCallInfo, AgentContext, Critic, CriticVerdict, Proposer
+from mart.nodes.agents.llm_client import LLMCallError, LLMReply, LLMSettings, StructuredChat, resolve_api_key
+from mart.nodes.agents.prompts import (
     PROMPT_VERSION,
     build_critic_prompt,
     build_proposer_prompt,
     build_repair_message,
 )
-from nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
-from state.models import Candidate, Critique, config_hash
-from state.search_space import ConfigError
+from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
+from mart.state.models import Candidate, Critique, config_hash
+from mart.state.search_space import ConfigError
+from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from graph.context import TuneOptions
+    from mart.graph.context import TuneOptions
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +154,7 @@ class LLMProposer(_LLMStrategy, Proposer):
         options: the session's options (model, base URL, timeout, price).
         api_key: from a CLI flag (memory only); else ``$OPENAI_API_KEY``.
         fallback: the strategy that answers when the LLM fails (the rules proposer).
-        structured, max_retries, repair_rounds, streaming: see ``nodes.agents.llm_client``.
+        structured, max_retries, repair_rounds, streaming: see ``mart.nodes.agents.llm_client``.
 
     Raises:
         LLMConfigError: no model or no API key configured.
@@ -169,7 +168,7 @@ class LLMProposer(_LLMStrategy, Proposer):
                  **overrides: Any) -> None:
         super().__init__(options, api_key=api_key, **overrides)
         if fallback is None:
-            from nodes.agents.rules import RulesProposer
+            from mart.nodes.agents.rules import RulesProposer
 
             fallback = RulesProposer()
         self.fallback = fallback
@@ -270,7 +269,7 @@ class LLMCritic(_LLMStrategy, Critic):
                  **overrides: Any) -> None:
         super().__init__(options, api_key=api_key, **overrides)
         if fallback is None:
-            from nodes.agents.rules import RulesCritic
+            from mart.nodes.agents.rules import RulesCritic
 
             fallback = RulesCritic()
         self.fallback = fallback

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodes.agents.knob_effects import effect_of
-from state.models import TrialRecord, TrialStatus
+from mart.nodes.agents.knob_effects import effect_of
+from mart.state.models import TrialRecord, TrialStatus
 
 
 def _ratio(a: Any, b: Any) -> float | None:

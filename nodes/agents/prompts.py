@@ -7,7 +7,7 @@ truth for knob meanings, ranges, defaults and constraints), the baseline's phase
 limit and headroom, the trial history as a compact table, the reviewer's feedback and backend notes
 (for verl, the perf guide's ordering of knobs).
 
-The LLM answers through the schemas in ``nodes.agents.schemas``; the output contract is restated in
+The LLM answers through the schemas in ``mart.nodes.agents.schemas``; the output contract is restated in
 prose here too, because ``json_mode`` servers see no schema.
 """
 
@@ -19,10 +19,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-
-from nodes.agents.base import AgentContext
-from nodes.agents.schemas import CandidateCheck
-from state.models import Candidate, HealthEvent, TrialRecord
+from mart.nodes.agents.base import AgentContext
+from mart.nodes.agents.schemas import CandidateCheck
+from mart.state.models import Candidate, HealthEvent, TrialRecord
 
 PROMPT_VERSION = "mart-agents/1"
 """Bump when a prompt's meaning changes; recorded with every LLM call."""

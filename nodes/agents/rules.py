@@ -12,11 +12,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
-from nodes.agents.feedback import FeedbackRules, parse_feedback
-from nodes.agents.knob_effects import effect_of
-from state.models import Candidate, Critique, TrialStatus, config_hash
-from state.search_space import ConfigError, ParamSpec
+from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
+from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
+from mart.nodes.agents.knob_effects import effect_of
+from mart.state.models import Candidate, Critique, TrialStatus, config_hash
+from mart.state.search_space import ConfigError, ParamSpec
 
 
 def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:

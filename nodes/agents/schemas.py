@@ -6,7 +6,7 @@ the generated JSON schema strict-compatible (``additionalProperties: false``, ev
 optional values are nullable instead of absent).
 
 What the LLM returns is untrusted: ``parse_*`` only checks the *shape*; the values are checked against
-the search space and its constraints by the strategies in ``nodes.agents.llm``.
+the search space and its constraints by the strategies in ``mart.nodes.agents.llm``.
 """
 
 from __future__ import annotations

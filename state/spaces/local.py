@@ -1,6 +1,6 @@
 """Search space of the local backend (the embedded GRPO workload): the knobs it implements for real.
 
-Defaults are the backend's defaults (``trial_runner.local.config``); ranges keep the workload
+Defaults are the backend's defaults (``mart.trial_runner.local.config``); ranges keep the workload
 meaningful. The system knobs change speed and memory, not the maths (micro-batching is exact and the
 rollout samples do not depend on chunking); the learning knobs change the learning. The defaults
 are conservative on purpose, as verl's are: small micro-batches and gradient checkpointing on.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from state.search_space import Constraint, ParamSpec, SearchSpace
-from trial_runner.local.config import DEFAULTS, RULES, parse_overrides
+from mart.state.search_space import Constraint, ParamSpec, SearchSpace
+from mart.trial_runner.local.config import DEFAULTS, RULES, parse_overrides
 
 ROLLOUT = "actor_rollout_ref.rollout."
 ACTOR = "actor_rollout_ref.actor."

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from state.search_space import Constraint, ParamSpec, SearchSpace
+from mart.state.search_space import Constraint, ParamSpec, SearchSpace
 
 ARR = "actor_rollout_ref"
 ACTOR = f"{ARR}.actor"

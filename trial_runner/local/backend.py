@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from state.search_space import SearchSpace
-from trial_runner.base import Backend, TrialRunner
-from trial_runner.local.config import DEFAULTS, config_errors
+from mart.state.search_space import SearchSpace
+from mart.trial_runner.base import Backend, TrialRunner
+from mart.trial_runner.local.config import DEFAULTS, config_errors
 
 DEFAULT_MEMORY_CAPACITY_GB = 0.075
 """Emulated device memory, chosen from measurements (bench/local_workload.py, CPU workload memory):
@@ -40,7 +40,7 @@ class LocalBackend(Backend):
         self.ray_address = ray_address
         self._base = dict(DEFAULTS)
         if base_config:
-            from trial_runner.trial_command import InputError, read_config_file
+            from mart.trial_runner.trial_command import InputError, read_config_file
 
             try:
                 self._base.update(read_config_file(Path(base_config)))
@@ -51,7 +51,7 @@ class LocalBackend(Backend):
                 raise ValueError(f"base config {base_config}: " + " ".join(errors))
 
     def search_space(self) -> SearchSpace:
-        from state.spaces.local import SEARCH_SPACE
+        from mart.state.spaces.local import SEARCH_SPACE
 
         return SEARCH_SPACE
 
@@ -63,11 +63,11 @@ class LocalBackend(Backend):
         return config_errors(config)[1]
 
     def make_runner(self) -> TrialRunner:
-        from trial_runner.local.runner import LocalRunner
+        from mart.trial_runner.local.runner import LocalRunner
 
         runner = LocalRunner(memory_capacity_gb=self.memory_capacity_gb())
         if self.ray_address:
-            from trial_runner.ray.runner import RayJobRunner
+            from mart.trial_runner.ray.runner import RayJobRunner
 
             return RayJobRunner(self.ray_address, runner)
         return runner

@@ -18,13 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from mart.trial_runner.local import task as T
+from mart.trial_runner.local.config import LocalConfig
+from mart.trial_runner.local.grpo import model_config, task_config
+from mart.trial_runner.local.model import GPT
+from mart.trial_runner.local.rollout import pack, response_logits
 from torch.nn import functional as F
-
-from trial_runner.local import task as T
-from trial_runner.local.config import LocalConfig
-from trial_runner.local.grpo import model_config, task_config
-from trial_runner.local.model import GPT
-from trial_runner.local.rollout import pack, response_logits
 
 WARMUP_SEED = 1234  # the base model does not depend on the trial's seed
 VERSION = 1  # bump when the model or the warm-up changes meaning

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from state.search_space import ConfigError
+from mart.state.search_space import ConfigError
 
 
 def knob(key: str, default: Any, help: str, *, type: type | None = None, low: float | None = None,

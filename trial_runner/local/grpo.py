@@ -24,11 +24,10 @@ from contextlib import contextmanager
 from functools import partial
 
 import torch
-
-from trial_runner.local import task as T
-from trial_runner.local.config import LocalConfig
-from trial_runner.local.model import GPT, GPTConfig
-from trial_runner.local.rollout import generate, logprobs_entropy, pack, response_logits
+from mart.trial_runner.local import task as T
+from mart.trial_runner.local.config import LocalConfig
+from mart.trial_runner.local.model import GPT, GPTConfig
+from mart.trial_runner.local.rollout import generate, logprobs_entropy, pack, response_logits
 
 
 def model_config(cfg: LocalConfig) -> GPTConfig:

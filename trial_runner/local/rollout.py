@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from trial_runner.local.model import GPT, full_mask, positions
-from trial_runner.local.task import EOS, PAD
+from mart.trial_runner.local.model import GPT, full_mask, positions
+from mart.trial_runner.local.task import EOS, PAD
 
 
 @dataclass

@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 
 import psutil
-
-import trial_runner
-from state.models import TrialStatus
-from trial_runner.base import (
+from mart.state.models import TrialStatus
+from mart.trial_runner.base import (
     LOG_FILE,
     METRICS_FILE,
     STATUS_FILE,
@@ -31,14 +29,13 @@ from trial_runner.base import (
     read_status,
     write_status,
 )
-from trial_runner.metrics import MetricsTail
+from mart.trial_runner.metrics import MetricsTail
 
 CONFIG_FILE = "config.json"
-_REPO_ROOT = str(Path(trial_runner.__file__).resolve().parent.parent)
 
 
 class LocalRunner(TrialRunner):
-    """Launches ``python -m trial_runner.local`` per trial.
+    """Launches ``python -m mart.trial_runner.local`` per trial.
 
     Args:
         memory_capacity_gb: emulated device memory for trials whose spec sets none (None = no limit).
@@ -68,7 +65,7 @@ class LocalRunner(TrialRunner):
 
     def build_command(self, spec: TrialSpec) -> list[str]:
         """The worker's argv (the Ray runner reuses it); ``config.json`` is expected in the trial dir."""
-        argv = [self.python, "-m", "trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
+        argv = [self.python, "-m", "mart.trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
                 "--config", str(Path(spec.trial_dir) / CONFIG_FILE), "--seed", str(spec.seed)]
         capacity = spec.memory_capacity_gb if spec.memory_capacity_gb is not None else self.memory_capacity_gb
         if capacity is not None:
@@ -77,8 +74,7 @@ class LocalRunner(TrialRunner):
 
     def build_env(self, spec: TrialSpec) -> dict[str, str]:
         """Environment additions of the worker (the Ray runner reuses them)."""
-        path = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-        return {"PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+        return {"PYTHONUNBUFFERED": "1"}
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
         self._reap()

@@ -1,6 +1,6 @@
 """The trial process: one GRPO run writing verl-format metrics into its own trial directory.
 
-    python -m trial_runner.local --out DIR --steps N --config DIR/config.json \\
+    python -m mart.trial_runner.local --out DIR --steps N --config DIR/config.json \\
         [--memory-capacity-gb X] [--seed S]
 
 Writes ``DIR/metrics.jsonl`` (a step-0 validation record, then one line per step 1..N), prints a
@@ -25,10 +25,10 @@ import time
 import traceback
 from pathlib import Path
 
-from state.search_space import ConfigError
-from trial_runner.base import METRICS_FILE, write_status
-from trial_runner.local import memory
-from trial_runner.metrics import write_record
+from mart.state.search_space import ConfigError
+from mart.trial_runner.base import METRICS_FILE, write_status
+from mart.trial_runner.local import memory
+from mart.trial_runner.metrics import write_record
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CONFIG, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 4
 
@@ -38,7 +38,7 @@ class TrialStopped(Exception):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trial_runner.local", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mart.trial_runner.local", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="trial directory")
     p.add_argument("--steps", type=int, default=None, help="training steps (overrides trainer.total_training_steps)")
     p.add_argument("--config", default=None, help="JSON file of flat verl keys (overrides of the defaults)")
@@ -62,7 +62,7 @@ def _console(step: int, m: dict) -> str:
 
 
 def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
-    from trial_runner.local.config import load_config, resolve_threads
+    from mart.trial_runner.local.config import load_config, resolve_threads
 
     overrides = json.loads(Path(args.config).read_text()) if args.config else {}
     if args.steps is not None:
@@ -73,9 +73,8 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     steps = cfg.total_training_steps
 
     import torch
-
-    from trial_runner.local.base_model import load_base_model
-    from trial_runner.local.grpo import GRPOTrainer, Timer
+    from mart.trial_runner.local.base_model import load_base_model
+    from mart.trial_runner.local.grpo import GRPOTrainer, Timer
 
     torch.set_num_threads(resolve_threads(cfg))
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())

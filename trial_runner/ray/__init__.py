@@ -1,5 +1,5 @@
 """Trials as Ray jobs on an existing cluster (``--ray-address http://HEAD:8265``); see ``runner``."""
 
-from trial_runner.ray.runner import RayJobRunner
+from mart.trial_runner.ray.runner import RayJobRunner
 
 __all__ = ["RayJobRunner"]

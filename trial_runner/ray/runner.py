@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from state.models import TrialStatus
-from trial_runner.base import (
+from mart.state.models import TrialStatus
+from mart.trial_runner.base import (
     LOG_FILE,
     METRICS_FILE,
     TrialHandle,
@@ -46,7 +46,7 @@ from trial_runner.base import (
     read_status,
     write_status,
 )
-from trial_runner.metrics import MetricsTail, StepRecord
+from mart.trial_runner.metrics import MetricsTail, StepRecord
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -90,7 +90,7 @@ class LogMetricsTail:
         self._last_step = -1
 
     def read_new(self) -> list[StepRecord]:
-        from trial_runner.verl.logs import parse_console_line
+        from mart.trial_runner.verl.logs import parse_console_line
 
         now = time.monotonic()
         if now - self._fetched_at < self.min_interval_s:
@@ -282,7 +282,7 @@ class RayJobRunner(TrialRunner):
         return self.client.get_job_status(handle.job_id)
 
     def _progress(self, handle: TrialHandle, *, force: bool = False):
-        from trial_runner.verl.runner import Progress
+        from mart.trial_runner.verl.runner import Progress
 
         key = handle.job_id or handle.trial_id
         tail, progress = self._followed.get(key) or (self.metrics(handle), Progress())
@@ -319,14 +319,14 @@ class RayJobRunner(TrialRunner):
         last = self._last_step(handle, force=True)
         info = self.client.get_job_info(handle.job_id)
         if status == JobStatus.SUCCEEDED:
-            from trial_runner.verl.logs import classify_exit
+            from mart.trial_runner.verl.logs import classify_exit
 
             outcome = classify_exit(0, "", last, handle.extra.get("steps") if last is not None else None)
             final, reason = outcome.status, outcome.reason
         elif status == JobStatus.STOPPED:
             final, reason = TrialStatus.STOPPED, handle.extra.get("stop_reason") or (info.message or "job stopped")
         else:  # FAILED
-            from trial_runner.verl.logs import classify_exit
+            from mart.trial_runner.verl.logs import classify_exit
 
             rc = getattr(info, "driver_exit_code", None)
             outcome = classify_exit(rc if rc is not None else 1, log_text, last, handle.extra.get("steps"))

@@ -5,16 +5,16 @@ exhaustive search), ``runner`` plays a trial into its directory as simulated tim
 wraps both as a mart ``Backend``. Assumptions and sources: ``docs/sim.md``.
 """
 
-from trial_runner.sim.backend import SimBackend, nominal_step_seconds
-from trial_runner.sim.model import (
+from mart.trial_runner.sim.backend import SimBackend, nominal_step_seconds
+from mart.trial_runner.sim.model import (
     base_config,
     expected_throughput,
     ground_truth,
     ground_truth_learning,
     simulate,
 )
-from trial_runner.sim.runner import SimRunner, sim_usage
-from trial_runner.sim.scenarios import SCENARIOS, Scenario, get_scenario
+from mart.trial_runner.sim.runner import SimRunner, sim_usage
+from mart.trial_runner.sim.scenarios import SCENARIOS, Scenario, get_scenario
 
 __all__ = [
     "SCENARIOS",

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from state.search_space import SearchSpace
-from trial_runner.base import Backend
-from trial_runner.sim import model
-from trial_runner.sim.runner import SimRunner
-from trial_runner.sim.scenarios import SCENARIOS, get_scenario
+from mart.state.search_space import SearchSpace
+from mart.trial_runner.base import Backend
+from mart.trial_runner.sim import model
+from mart.trial_runner.sim.runner import SimRunner
+from mart.trial_runner.sim.scenarios import SCENARIOS, get_scenario
 
 #: wall seconds one baseline step takes under the default time scale
 DEFAULT_WALL_S_PER_STEP = 0.04
@@ -41,7 +41,7 @@ class SimBackend(Backend):
         ray_address: accepted for CLI symmetry and ignored.
 
     Example:
-        >>> from trial_runner.registry import load_backend
+        >>> from mart.trial_runner.registry import load_backend
         >>> backend = load_backend("sim", scenario="qwen3-0.6b-1x8", seed=1)
         >>> backend.memory_capacity_gb()
         80.0

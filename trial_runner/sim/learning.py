@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from trial_runner.sim.scenarios import Scenario
+from mart.trial_runner.sim.scenarios import Scenario
 
 ARR = "actor_rollout_ref"
 A, R = f"{ARR}.actor.", f"{ARR}.rollout."

@@ -4,7 +4,7 @@
 seconds, ending ``completed``, ``oom`` (a phase's memory passes the GPU's capacity) or ``failed`` (a
 config verl refuses). ``ground_truth`` finds the best stage-1 config of a discretised system space by
 exhaustive evaluation; ``ground_truth_learning`` does the same for the stage-2 knobs. No I/O here: the
-runner (``trial_runner.sim.runner``) turns a ``SimResult`` into files as simulated time passes.
+runner (``mart.trial_runner.sim.runner``) turns a ``SimResult`` into files as simulated time passes.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from state.search_space import SearchSpace
-from trial_runner.sim import learning as L
-from trial_runner.sim import system as S
-from trial_runner.sim.scenarios import Scenario, get_scenario
+from mart.state.search_space import SearchSpace
+from mart.trial_runner.sim import learning as L
+from mart.trial_runner.sim import system as S
+from mart.trial_runner.sim.scenarios import Scenario, get_scenario
 
 VAL_KEY = "val-core/math/reward/mean@1"
 TIMING_NOISE = 0.02  # lognormal sigma of every phase time (run-to-run jitter)
@@ -31,7 +30,7 @@ WARMUP_SLOWDOWN = {1: 1.25, 2: 1.05}  # allocator/graph warm-up of the first ste
 
 
 def search_space() -> SearchSpace:
-    from state.spaces.verl import SEARCH_SPACE
+    from mart.state.spaces.verl import SEARCH_SPACE
 
     return SEARCH_SPACE
 
@@ -350,7 +349,7 @@ def _valid_mask(grid: dict[str, np.ndarray], keys: list[str], cfg0: dict[str, An
 
 def window_workloads(sc: Scenario, config: dict[str, Any], horizon: int) -> list[S.StepWorkload]:
     """Noise-free workloads of the throughput window's steps (updates 3-5)."""
-    from state.objectives import throughput_window
+    from mart.state.objectives import throughput_window
 
     first, last = throughput_window(horizon)
     lk = L.LearningKnobs.from_config(config, sc)

@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from state.models import TrialStatus
-from trial_runner.base import (
+from mart.state.models import TrialStatus
+from mart.trial_runner.base import (
     LOG_FILE,
     METRICS_FILE,
     TrialHandle,
@@ -40,8 +40,8 @@ from trial_runner.base import (
     read_status,
     write_status,
 )
-from trial_runner.metrics import write_record
-from trial_runner.sim import model
+from mart.trial_runner.metrics import write_record
+from mart.trial_runner.sim import model
 
 META_FILE = "sim_trial.json"
 PLAN_FILE = "sim_plan.json"

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from trial_runner.sim.scenarios import GIB, Scenario
+from mart.trial_runner.sim.scenarios import GIB, Scenario
 
 ARR = "actor_rollout_ref"
 R, A, REF, M = f"{ARR}.rollout.", f"{ARR}.actor.", f"{ARR}.ref.", f"{ARR}.model."

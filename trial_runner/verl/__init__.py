@@ -5,7 +5,7 @@ Hydra argv, base-config files), ``logs`` (console metrics, failure causes), ``pr
 compose + validate_config, in a child process), ``supervise`` (exit-code recorder of a trial process).
 """
 
-from trial_runner.verl.backend import GRPO_BASE, VerlBackend
-from trial_runner.verl.runner import VerlRunner, WatchdogConfig
+from mart.trial_runner.verl.backend import GRPO_BASE, VerlBackend
+from mart.trial_runner.verl.runner import VerlRunner, WatchdogConfig
 
 __all__ = ["GRPO_BASE", "VerlBackend", "VerlRunner", "WatchdogConfig"]

@@ -4,7 +4,7 @@
     mart tune  --backend verl --base-config my_verl.yaml [--verl-entrypoint "bash my_wrapper.sh"]
                [--ray-address http://HEAD:8265]
 
-The base config is the user's data, model and cluster shape (see ``trial_runner.verl.overrides`` for the
+The base config is the user's data, model and cluster shape (see ``mart.trial_runner.verl.overrides`` for the
 accepted file forms); the candidate's knobs are applied over it.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from state.models import config_hash
-from state.search_space import ConfigError, SearchSpace
-from state.spaces.verl import SEARCH_SPACE
-from trial_runner.base import Backend, TrialRunner
-from trial_runner.verl.overrides import load_base_config
-from trial_runner.verl.prevalidate import validate_many, verl_available
-from trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
+from mart.state.models import config_hash
+from mart.state.search_space import ConfigError, SearchSpace
+from mart.state.spaces.verl import SEARCH_SPACE
+from mart.trial_runner.base import Backend, TrialRunner
+from mart.trial_runner.verl.overrides import load_base_config
+from mart.trial_runner.verl.prevalidate import validate_many, verl_available
+from mart.trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
 
 #: mart tunes GRPO: these hold unless the user's base config says otherwise (rollout.n = verl's GRPO example).
 GRPO_BASE: dict[str, Any] = {
@@ -78,7 +78,7 @@ class VerlBackend(Backend):
 
     def _probe(self) -> list:
         if self._gpus is None:
-            from trial_runner.gpu import probe
+            from mart.trial_runner.gpu import probe
 
             self._gpus = probe()
         return self._gpus
@@ -136,7 +136,7 @@ class VerlBackend(Backend):
     def make_runner(self) -> TrialRunner:
         runner = self._runner()
         if self.ray_address:
-            from trial_runner.ray.runner import RayJobRunner
+            from mart.trial_runner.ray.runner import RayJobRunner
 
             return RayJobRunner(self.ray_address, runner)
         return runner
@@ -144,7 +144,7 @@ class VerlBackend(Backend):
     def memory_capacity_gb(self) -> float | None:
         """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value."""
         if self.ray_address is None:
-            from trial_runner.gpu import memory_capacity_gb
+            from mart.trial_runner.gpu import memory_capacity_gb
 
             cap = memory_capacity_gb(self._probe())
             if cap is not None:

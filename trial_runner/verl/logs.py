@@ -13,8 +13,8 @@ import re
 import signal
 from dataclasses import dataclass
 
-from state.models import TrialStatus
-from trial_runner.metrics import MetricsTail, StepRecord, parse_line
+from mart.state.models import TrialStatus
+from mart.trial_runner.metrics import MetricsTail, StepRecord, parse_line
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_PREFIX_RE = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")

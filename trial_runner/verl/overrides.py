@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from state.search_space import ConfigError
+from mart.state.search_space import ConfigError
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*(\.[A-Za-z0-9_@\-]+)*$")
 _BARE_RE = re.compile(r"^[A-Za-z0-9_./@\-][A-Za-z0-9_./@+\-]*$")
@@ -73,7 +73,7 @@ def yaml_keys() -> tuple[frozenset[str], tuple[str, ...]]:
     Read from the installed verl's ``_generated_ppo_trainer.yaml`` when verl is importable; else the list
     shipped with mart (verl 0.9.0).
     """
-    from trial_runner.verl._yaml_keys import OPEN_MAPPINGS, YAML_KEYS
+    from mart.trial_runner.verl._yaml_keys import OPEN_MAPPINGS, YAML_KEYS
 
     try:
         import importlib.util

@@ -5,7 +5,7 @@ Composes each candidate through verl's Hydra config (``ppo_trainer``) and runs v
 whatever verl does (``sys.exit``, asserts, imports that touch CUDA, prints) never reaches the tuner; one
 child validates a whole batch of candidates (importing verl takes ~4 s).
 
-    python -m trial_runner.verl.prevalidate --out RESULT.json < CANDIDATES.json
+    python -m mart.trial_runner.verl.prevalidate --out RESULT.json < CANDIDATES.json
 
 reads a JSON list of override lists and writes a JSON list of error lists (``[]`` = valid).
 """
@@ -82,10 +82,8 @@ def validate_many(override_lists: list[list[str]], timeout_s: float = 300.0) -> 
         out = Path(tmp) / "result.json"
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("MART_PREVALIDATE_CUDA", ""),
                "PYTHONWARNINGS": "ignore"}
-        pythonpath = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.run(
-            [sys.executable, "-m", "trial_runner.verl.prevalidate", "--out", str(out)],
+            [sys.executable, "-m", "mart.trial_runner.verl.prevalidate", "--out", str(out)],
             input=json.dumps(override_lists), text=True, capture_output=True, timeout=timeout_s, env=env, cwd=tmp,
             check=False,
         )
@@ -100,7 +98,7 @@ def validate_many(override_lists: list[list[str]], timeout_s: float = 300.0) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trial_runner.verl.prevalidate")
+    parser = argparse.ArgumentParser(prog="python -m mart.trial_runner.verl.prevalidate")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     override_lists = json.loads(sys.stdin.read() or "[]")

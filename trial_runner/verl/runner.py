@@ -5,7 +5,7 @@ Per trial directory ``D`` and attempt ``k`` (1, 2, ... for relaunches of the sam
     D/attempt-k/metrics.jsonl   VERL_FILE_LOGGER_PATH (verl truncates it on open: one file per attempt)
     D/metrics.jsonl             symlink to the current attempt's file (the generic trial-dir contract)
     D/attempt-k/launch.json     argv and environment additions of the attempt
-    D/attempt-k/exit.json       exit code, written by ``trial_runner.verl.supervise``
+    D/attempt-k/exit.json       exit code, written by ``mart.trial_runner.verl.supervise``
     D/attempt-k/gpu_peaks.json  peak GPU memory sampled over the run (NVML; only with GPUs)
     D/attempt-k/hydra/          Hydra's run dir (``hydra.run.dir``)
     D/checkpoints/              ``trainer.default_local_dir`` unless the config sets one
@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-from state.models import TrialStatus
-from state.search_space import ConfigError
-from trial_runner.base import (
+from mart.state.models import TrialStatus
+from mart.state.search_space import ConfigError
+from mart.trial_runner.base import (
     LOG_FILE,
     METRICS_FILE,
     TrialHandle,
@@ -45,9 +44,9 @@ from trial_runner.base import (
     read_status,
     write_status,
 )
-from trial_runner.metrics import StepRecord
-from trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
-from trial_runner.verl.overrides import build_overrides, check_key, override
+from mart.trial_runner.metrics import StepRecord
+from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
+from mart.trial_runner.verl.overrides import build_overrides, check_key, override
 
 DEFAULT_ENTRYPOINT = ("python", "-m", "verl.trainer.main_ppo")
 
@@ -293,7 +292,7 @@ class VerlRunner(TrialRunner):
     def _check_gpus_free(self) -> None:
         if self.gpu_free_threshold_gb is None:
             return
-        from trial_runner.gpu import gpu_processes, wait_gpu_memory_free
+        from mart.trial_runner.gpu import gpu_processes, wait_gpu_memory_free
 
         if not wait_gpu_memory_free(self.gpu_free_threshold_gb, self.gpu_free_timeout_s):
             raise RuntimeError(
@@ -338,7 +337,7 @@ class VerlRunner(TrialRunner):
         launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "at": time.time()}
         (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
         (trial_dir / "status.json").unlink(missing_ok=True)
-        sup = [sys.executable, "-m", "trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
+        sup = [sys.executable, "-m", "mart.trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
         if self.sample_gpu:
             sup += ["--gpu-peaks-file", str(adir / "gpu_peaks.json")]
         log_path = trial_dir / LOG_FILE
@@ -347,8 +346,6 @@ class VerlRunner(TrialRunner):
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
             env = {**os.environ, **env_add}
-            pythonpath = str(Path(__file__).resolve().parents[2])  # so the supervisor imports from any cwd
-            env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             proc = subprocess.Popen(sup + ["--"] + argv, cwd=trial_dir, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -1,6 +1,6 @@
 """A thin parent for a trial's process: records its exit code (and sampled GPU memory peaks) in files.
 
-``python -m trial_runner.verl.supervise --exit-file F [--gpu-peaks-file G] -- CMD ARGS...``
+``python -m mart.trial_runner.verl.supervise --exit-file F [--gpu-peaks-file G] -- CMD ARGS...``
 
 The runner starts this as the leader of a new process group; the command inherits the group, the working
 directory, the environment and the output. The tuner can crash and come back: the exit code is then read
@@ -27,7 +27,7 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trial_runner.verl.supervise")
+    parser = argparse.ArgumentParser(prog="python -m mart.trial_runner.verl.supervise")
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--gpu-peaks-file", default=None)
     parser.add_argument("--sample-s", type=float, default=1.0)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler = None
     if args.gpu_peaks_file:
-        from trial_runner.gpu import PeakSampler
+        from mart.trial_runner.gpu import PeakSampler
 
         sampler = PeakSampler(args.sample_s).start()
     rc = proc.wait()

@@ -1,0 +1,107 @@
+"""Detached pauses through the real CLI: `mart tune --approve none` exits at the first review, the run
+is answered later by `mart review` (flags or the terminal), one review at a time, nothing repeated.
+
+The steps that show a process exiting and another one continuing the run are separate processes
+(``mart`` = ``python -m mart.graph.cli``); the rest call the same typer app in-process (each fresh
+interpreter costs seconds of imports on a loaded 2-core machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from mart.state.ledger import Ledger
+from mart.state.run_store import RunStore
+
+from tests.support.paths import REPO as REPO_ROOT
+from tests.support.toy_backend import CKPT, MB
+
+REPO = REPO_ROOT
+TOY = "tests.support.toy_backend:make_backend"
+
+
+def mart(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "mart.graph.cli", *args], cwd=REPO, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def cli(*args: str, stdin: str | None = None):
+    """The same command line, in this process."""
+    from mart.graph.cli import app
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, list(args), input=stdin)
+
+
+def ok_json(out):
+    code = getattr(out, "returncode", getattr(out, "exit_code", None))
+    assert code == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_detached_run_is_answered_review_by_review(tmp_path):
+    runs = str(tmp_path)
+    first = ok_json(mart("tune", "--backend", TOY, "--approve", "none", "--runs-dir", runs, "--system-trials", "4",
+                         "--learning-trials", "0", "--system-horizon", "3", "--json"))
+    run = first["run_id"]
+    assert first["status"] == "paused" and first["pending_review"]["review_no"] == 1
+    store = RunStore.open(run, runs)
+    assert store.lock_holder() is None  # the tuner exited: nothing holds the run, nothing spins
+    assert [t["kind"] for t in Ledger.open(store.run_dir).trials()] == ["baseline"]
+
+    listing = ok_json(mart("status", "--runs-dir", runs, "--pending", "--json"))  # another process sees the pause
+    assert [(i["run_id"], i["status"], i["waiting_for"]) for i in listing] == [(run, "paused", "review")]
+    assert listing[0]["pending_review"]["interrupt_id"] == first["pending_review"]["interrupt_id"]
+    table = cli("status", "--runs-dir", runs)
+    assert table.exit_code == 0 and f"mart review {run}" in table.stdout
+
+    # approve from a script: the same run continues to the next review, then exits again
+    second = ok_json(mart("review", run, "--runs-dir", runs, "--approve", "--detach", "--json", "-q"))
+    assert second["status"] == "paused" and second["pending_review"]["review_no"] == 2
+    trials = Ledger.open(store.run_dir).trials()
+    assert [t["kind"] for t in trials] == ["baseline", "candidate"]  # the baseline did not run again
+    assert trials[1]["candidate_id"] == first["pending_review"]["candidate_id"]
+
+    # an invalid edit is refused and changes nothing
+    bad = cli("review", run, "--runs-dir", runs, "--edit", f"{MB}=10000", "--detach")
+    assert bad.exit_code == 2 and "must lie in" in bad.stderr
+    info = ok_json(cli("status", run, "--runs-dir", runs, "--json"))
+    assert info["pending_review"]["interrupt_id"] == second["pending_review"]["interrupt_id"]
+    assert info["status"] == "paused" and info["driver_pid"] is None
+
+    # reject from the terminal (no flags): the proposer gets the feedback, no trial runs
+    third = ok_json(mart("review", run, "--runs-dir", runs, "--detach", "--json", "--reviewer", "ann",
+                         stdin="r\nkeep the micro batch as it is\n"))
+    assert third["pending_review"]["review_no"] == 3
+    assert third["pending_review"]["candidate_id"] != second["pending_review"]["candidate_id"]
+    assert len(Ledger.open(store.run_dir).trials()) == 2
+
+    # a valid edit runs the edited config
+    fourth = ok_json(cli("review", run, "--runs-dir", runs, "--edit", f"{CKPT}=false", "--detach", "--json", "-q"))
+    assert fourth["pending_review"]["review_no"] == 4
+    ledger = Ledger.open(store.run_dir)
+    trials = ledger.trials()
+    assert len(trials) == 3 and trials[-1]["config"][CKPT] is False
+    reviews = ledger.table_rows("reviews")
+    assert [(r["action"], r["channel"]) for r in reviews] == [("approve", "cli"), ("reject", "tty"), ("edit", "cli")]
+    assert reviews[1]["reviewer"] == "ann" and reviews[1]["feedback"] == "keep the micro batch as it is"
+    # nothing repeated: each trial and each approved candidate once
+    ids = [t["trial_id"] for t in trials]
+    cids = [t["candidate_id"] for t in trials if t["candidate_id"]]
+    assert len(ids) == len(set(ids)) and len(cids) == len(set(cids))
+
+    # the terminal may also decide later: EOF at the prompt leaves the run paused
+    later = ok_json(cli("review", run, "--runs-dir", runs, "--json", stdin=""))
+    assert later["status"] == "paused" and later["pending_review"]["review_no"] == 4
+
+    # --detach on any channel behaves like --approve none
+    other = ok_json(cli("tune", "--backend", TOY, "--approve", "tty", "--detach", "--runs-dir", runs, "--json",
+                        "-q", "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "2"))
+    assert other["status"] == "paused"
+    assert ok_json(cli("review", other["run_id"], "--runs-dir", runs, "--approve", "--json", "-q"))["status"] == "completed"
+    done = cli("review", other["run_id"], "--runs-dir", runs, "--approve")
+    assert done.exit_code == 2 and "completed" in done.stderr

@@ -1,0 +1,78 @@
+"""The notebook API (mart.graph.api): a run's compiled graph and config, `graph.invoke(Command(resume=...))`,
+the writer lock, and time travel (re-deciding a past review on a fork)."""
+
+from __future__ import annotations
+
+import pytest
+from langgraph.types import Command
+from mart.graph.api import open_run
+from mart.graph.session import resume, run_status, tune
+from mart.state.ledger import Ledger
+from mart.state.models import ReviewDecision
+from mart.state.run_store import RunLocked, RunStore
+from pydantic import ValidationError
+
+from tests.graph.test_graph_session import options
+from tests.support.toy_backend import SEQS
+
+
+@pytest.fixture
+def paused(tmp_path):
+    return tune(options(tmp_path, approve="none", system_trials=4, learning_trials=0))
+
+
+def test_invoke_resume_with_and_without_context(tmp_path, paused):
+    run = paused["run_id"]
+    with open_run(run, tmp_path) as h:
+        req = h.pending_review()
+        assert req["interrupt_id"] == paused["pending_review"]["interrupt_id"]
+        # one writer: the handle holds the run
+        with pytest.raises(RunLocked):
+            resume(run, tmp_path, quiet=True)
+        assert run_status(h.store)["driver_pid"] is not None
+        # a malformed answer is refused by the interrupt's response schema; the review stays open
+        with pytest.raises(ValidationError):
+            h.graph.invoke(Command(resume={"action": "maybe"}), h.config, context=h.context)
+        assert h.pending_review()["interrupt_id"] == req["interrupt_id"]
+        out = h.graph.invoke(Command(resume=ReviewDecision(action="approve", reviewer="nb", channel="notebook")),
+                             h.config, context=h.context)
+        assert out["__interrupt__"][0].value["review_no"] == 2
+        # context is optional: the nodes build their services from the state's options
+        h.graph.invoke(Command(resume={"action": "approve", "reviewer": "nb"}), h.config)
+        assert h.pending_review()["review_no"] == 3
+        assert [r["reviewer"] for r in Ledger.open(h.store.run_dir).table_rows("reviews")] == ["nb", "nb"]
+        assert len(Ledger.open(h.store.run_dir).trials()) == 3
+    # closed: the run is free again, and any channel can answer it
+    assert RunStore.open(run, tmp_path).lock_holder() is None
+    assert resume(run, tmp_path, quiet=True)["status"] == "paused"
+
+
+def test_time_travel_redecides_a_past_review_on_a_fork(tmp_path, paused):
+    run = paused["run_id"]
+    first = paused["pending_review"]
+    with open_run(run, tmp_path) as h:
+        h.decide({"action": "approve", "reviewer": "ann"})  # review 1 approved: a trial ran
+        assert h.pending_review()["review_no"] == 2
+
+        # the documented recipe, with plain LangGraph calls
+        past = next(s for s in h.graph.get_state_history(h.config)
+                    if s.next == ("human_review",) and s.values.get("reviews") == 0)
+        assert past.interrupts[0].value["candidate_id"] == first["candidate_id"]
+        h.graph.update_state(past.config, None, as_node="__copy__")  # fork: a new head, no stored answer
+        again = h.graph.invoke(None, h.config, context=h.context)["__interrupt__"][0].value
+        assert (again["review_no"], again["candidate_id"]) == (1, first["candidate_id"])
+        feedback = "leave max_num_seqs alone"
+        h.graph.invoke(Command(resume={"action": "reject", "feedback": feedback, "reviewer": "ann"}), h.config,
+                       context=h.context)
+        now = h.pending_review()
+        assert now["review_no"] == 2 and now["candidate_id"] != first["candidate_id"]
+        assert SEQS not in {d["key"] for d in now["diff"]}
+        assert h.state().values["trials_done"] == {"system": 1}  # this branch ran no candidate yet
+        history = list(h.graph.get_state_history(h.config))
+        assert any(s.metadata.get("source") == "fork" for s in history)
+
+        # the helpers do the same
+        assert [s.values["reviews"] for s in h.past_reviews()][-1] == 0
+        oldest = list(h.past_reviews())[-1]
+        assert h.fork(oldest)["candidate_id"] == first["candidate_id"]
+        assert h.decide(ReviewDecision(action="approve", reviewer="ann"))["review_no"] == 2

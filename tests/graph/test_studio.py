@@ -1,0 +1,124 @@
+"""LangGraph Studio: `langgraph dev` with the project's langgraph.json, driven through langgraph_sdk.
+
+The server runs from a scratch directory that links to the project's files (its own `.langgraph_api/`
+store lands there, not in the repository), on 127.0.0.1 and a free port, and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+for _module, _why in (("langgraph_cli", "langgraph-cli is not installed (pip install 'mart[studio]')"),
+                      ("langgraph_runtime_inmem", "`langgraph dev` needs langgraph-cli[inmem]"),
+                      ("langgraph_sdk", "langgraph-sdk is not installed")):
+    # find_spec, not import: importing the in-memory runtime creates .langgraph_api/ in the cwd
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(_why, allow_module_level=True)
+
+from langgraph_sdk import get_sync_client
+from mart.graph.builder import compile_graph
+from mart.state.ledger import Ledger
+
+from tests.support.paths import REPO as REPO_ROOT
+
+REPO = REPO_ROOT
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def studio(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for entry in REPO.iterdir():
+        if not entry.name.startswith(".") and entry.name not in ("runs", "langgraph.json"):
+            (proj / entry.name).symlink_to(entry)
+    # a copy, not a link: `langgraph dev` works in the directory of the resolved config file
+    (proj / "langgraph.json").write_bytes((REPO / "langgraph.json").read_bytes())
+    port = free_port()
+    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false", "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "langgraph-dev.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "langgraph_cli", "dev", "--host", "127.0.0.1", "--port",
+                                 str(port), "--no-browser", "--no-reload", "--config", "langgraph.json"],
+                                cwd=proj, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/ok", timeout=1) as r:
+                    if json.loads(r.read()).get("ok"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("langgraph dev did not start:\n" + (tmp_path / "langgraph-dev.log").read_text()[-3000:])
+            time.sleep(0.25)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's process group, by its PID
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def test_studio_runs_the_graph_to_the_review_and_resumes(studio, tmp_path):
+    url, proc = studio
+    client = get_sync_client(url=url)
+    [assistant] = client.assistants.search(graph_id="mart")
+    # the same graph as the CLI's, and a usable input schema
+    nodes = {n["id"] for n in client.assistants.get_graph(assistant["assistant_id"])["nodes"]}
+    assert nodes == set(compile_graph().get_graph().nodes)
+    schemas = client.assistants.get_schemas(assistant["assistant_id"])
+    assert "options" in schemas["input_schema"]["properties"]
+
+    runs = tmp_path / "runs"
+    options = {"backend": "tests.support.toy_backend:make_backend", "runs_dir": str(runs), "system_trials": 3,
+               "learning_trials": 0, "system_horizon": 3, "watch_interval_s": 0.01, "quiet": True}
+    thread = client.threads.create()
+    tid = thread["thread_id"]
+    client.runs.wait(tid, assistant["assistant_id"], input={"options": options})
+    state = client.threads.get_state(tid)
+    assert state["next"] == ["human_review"]
+    [intr] = state["interrupts"]
+    request = intr["value"]
+    assert request["kind"] == "mart_review" and request["review_no"] == 1
+    run_dir = Path(state["values"]["run_dir"])
+    assert run_dir.parent == runs and run_dir.name == f"studio-{tid}"
+    assert [t["kind"] for t in Ledger.open(run_dir).trials()] == ["baseline"]
+
+    # a malformed answer is refused: the thread stays at the same review
+    client.runs.wait(tid, assistant["assistant_id"], command={"resume": {"action": "maybe"}}, raise_error=False)
+    state = client.threads.get_state(tid)
+    assert state["next"] == ["human_review"] and len(Ledger.open(run_dir).trials()) == 1
+
+    # Studio answers the interrupt itself; the graph moves on and a trial runs
+    client.runs.wait(tid, assistant["assistant_id"],
+                     command={"resume": {"action": "approve", "reviewer": "studio-user", "channel": "studio"}})
+    state = client.threads.get_state(tid)
+    trials = Ledger.open(run_dir).trials()
+    assert len(trials) == 2 and trials[1]["candidate_id"] == request["candidate_id"]
+    [review] = Ledger.open(run_dir).table_rows("reviews")
+    assert (review["action"], review["reviewer"], review["channel"]) == ("approve", "studio-user", "studio")
+    assert state["next"] == ["human_review"] and state["interrupts"][0]["value"]["review_no"] == 2
+    assert state["interrupts"][0]["id"] != intr["id"]
+    assert proc.poll() is None

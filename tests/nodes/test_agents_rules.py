@@ -1,0 +1,111 @@
+"""The rules strategy: proposals follow the profile and feedback; the critic enforces the margin."""
+
+from __future__ import annotations
+
+from mart.nodes.agents.base import AgentContext
+from mart.nodes.agents.feedback import parse_feedback
+from mart.nodes.agents.memory_model import MemoryModel
+from mart.nodes.agents.rules import RulesCritic, RulesProposer
+from mart.state.models import Candidate, PhaseProfile, Profile, TrialRecord, TrialStatus, config_hash
+
+from tests.support.toy_backend import CKPT, LR, MB, SEQS, SPACE
+
+
+def profile(bottleneck: str, headroom: float = 2.0) -> Profile:
+    shares = {"gen": 0.1, "update_actor": 0.1, bottleneck: 0.8}
+    return Profile(trial_id="b", stage="system", throughput=100, step_time_s=1,
+                   phases=[PhaseProfile(name=k, mean_s=v, share=v) for k, v in shares.items()],
+                   bottleneck=bottleneck, peak_memory_gb=1.0, memory_limit_gb=1.0 + headroom,
+                   memory_headroom_gb=headroom)
+
+
+def ctx(stage="system", prof=None, history=(), feedback=(), limit=3.0, predict=None) -> AgentContext:
+    return AgentContext(stage=stage, objective="x", search_space=SPACE, base_config=SPACE.defaults(),
+                        best_overrides={}, profile=prof, history=list(history), feedback=list(feedback),
+                        memory_limit_gb=limit, predict_memory=predict or (lambda c: None), num_candidates=3)
+
+
+def test_generation_bound_profile_leads_with_rollout_concurrency():
+    cands = RulesProposer().propose(ctx(prof=profile("gen")))
+    assert cands[0].overrides == {SEQS: 16}
+    assert "gen takes 80%" in cands[0].rationale
+    cands = RulesProposer().propose(ctx(prof=profile("update_actor")))
+    assert set(cands[0].overrides) <= {MB, CKPT}
+
+
+def test_proposals_skip_tried_configs_and_are_deterministic():
+    base = SPACE.defaults()
+    tried = TrialRecord(trial_id="t1", stage="system", config={**base, SEQS: 16}, status=TrialStatus.COMPLETED,
+                        throughput=1.0)
+    a = RulesProposer().propose(ctx(prof=profile("gen"), history=[tried]))
+    b = RulesProposer().propose(ctx(prof=profile("gen"), history=[tried]))
+    assert [c.overrides for c in a] == [c.overrides for c in b]
+    assert {SEQS: 16} not in [c.overrides for c in a]
+
+
+def test_feedback_is_followed():
+    c = ctx(prof=profile("gen"), feedback=["keep max_num_seqs as it is, and lower the micro batch"])
+    for cand in RulesProposer().propose(c):
+        assert SEQS not in cand.overrides
+        if MB in cand.overrides:
+            assert cand.overrides[MB] < SPACE[MB].default
+    fb = parse_feedback(["too risky for memory"], SPACE)
+    assert fb.prefer_low_memory
+
+
+def test_critic_rejects_over_margin_duplicates_and_constraint_breaks():
+    base = SPACE.defaults()
+    hist = [TrialRecord(trial_id="t", stage="system", config={**base, SEQS: 16}, status=TrialStatus.COMPLETED)]
+    predict = lambda c: 1.0 + 0.1 * c[MB]  # noqa: E731
+    cands = [
+        Candidate(candidate_id="big", stage="system", overrides={MB: 64, SEQS: 64}, expected_gain=1.0),
+        Candidate(candidate_id="dup", stage="system", overrides={SEQS: 16}, expected_gain=1.0),
+        Candidate(candidate_id="bad", stage="system", overrides={MB: 16, SEQS: 4}, expected_gain=1.0),
+        Candidate(candidate_id="ok", stage="system", overrides={MB: 4}, expected_gain=0.2),
+    ]
+    verdict = RulesCritic().critique(ctx(history=hist, predict=predict, limit=3.0), cands)
+    by = {c.candidate_id: c for c in verdict.critiques}
+    assert verdict.pick == "ok"
+    assert "exceeds the limit" in by["big"].reasons[0]
+    assert "duplicate" in by["dup"].reasons[0]
+    assert "mb_le_seqs" in " ".join(by["bad"].reasons)
+    none = RulesCritic().critique(ctx(history=hist, predict=predict), cands[:2])
+    assert none.pick is None and "big" in none.feedback
+
+
+def test_learning_stage_reacts_to_instability():
+    hist = [TrialRecord(trial_id="l1", stage="learning", kind="baseline", config=SPACE.defaults(),
+                        status=TrialStatus.COMPLETED, score=0.5)]
+    from mart.state.models import HealthEvent
+
+    c = ctx(stage="learning", history=hist)
+    c.health_events = [HealthEvent(trial_id="l1", step=5, rule="grad_norm_explosion", severity="stop", message="x")]
+    first = RulesProposer().propose(c)[0]
+    assert first.overrides[LR] < SPACE[LR].default
+    calm = RulesProposer().propose(ctx(stage="learning", history=hist))[0]
+    assert calm.overrides.get(LR, 0) > SPACE[LR].default
+
+
+def test_memory_model_learns_from_single_knob_pairs():
+    base = SPACE.defaults()
+    hist = [
+        TrialRecord(trial_id="a", stage="system", config={**base, MB: 2}, peak_memory_gb=1.0),
+        TrialRecord(trial_id="b", stage="system", config={**base, MB: 8}, peak_memory_gb=4.0),
+    ]
+    m = MemoryModel.fit(hist, [p.key for p in SPACE.params])
+    assert abs(m.learned[MB] - 1.0) < 1e-9  # peak proportional to MB in these two trials
+    assert abs(m.predict({**base, MB: 16}) - 8.0) < 1e-6
+    oom = TrialRecord(trial_id="c", stage="system", config={**base, SEQS: 256}, status=TrialStatus.OOM)
+    m2 = MemoryModel.fit([oom], [p.key for p in SPACE.params], capacity_gb=5.0)
+    assert m2.predict({**base, SEQS: 256}) >= 5.0
+    assert config_hash({"a": 1}) == config_hash({"a": 1})
+
+
+def test_critic_uses_the_backends_own_validation():
+    c = ctx()
+    c.validate_config = lambda full: ["verl: real_train_batch_size must be divisible"] if full[MB] == 4 else []
+    cands = [Candidate(candidate_id="a", stage="system", overrides={MB: 4}, expected_gain=1.0),
+             Candidate(candidate_id="b", stage="system", overrides={MB: 8}, expected_gain=0.5)]
+    verdict = RulesCritic().critique(c, cands)
+    assert verdict.pick == "b"
+    assert "divisible" in verdict.critiques[0].reasons[0]

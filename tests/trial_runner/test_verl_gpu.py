@@ -1,0 +1,66 @@
+"""The NVML probe: the no-GPU path here, and the arithmetic with a fake NVML module."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import types
+
+import pytest
+from mart.trial_runner import gpu
+
+
+def _fake_nvml(used_gb: list[float], total_gb: float = 80.0) -> types.ModuleType:
+    state = {"used": list(used_gb)}
+    m = types.ModuleType("pynvml")
+    m.nvmlInit = lambda: None
+    m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetCount = lambda: len(state["used"])
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetName = lambda h: b"NVIDIA H200"
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        total=int(total_gb * gpu.GIB), used=int(state["used"][h] * gpu.GIB),
+        free=int((total_gb - state["used"][h]) * gpu.GIB))
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=100 + h, usedGpuMemory=gpu.GIB)]
+    m.state = state
+    return m
+
+
+def test_no_gpu_path_is_quiet(monkeypatch):
+    monkeypatch.setattr(gpu, "_nvml", lambda: contextlib.nullcontext(None))
+    assert gpu.probe() == []
+    assert gpu.memory_capacity_gb() is None
+    assert gpu.wait_gpu_memory_free(0.0, timeout_s=0.1) is True
+    with gpu.PeakSampler(0.01) as s:
+        time.sleep(0.05)
+    assert s.peaks_gb == {} and s.max_peak_gb is None
+    assert gpu.gpu_processes() == []
+
+
+def test_probe_on_this_machine_never_raises():
+    gpus = gpu.probe()
+    assert isinstance(gpus, list)
+    for g in gpus:
+        assert g.total_gb > 0 and 0 <= g.used_gb <= g.total_gb
+
+
+def test_probe_capacity_peaks_and_wait_with_fake_nvml(monkeypatch):
+    fake = _fake_nvml([10.0, 30.0], total_gb=141.0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus = gpu.probe()
+    assert [g.name for g in gpus] == ["NVIDIA H200", "NVIDIA H200"]
+    assert gpus[1].used_gb == pytest.approx(30.0) and gpus[1].free_gb == pytest.approx(111.0)
+    assert gpu.memory_capacity_gb() == pytest.approx(141.0)
+    s = gpu.PeakSampler(0.01).start()
+    time.sleep(0.05)
+    fake.state["used"] = [50.0, 20.0]
+    time.sleep(0.05)
+    fake.state["used"] = [5.0, 5.0]
+    time.sleep(0.05)
+    peaks = s.stop()
+    assert peaks[0] == pytest.approx(50.0) and peaks[1] == pytest.approx(30.0)
+    assert gpu.wait_gpu_memory_free(6.0, timeout_s=0.2, poll_s=0.05) is True
+    assert gpu.wait_gpu_memory_free(1.0, timeout_s=0.2, poll_s=0.05) is False
+    assert gpu.gpu_processes()[0]["pid"] == 100

@@ -1,0 +1,101 @@
+"""verl console lines as a metric source, and failure classification from exit codes and logs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from mart.state.models import TrialStatus
+from mart.state.objectives import peak_memory_gb
+from mart.trial_runner.metrics import StepRecord
+from mart.trial_runner.verl.logs import (
+    ConsoleMetricsTail,
+    FallbackMetricsTail,
+    classify_exit,
+    find_oom,
+    parse_console_line,
+)
+
+
+def test_console_line_with_numpy_reprs_and_ray_prefix():
+    line = ("\x1b[36m(TaskRunnerV1 pid=4242, ip=10.0.0.3)\x1b[0m step:7 - actor/pg_loss:np.float64(-0.0125) - "
+            "perf/throughput:np.float64(1534.2) - training/global_step:np.int64(7) - actor/grad_norm:nan - "
+            "actor/entropy:np.float32(nan) - note:some text - val-core/openai/gsm8k/reward/mean@1:0.61")
+    rec = parse_console_line(line)
+    assert rec.step == 7
+    assert rec.data["actor/pg_loss"] == -0.0125 and rec.data["perf/throughput"] == 1534.2
+    assert rec.data["training/global_step"] == 7.0
+    assert math.isnan(rec.data["actor/grad_norm"]) and math.isnan(rec.data["actor/entropy"])
+    assert "note" not in rec.data
+    assert rec.data["val-core/openai/gsm8k/reward/mean@1"] == 0.61
+
+
+@pytest.mark.parametrize("line", ["", "Training Progress: 10%", "(pid=1) INFO worker started", "mystep:3 - a:1"])
+def test_non_metric_lines_are_ignored(line):
+    assert parse_console_line(line) is None
+
+
+def test_console_tail_reads_complete_lines_once(tmp_path):
+    log = tmp_path / "trial.log"
+    log.write_text("boot\nstep:1 - a:np.float64(1.0)\nstep:2 - a:np.fl")
+    tail = ConsoleMetricsTail(log)
+    assert [r.step for r in tail.read_new()] == [1]
+    with open(log, "a") as f:
+        f.write("oat64(2.0)\n")
+    recs = tail.read_new()
+    assert [(r.step, r.data["a"]) for r in recs] == [(2, 2.0)]
+    assert tail.read_new() == []
+
+
+def test_fallback_prefers_the_jsonl_file_once_it_exists(tmp_path):
+    log, jsonl = tmp_path / "trial.log", tmp_path / "m.jsonl"
+    log.write_text("step:0 - v:np.float64(0.1)\nstep:1 - a:np.float64(1.0)\n")
+    tail = FallbackMetricsTail(jsonl, log)
+    assert [r.step for r in tail.read_new()] == [0, 1] and tail.source == "console"
+    jsonl.write_text('{"step": 1, "data": {"a": 1.0}}\n{"step": 2, "data": {"a": null}}\n')
+    recs = tail.read_new()
+    assert tail.source == "jsonl" and [r.step for r in recs] == [2] and math.isnan(recs[0].data["a"])
+
+
+def test_both_memory_metric_names_count():
+    recs = [StepRecord(1, {"perf/max_memory_allocated_gb": 30.0}), StepRecord(2, {"actor/perf/max_memory_allocated_gb": 41.5})]
+    assert peak_memory_gb(recs) == 41.5
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "torch OutOfMemoryError"),
+        ("RuntimeError: CUDA error: out of memory", "CUDA error: out of memory"),
+        ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+         "vLLM: no memory left"),
+        ("ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be "
+         "stored in KV cache (2048).", "vLLM: KV cache too small"),
+        ("ValueError: To serve at least one request with the models's max seq len (32768), (4.5 GiB KV cache is "
+         "needed, which is larger than the available KV cache memory (2.1 GiB).", "vLLM: KV cache too small"),
+        ("ValueError: Free memory on device (10.1/79.2 GiB) on startup is less than desired GPU memory "
+         "utilization (0.9, 71.3 GiB).", "not enough free GPU memory"),
+        ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", "host memory"),
+    ],
+)
+def test_oom_patterns(text, expected):
+    assert expected in find_oom(f"(WorkerDict pid=12) {text}\n")
+    out = classify_exit(1, f"Traceback\n{text}\n", 2, 5)
+    assert out.status is TrialStatus.OOM
+
+
+def test_classify_exit_paths():
+    assert classify_exit(0, "", 5, 5).status is TrialStatus.COMPLETED
+    short = classify_exit(0, "", 3, 5)
+    assert short.status is TrialStatus.FAILED and "after step 3 of 5" in short.reason
+    crash = classify_exit(1, "Traceback (most recent call last):\n  File x\nValueError: Total available GPUs 0 is less "
+                             "than total desired GPUs 8\n", 0, 5)
+    assert crash.status is TrialStatus.FAILED and crash.reason.startswith("exit code 1: ValueError: Total available GPUs")
+    killed = classify_exit(-9, "", 2, 5)
+    assert killed.status is TrialStatus.FAILED and "SIGKILL" in killed.reason
+    assert classify_exit(None, "", 5, 5).status is TrialStatus.COMPLETED
+    assert "exit code 137 (SIGKILL)" in classify_exit(137, "", 1, 5).reason
+    assert find_oom("all good\nstep:1 - a:1\n") is None
+    # OOM text in a run that still finished every step (a recovered warning) does not make it an OOM
+    assert classify_exit(0, "WARNING: CUDA out of memory during graph capture, retrying\n", 5, 5).status \
+        is TrialStatus.COMPLETED
