@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import TrialSpec
+from mart.state.trials import TrialSpec
 from mart.trial_runner.local.backend import LocalBackend
 from mart.trial_runner.local.runner import LocalRunner
 from mart.trial_runner.metrics import MetricsTail

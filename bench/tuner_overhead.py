@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mart.graph.context import TuneOptions  # noqa: E402
 from mart.graph.session import tune  # noqa: E402
 from mart.state.ledger import Ledger  # noqa: E402
+from mart.state.options import TuneOptions  # noqa: E402
 
 
 def measure(options: TuneOptions) -> dict:

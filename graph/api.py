@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.types import Command
+
 from mart.graph.builder import compile_graph
-from mart.graph.services import Services, build_services
+from mart.graph.services import build_services
 from mart.graph.session import graph_config, load_options, review_request
+from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunError, RunStore
 

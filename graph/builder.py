@@ -7,12 +7,14 @@ wiring below only names the nodes and the entry point.
 from __future__ import annotations
 
 from langgraph.graph import START, StateGraph
-from mart.graph.services import Services
+
+import mart.graph.services  # noqa: F401  (registers the services factory for context-less runs)
 from mart.nodes.critic import critic
 from mart.nodes.health_monitor import health_monitor
 from mart.nodes.human_review import human_review
 from mart.nodes.profiler import profiler
 from mart.nodes.proposer import proposer
+from mart.nodes.runtime import Services
 from mart.nodes.stage_control import finish, stage_control, start_session
 from mart.state.graph_state import InputState, TuningState
 from mart.tools.collect import collect_trial

@@ -187,10 +187,11 @@ def tune(
     as_json: bool = JSON,
 ) -> None:
     """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
-    from mart.graph.context import TuneOptions
-    from mart.graph.session import tune as run_tune
-    from mart.state.run_store import RunError
     from pydantic import ValidationError
+
+    from mart.graph.session import tune as run_tune
+    from mart.state.options import TuneOptions
+    from mart.state.run_store import RunError
 
     backend_options = {"entrypoint": verl_entrypoint, "base_config": str(base_config) if base_config else None,
                        "ray_address": ray_address, "scenario": scenario,
@@ -316,10 +317,11 @@ def review(
 
 
 def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
+    from rich.table import Table
+
     from mart.graph.session import run_status
     from mart.state.ledger import DB_FILE
     from mart.state.run_store import RunError, RunStore
-    from rich.table import Table
 
     infos = []
     for path in sorted(p for p in runs_dir.glob("*") if (p / DB_FILE).exists()):
@@ -397,8 +399,9 @@ def trials(
     as_json: bool = JSON,
 ) -> None:
     """The run's trials from the ledger."""
-    from mart.state.run_store import RunError, RunStore
     from rich.table import Table
+
+    from mart.state.run_store import RunError, RunStore
 
     try:
         store = RunStore.open(run, runs_dir)

@@ -1,58 +1,17 @@
-"""Run-time services the nodes use (backend, runner, ledger, agents): the graph's runtime context.
+"""Builds the runtime context (``mart.nodes.runtime.Services``) of a session from its options.
 
-They hold connections and processes, so they never enter graph state. The session driver passes them
-as ``context=``; where no context is given (LangGraph Studio), they are built from the state's options
-and cached per run directory.
+The graph layer owns construction because it is the only layer that may see everything: the backend
+registry, the agents' factories and the run store. Importing this module also registers the builder as
+the fallback for runs without a runtime context (LangGraph Studio).
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
-
-from mart.graph.context import TuneOptions
-from mart.nodes.agents.base import Critic, Proposer
 from mart.nodes.agents.registry import make_critic, make_proposer
-from mart.state.ledger import Ledger
+from mart.nodes.runtime import Services, register_services_factory
+from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore
-from mart.trial_runner.base import Backend, TrialRunner
 from mart.trial_runner.registry import load_backend
-
-
-@dataclass
-class Services:
-    options: TuneOptions
-    store: RunStore
-    backend: Backend
-    runner: TrialRunner
-    proposer: Proposer
-    critic: Critic
-    progress: Callable[[dict[str, Any]], None] | None = None
-    """Extra progress sink (besides LangGraph's custom stream), e.g. a Slack thread."""
-    _capacity: float | None = field(default=None, repr=False)
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.store.ledger
-
-    @property
-    def run_id(self) -> str:
-        return self.store.run_id
-
-    def memory_capacity_gb(self) -> float | None:
-        if self._capacity is None:
-            self._capacity = self.options.memory_capacity_gb or self.backend.memory_capacity_gb()
-        return self._capacity
-
-    def memory_limit_gb(self) -> float | None:
-        cap = self.memory_capacity_gb()
-        return None if cap is None else (1.0 - self.options.memory_margin) * cap
-
-    def close(self) -> None:
-        self.runner.close()
 
 
 def build_services(options: TuneOptions, store: RunStore, api_key: str | None = None) -> Services:
@@ -70,52 +29,4 @@ def build_services(options: TuneOptions, store: RunStore, api_key: str | None = 
     )
 
 
-_CACHE: dict[str, Services] = {}
-_CACHE_LOCK = threading.Lock()
-
-
-def _thread_id() -> str | None:
-    try:
-        from langgraph.config import get_config
-
-        return (get_config().get("configurable") or {}).get("thread_id")
-    except RuntimeError:  # called outside a graph run
-        return None
-
-
-def ensure_run(state: dict[str, Any]) -> dict[str, str]:
-    """``run_id``/``run_dir`` of the session, creating the run directory when the input has none.
-
-    The session driver always passes both. A LangGraph Studio run starts from ``{"options": {...}}``
-    only: its run is ``studio-<thread id>`` under ``options.runs_dir`` (created once; the start node may
-    re-run after a crash and then finds it).
-    """
-    if state.get("run_dir"):
-        return {"run_id": state.get("run_id") or Path(state["run_dir"]).name, "run_dir": state["run_dir"]}
-    options = TuneOptions(**(state.get("options") or {}))
-    run_id = state.get("run_id")
-    if not run_id:
-        thread = "".join(c for c in str(_thread_id() or "") if c.isalnum() or c in "-_")[:40]
-        if not thread:
-            raise ValueError("state has no run_dir and the call has no thread_id: give one of them")
-        run_id = f"studio-{thread}"
-    run_dir = Path(options.runs_dir).resolve() / run_id
-    if not (run_dir / "trials").is_dir():
-        RunStore.create(options.runs_dir, run_id).close()
-    return {"run_id": run_id, "run_dir": str(run_dir)}
-
-
-def services_for(state: dict[str, Any], runtime: Any) -> Services:
-    """The services of this invocation: the runtime context, else cached ones built from the state."""
-    ctx = getattr(runtime, "context", None)
-    if isinstance(ctx, Services):
-        return ctx
-    run_dir = state.get("run_dir")
-    if not run_dir:
-        raise ValueError("state has no run_dir: start sessions through mart.graph.session or the start node")
-    with _CACHE_LOCK:
-        if run_dir not in _CACHE:
-            store = RunStore(Path(run_dir), state.get("run_id") or Path(run_dir).name)
-            options = TuneOptions(**(state.get("options") or {}))
-            _CACHE[run_dir] = build_services(options, store, api_key=os.environ.get("OPENAI_API_KEY"))
-        return _CACHE[run_dir]
+register_services_factory(build_services)

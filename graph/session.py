@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.types import Command
+
 from mart.graph.builder import compile_graph
-from mart.graph.context import TuneOptions
-from mart.graph.reviewers.base import Reviewer, make_reviewer
-from mart.graph.services import Services, build_services
+from mart.graph.reviewers import Reviewer, make_reviewer
+from mart.graph.services import build_services
+from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
+from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials")

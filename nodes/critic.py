@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
+
 from mart.nodes.agent_context import build_agent_context
-from mart.tools.progress import emit
+from mart.nodes.progress import emit
+from mart.nodes.runtime import services_for
 
 
 def critic(state, runtime) -> Command[Literal["human_review", "proposer", "stage_control"]]:

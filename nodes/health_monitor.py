@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
+
 from mart.nodes.health_rules import HealthConfig, evaluate
-from mart.tools.progress import emit
+from mart.nodes.progress import emit
+from mart.nodes.runtime import services_for
 
 
 def health_monitor(state, runtime) -> Command[Literal["watch_trial", "stop_trial", "collect_trial"]]:

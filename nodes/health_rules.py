@@ -12,9 +12,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from mart.state.metrics import StepRecord
 from mart.state.models import HealthEvent
 from mart.state.objectives import MEMORY_KEYS
-from mart.trial_runner.metrics import StepRecord
 
 
 @dataclass(frozen=True)

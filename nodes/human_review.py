@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from langgraph.types import Command, interrupt
-from mart.graph.services import services_for
+from pydantic import ValidationError
+
+from mart.nodes.runtime import services_for
 from mart.nodes.stage_control import stage_base_config
 from mart.state.models import Candidate, ReviewDecision, TrialRecord, config_hash
 from mart.state.search_space import ConfigError
-from pydantic import ValidationError
 
 
 def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:

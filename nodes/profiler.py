@@ -10,11 +10,12 @@ import math
 from typing import Any, Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
+
+from mart.nodes.runtime import services_for
 from mart.nodes.stage_control import stage_base_config, stage_horizon
+from mart.state.metrics import StepRecord, last_value, mean_over_steps
 from mart.state.models import PhaseProfile, Profile, Stage, TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
-from mart.trial_runner.metrics import StepRecord, last_value, mean_over_steps
 
 #: verl's phases of one RL step, in execution order.
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor")

@@ -7,7 +7,8 @@ import time
 from typing import Any, Literal
 
 from langgraph.types import Command
-from mart.graph.services import ensure_run, services_for
+
+from mart.nodes.runtime import ensure_run, services_for
 from mart.state.models import Stage, TrialRecord
 
 STAGES: tuple[Stage, ...] = ("system", "learning")

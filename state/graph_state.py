@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from mart.state.models import Candidate, Critique, Profile, Stage, TrialRecord
 from typing_extensions import TypedDict  # pydantic (Studio's schema endpoint) needs it on Python < 3.12
+
+from mart.state.models import Candidate, Critique, Profile, Stage, TrialRecord
 
 
 class InputState(TypedDict, total=False):

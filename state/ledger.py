@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import sqlite_utils
+
 from mart.state.models import Candidate, Critique, HealthEvent, ReviewDecision, TrialRecord
 
 DB_FILE = "mart.sqlite"
@@ -142,7 +143,7 @@ class Ledger:
         return len(rows)
 
     def metric_records(self, trial_id: str) -> list[Any]:
-        from mart.trial_runner.metrics import StepRecord
+        from mart.state.metrics import StepRecord
 
         by_step: dict[int, dict[str, float]] = {}
         for r in self.db["metrics"].rows_where("trial_id = ?", [trial_id], order_by="step"):

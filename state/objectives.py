@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mart.trial_runner.metrics import StepRecord, last_value, mean_over_steps
+from mart.state.metrics import StepRecord, last_value, mean_over_steps
 
 THROUGHPUT_KEY = "perf/throughput"
 #: verl 0.9 renames the actor's memory metrics to actor/perf/...; accept both.

@@ -104,6 +104,7 @@ class RunStore:
     def checkpointer(self):
         """A SqliteSaver on the run's file (one writer process: guard with ``lock``)."""
         from langgraph.checkpoint.sqlite import SqliteSaver
+
         from mart.state.serde import make_serde
 
         conn = sqlite3.connect(self.db_path, check_same_thread=False, timeout=30)

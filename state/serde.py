@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
 from mart.state.models import STATE_TYPES
 
 
 def allowed_types() -> list[tuple[str, str]]:
-    from mart.trial_runner.base import TrialHandle, TrialPoll
+    from mart.state.trials import TrialHandle, TrialPoll
 
     types = [*STATE_TYPES, TrialHandle, TrialPoll]
     return [(t.__module__, t.__qualname__) for t in types]

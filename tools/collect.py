@@ -7,12 +7,13 @@ import time
 from typing import Any, Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
+
+from mart.nodes.progress import emit
+from mart.nodes.runtime import services_for
 from mart.nodes.stage_control import overrides_of, stage_horizon
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import learning_score, system_outcome
-from mart.tools.progress import emit
-from mart.trial_runner.base import TrialHandle
+from mart.state.trials import TrialHandle
 
 
 def _finite(v: float) -> float | None:

@@ -10,11 +10,12 @@ import time
 from typing import Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
+
+from mart.nodes.progress import emit
+from mart.nodes.runtime import services_for
 from mart.nodes.stage_control import overrides_of, stage_horizon
 from mart.state.models import TrialStatus
-from mart.tools.progress import emit
-from mart.trial_runner.base import TrialHandle, TrialSpec
+from mart.state.trials import TrialHandle, TrialSpec
 
 
 def launch_trial(state, runtime) -> Command[Literal["watch_trial", "collect_trial"]]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
-from mart.tools.progress import emit
-from mart.trial_runner.base import TrialHandle
+
+from mart.nodes.progress import emit
+from mart.nodes.runtime import services_for
+from mart.state.trials import TrialHandle
 
 
 def stop_trial(state, runtime) -> Command[Literal["collect_trial"]]:

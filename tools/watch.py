@@ -11,9 +11,10 @@ import time
 from typing import Literal
 
 from langgraph.types import Command
-from mart.graph.services import services_for
-from mart.tools.progress import emit
-from mart.trial_runner.base import TrialHandle
+
+from mart.nodes.progress import emit
+from mart.nodes.runtime import services_for
+from mart.state.trials import TrialHandle
 
 #: Upper bound of one watch pass without new steps, so a hung trial still reaches the health monitor.
 MAX_PASS_S = 30.0

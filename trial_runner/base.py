@@ -19,50 +19,14 @@ from __future__ import annotations
 import abc
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
+from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import SearchSpace
-from mart.trial_runner.metrics import MetricsTail, StepRecord
-from pydantic import BaseModel, Field
-
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-LOG_FILE = "trial.log"
-
-
-class TrialSpec(BaseModel):
-    """What to run: a full flat config (verl keys), a horizon in steps, a directory of its own."""
-
-    trial_id: str
-    config: dict[str, Any]
-    steps: int = Field(ge=1)
-    trial_dir: str
-    memory_capacity_gb: float | None = None
-    seed: int = 0
-
-
-class TrialHandle(BaseModel):
-    """Serialisable reference to a launched trial (kept in the ledger; survives tuner restarts)."""
-
-    trial_id: str
-    backend: str
-    trial_dir: str
-    pid: int | None = None
-    pid_create_time: float | None = Field(None, description="guards against pid reuse after a reboot")
-    job_id: str | None = None
-    started_at: float = Field(default_factory=time.time)
-    extra: dict[str, Any] = Field(default_factory=dict)
-
-
-class TrialPoll(BaseModel):
-    """Where a trial stands now."""
-
-    status: TrialStatus
-    reason: str | None = None
-    last_step: int | None = None
+from mart.state.trials import METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.metrics import MetricsTail
 
 
 class TrialRunner(abc.ABC):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import METRICS_FILE, STATUS_FILE, TrialSpec
+from mart.state.trials import METRICS_FILE, STATUS_FILE, TrialSpec
 
 EXIT_CODES = {TrialStatus.COMPLETED: 0, TrialStatus.FAILED: 1, TrialStatus.OOM: 3, TrialStatus.STOPPED: 4}
 """Exit code of ``mart trial`` per final status (the local worker's codes); 2 = bad input, no trial."""
@@ -136,10 +136,11 @@ def _fmt(value: float, spec: str = ".3f") -> str:
 def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file: Path | None, seed: int,
               backend_options: dict) -> int:
     """Run one trial in the foreground; returns 0 completed, 1 failed, 3 oom, 4 stopped, 2 bad input."""
-    from mart.trial_runner.registry import load_backend
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mart.trial_runner.registry import load_backend
 
     console = Console(stderr=True)
     try:

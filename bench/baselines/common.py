@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mart.state.metrics import StepRecord
 from mart.state.objectives import learning_score, system_outcome
-from mart.trial_runner.base import Backend, TrialRunner, TrialSpec
-from mart.trial_runner.metrics import StepRecord
+from mart.state.trials import TrialSpec
+from mart.trial_runner.base import Backend, TrialRunner
 
 
 @dataclass(frozen=True)

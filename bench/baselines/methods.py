@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mart.trial_runner.base import Backend
-from mart.trial_runner.metrics import StepRecord
-
 from bench.baselines.common import Budget, MethodResult, TrialOutcome, run_trial
 from bench.baselines.space import defaults_params, grid_points, optuna_suggest, random_overrides, valid
+from mart.state.metrics import StepRecord
+from mart.trial_runner.base import Backend
 
 Propose = Callable[[int], "dict[str, Any] | None"]
 Tell = Callable[[dict[str, Any], TrialOutcome], None]

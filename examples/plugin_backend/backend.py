@@ -17,16 +17,8 @@ from typing import Any
 
 from mart.state.models import TrialStatus
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
-from mart.trial_runner.base import (
-    LOG_FILE,
-    Backend,
-    TrialHandle,
-    TrialPoll,
-    TrialRunner,
-    TrialSpec,
-    read_status,
-    write_status,
-)
+from mart.state.trials import LOG_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import Backend, TrialRunner, read_status, write_status
 
 JOB = Path(__file__).with_name("job.py")
 WORKERS, BATCH, LR = "job.workers", "job.batch_size", "job.lr"

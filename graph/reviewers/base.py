@@ -147,17 +147,3 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
         key, _, value = item.partition("=")
         out[key.strip().lstrip("+")] = parse_value(value)
     return out
-
-
-def make_reviewer(approve: str, *, auto_policy: str = "all", **options: Any) -> Reviewer:
-    if approve == "auto":
-        return AutoReviewer(auto_policy)
-    if approve == "tty":
-        return TTYReviewer()
-    if approve == "none":
-        return DetachReviewer()
-    if approve == "slack":
-        from mart.graph.reviewers.slack import SlackReviewer
-
-        return SlackReviewer(**options)
-    raise ValueError(f"unknown reviewer channel {approve!r}: use auto, tty, none or slack")

@@ -10,9 +10,10 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pydantic import BaseModel, Field
+
 from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord
 from mart.state.search_space import SearchSpace
-from pydantic import BaseModel, Field
 
 
 @dataclass

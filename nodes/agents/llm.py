@@ -21,6 +21,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from mart.nodes.agents.base import AgentCallInfo, AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.llm_client import LLMCallError, LLMReply, LLMSettings, StructuredChat, resolve_api_key
 from mart.nodes.agents.prompts import (
@@ -32,10 +34,9 @@ from mart.nodes.agents.prompts import (
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
 from mart.state.search_space import ConfigError
-from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from mart.graph.context import TuneOptions
+    from mart.state.options import TuneOptions
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from mart.nodes.agents.schemas import openai_function, openai_response_format
 from pydantic import BaseModel
 
+from mart.nodes.agents.schemas import openai_function, openai_response_format
+
 if TYPE_CHECKING:
-    from mart.graph.context import TuneOptions
+    from mart.state.options import TuneOptions
 
 StructuredMethod = Literal["json_schema", "function_calling", "json_mode"]
 STRUCTURED_METHODS: tuple[str, ...] = ("json_schema", "function_calling", "json_mode")

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.models import Candidate, HealthEvent, TrialRecord

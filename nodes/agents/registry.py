@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from mart.nodes.agents.base import Critic, Proposer
 
 if TYPE_CHECKING:
-    from mart.graph.context import TuneOptions
+    from mart.state.options import TuneOptions
 
 
 def make_proposer(options: "TuneOptions", api_key: str | None = None) -> Proposer:

@@ -15,7 +15,6 @@ import sys
 
 from mart.state.ledger import Ledger
 from mart.state.run_store import RunStore
-
 from tests.support.paths import REPO as REPO_ROOT
 from tests.support.toy_backend import CKPT, MB
 
@@ -31,8 +30,9 @@ def mart(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 
 def cli(*args: str, stdin: str | None = None):
     """The same command line, in this process."""
-    from mart.graph.cli import app
     from typer.testing import CliRunner
+
+    from mart.graph.cli import app
 
     return CliRunner().invoke(app, list(args), input=stdin)
 

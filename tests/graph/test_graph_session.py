@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from mart.graph.context import TuneOptions
+
 from mart.graph.reviewers.base import Reviewer
 from mart.graph.session import SUMMARY_KEYS, resume, run_status, tune
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
+from mart.state.options import TuneOptions
 from mart.state.run_store import NotAMartRun, RunLocked, RunNotFound, RunStore
 from mart.state.search_space import ConfigError
-
 from tests.support.paths import REPO as REPO_ROOT
 from tests.support.toy_backend import CKPT, MB, SEQS
 
@@ -172,7 +172,7 @@ def test_second_writer_is_refused(tmp_path):
 def test_state_round_trips_under_strict_msgpack(tmp_path):
     code = (
         "import json, sys\n"
-        "from mart.graph.context import TuneOptions\n"
+        "from mart.state.options import TuneOptions\n"
         "from mart.graph.session import tune, graph_config\n"
         "from mart.graph.builder import compile_graph\n"
         "from mart.state.run_store import RunStore\n"

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from mart.graph.context import TuneOptions
+
 from mart.graph.session import tune
 from mart.state.ledger import Ledger
-
+from mart.state.options import TuneOptions
 from tests.support.openai_stub import OpenAIStub, PlausibleAgent, RecordedRequest, Reply
 from tests.support.paths import REPO as REPO_ROOT
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 from langgraph.types import Command
+from pydantic import ValidationError
+
 from mart.graph.api import open_run
 from mart.graph.session import resume, run_status, tune
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunLocked, RunStore
-from pydantic import ValidationError
-
 from tests.graph.test_graph_session import options
 from tests.support.toy_backend import SEQS
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 
 import pytest
-from mart.graph.reviewers.base import AutoReviewer, DetachReviewer, TTYReviewer, make_reviewer
 
+from mart.graph.reviewers import make_reviewer
+from mart.graph.reviewers.base import AutoReviewer, DetachReviewer, TTYReviewer
 from tests.support.toy_backend import MB
 
 REQUEST = {

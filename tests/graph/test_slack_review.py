@@ -21,6 +21,8 @@ import pytest
 pytest.importorskip("slack_bolt")
 psutil = pytest.importorskip("psutil")
 
+from slack_sdk.signature import SignatureVerifier
+
 from mart.graph.reviewers.slack import (
     ACTION_APPROVE,
     ACTION_EDIT,
@@ -33,8 +35,6 @@ from mart.graph.reviewers.slack import (
     posted_messages,
 )
 from mart.state.ledger import Ledger
-from slack_sdk.signature import SignatureVerifier
-
 from tests.support.paths import REPO as REPO_ROOT
 from tests.support.slack_stub import SlackStub
 from tests.support.toy_backend import CKPT, MB, SEQS
@@ -279,8 +279,9 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
 
 
 def test_tune_with_slack_needs_a_token_and_a_channel(tmp_path, monkeypatch):
-    from mart.graph.cli import app
     from typer.testing import CliRunner
+
+    from mart.graph.cli import app
 
     for key in ("SLACK_BOT_TOKEN", "MART_SLACK_CHANNEL", "SLACK_SIGNING_SECRET", "MART_SLACK_REVIEWERS"):
         monkeypatch.delenv(key, raising=False)

@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("slack_sdk")
 
-from mart.graph.reviewers.base import make_reviewer
+from slack_sdk import WebClient
+
+from mart.graph.reviewers import make_reviewer
 from mart.graph.reviewers.slack import (
     ACTION_APPROVE,
     SlackReviewer,
@@ -20,8 +22,6 @@ from mart.graph.reviewers.slack import (
 from mart.graph.session import resume, run_status, tune
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunStore
-from slack_sdk import WebClient
-
 from tests.graph.test_graph_session import options
 from tests.support.slack_stub import SlackStub
 

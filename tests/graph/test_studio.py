@@ -27,9 +27,9 @@ for _module, _why in (("langgraph_cli", "langgraph-cli is not installed (pip ins
         pytest.skip(_why, allow_module_level=True)
 
 from langgraph_sdk import get_sync_client
+
 from mart.graph.builder import compile_graph
 from mart.state.ledger import Ledger
-
 from tests.support.paths import REPO as REPO_ROOT
 
 REPO = REPO_ROOT

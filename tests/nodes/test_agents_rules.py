@@ -7,7 +7,6 @@ from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.agents.memory_model import MemoryModel
 from mart.nodes.agents.rules import RulesCritic, RulesProposer
 from mart.state.models import Candidate, PhaseProfile, Profile, TrialRecord, TrialStatus, config_hash
-
 from tests.support.toy_backend import CKPT, LR, MB, SEQS, SPACE
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from mart.nodes.health_rules import HealthConfig, evaluate
-from mart.trial_runner.metrics import StepRecord
+from mart.state.metrics import StepRecord
 
 
 def stream(n, **series):

@@ -11,10 +11,10 @@ import logging
 import time
 
 import pytest
+
 from mart.nodes.agents.llm import MAX_CONSECUTIVE_FAILURES, LLMCritic, LLMProposer
 from mart.nodes.agents.llm_client import LLMConfigError, LLMSettings
 from mart.state.models import Candidate
-
 from tests.support.llm_helpers import (
     GMU,
     SECRET,
@@ -374,7 +374,7 @@ def test_critic_nothing_to_review_makes_no_call(stub):
 def test_real_rules_strategies_take_over_on_the_verl_space(stub):
     """With the real fallbacks (registry wiring), a dead endpoint still yields a usable round."""
     from mart.nodes.agents.registry import make_critic, make_proposer
-    from mart.state.spaces.verl import SEARCH_SPACE, VERL_DEFAULTS
+    from mart.trial_runner.verl.space import SEARCH_SPACE, VERL_DEFAULTS
 
     stub.default = lambda req: Reply.error(500, "down", headers=FAST_RETRY)
     opts = options(stub.base_url)

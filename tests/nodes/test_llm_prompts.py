@@ -12,8 +12,7 @@ from mart.nodes.agents.prompts import (
     format_history,
 )
 from mart.state.models import Candidate, TrialRecord, TrialStatus
-from mart.state.spaces.verl import SEARCH_SPACE as VERL_SPACE
-
+from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 from tests.support.llm_helpers import GMU, SEQS, SPACE, TP, history, make_ctx
 
 

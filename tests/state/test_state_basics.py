@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from mart.state.metrics import parse_line
 from mart.state.objectives import system_outcome, throughput_window
 from mart.state.search_space import ConfigError, ParamSpec
-from mart.trial_runner.metrics import MetricsTail, parse_line
-
+from mart.trial_runner.metrics import MetricsTail
 from tests.support.toy_backend import MB, SPACE
 
 
@@ -45,7 +46,7 @@ def test_metrics_tail_reads_only_complete_lines(tmp_path):
 def test_throughput_window_and_feasibility():
     assert throughput_window(6) == (3, 5)
     assert throughput_window(3) == (1, 3)
-    from mart.trial_runner.metrics import StepRecord
+    from mart.state.metrics import StepRecord
 
     recs = [StepRecord(s, {"perf/throughput": 10.0 * s, "actor/perf/max_memory_allocated_gb": 2.0}) for s in range(1, 7)]
     out = system_outcome(recs, 6, limit_gb=1.5)

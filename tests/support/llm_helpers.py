@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mart.graph.context import TuneOptions
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.state.models import (
     Candidate,
@@ -15,6 +14,7 @@ from mart.state.models import (
     TrialRecord,
     TrialStatus,
 )
+from mart.state.options import TuneOptions
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
 
 GMU = "rollout.gpu_memory_utilization"

@@ -12,15 +12,8 @@ from pathlib import Path
 
 from mart.state.models import TrialStatus
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
-from mart.trial_runner.base import (
-    Backend,
-    TrialHandle,
-    TrialPoll,
-    TrialRunner,
-    TrialSpec,
-    read_status,
-    write_status,
-)
+from mart.state.trials import TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import Backend, TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import write_record
 
 MB = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from mart.graph.context import TuneOptions
+
 from mart.graph.session import tune
 from mart.state.ledger import Ledger
+from mart.state.options import TuneOptions
 from mart.trial_runner.registry import load_backend
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from mart.state.search_space import ConfigError
-from mart.state.spaces.local import SEARCH_SPACE
 from mart.trial_runner.local.backend import LocalBackend
 from mart.trial_runner.local.config import DEFAULTS, FIELDS, LocalConfig, load_config
-
+from mart.trial_runner.local.space import SEARCH_SPACE
 from tests.support.paths import REPO as REPO_ROOT
 
 DOCS = REPO_ROOT / "docs" / "backends.md"

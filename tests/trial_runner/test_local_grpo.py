@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+
 from mart.trial_runner.local import task as T
 from mart.trial_runner.local.config import load_config
 from mart.trial_runner.local.grpo import (
@@ -22,7 +23,6 @@ from mart.trial_runner.local.grpo import (
 )
 from mart.trial_runner.local.model import GPT
 from mart.trial_runner.local.rollout import generate, logprobs_entropy, pack, response_logits
-
 from tests.conftest import LOCAL_TINY_CONFIG
 
 CPU = torch.device("cpu")

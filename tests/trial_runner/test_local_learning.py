@@ -4,6 +4,7 @@ clearly bad learning rate shows a pathology in the metrics (asserted on the metr
 from __future__ import annotations
 
 import torch
+
 from mart.trial_runner.local.base_model import base_key, cache_dir, load_base_model
 from mart.trial_runner.local.config import load_config
 from mart.trial_runner.local.grpo import GRPOTrainer, Timer

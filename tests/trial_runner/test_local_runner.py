@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+
+from mart.state.metrics import parse_line
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import TrialHandle, TrialSpec, read_status
+from mart.state.trials import TrialHandle, TrialSpec
+from mart.trial_runner.base import read_status
 from mart.trial_runner.local.backend import LocalBackend
 from mart.trial_runner.local.runner import LocalRunner
-from mart.trial_runner.metrics import parse_line
 from mart.trial_runner.registry import load_backend
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from mart.trial_runner.trial_command import InputError, parse_sets, parse_value, read_config_file, run_trial
 
+from mart.trial_runner.trial_command import InputError, parse_sets, parse_value, read_config_file, run_trial
 from tests.support.paths import REPO as REPO_ROOT
 
 REPO = REPO_ROOT

@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from mart.state.models import TrialStatus
-from mart.trial_runner.base import Backend, TrialSpec
-from mart.trial_runner.registry import load_backend
 
+from mart.state.models import TrialStatus
+from mart.state.trials import TrialSpec
+from mart.trial_runner.base import Backend
+from mart.trial_runner.registry import load_backend
 from tests.support.paths import REPO as REPO_ROOT
 
 ROOT = REPO_ROOT

@@ -26,10 +26,10 @@ import pytest
 pytest.importorskip("ray.job_submission", reason="ray[default] not installed: pip install 'mart[ray]'")
 
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import TrialSpec, read_status
+from mart.state.trials import TrialSpec
+from mart.trial_runner.base import read_status
 from mart.trial_runner.ray.runner import RayJobRunner
 from mart.trial_runner.registry import load_backend
-
 from tests.support.paths import FAKE_VERL
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]

@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
-from mart.state.models import TrialStatus
-from mart.trial_runner.base import TrialHandle, TrialSpec, read_status
-from mart.trial_runner.registry import load_backend
 
+from mart.state.models import TrialStatus
+from mart.state.trials import TrialHandle, TrialSpec
+from mart.trial_runner.base import read_status
+from mart.trial_runner.registry import load_backend
 from tests.support.paths import FAKE_VERL
 from tests.support.paths import REPO as REPO_ROOT
 

@@ -6,9 +6,9 @@ import math
 import random
 
 import pytest
+
+from mart.state.metrics import StepRecord
 from mart.state.objectives import learning_score, system_outcome
-from mart.state.spaces.verl import SEARCH_SPACE
-from mart.trial_runner.metrics import StepRecord
 from mart.trial_runner.sim import (
     SCENARIOS,
     base_config,
@@ -18,6 +18,7 @@ from mart.trial_runner.sim import (
     simulate,
 )
 from mart.trial_runner.sim.learning import final_score_noise_free, learning_trajectory
+from mart.trial_runner.verl.space import SEARCH_SPACE
 
 R = "actor_rollout_ref.rollout."
 A = "actor_rollout_ref.actor."

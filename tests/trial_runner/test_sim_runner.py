@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from mart.state.models import TrialStatus
 from mart.state.objectives import system_outcome
-from mart.trial_runner.base import Backend, TrialHandle, TrialSpec, read_status
+from mart.state.trials import TrialHandle, TrialSpec
+from mart.trial_runner.base import Backend, read_status
 from mart.trial_runner.registry import load_backend
 from mart.trial_runner.sim import SimBackend, SimRunner, sim_usage
 

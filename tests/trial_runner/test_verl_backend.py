@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
+
 from mart.state.models import TrialStatus
 from mart.state.search_space import ConfigError
 from mart.trial_runner.base import read_status
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.registry import load_backend
 from mart.trial_runner.verl import GRPO_BASE, VerlBackend, VerlRunner
-
 from tests.support.paths import FAKE_VERL
 from tests.support.paths import REPO as REPO_ROOT
 

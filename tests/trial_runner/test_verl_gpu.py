@@ -8,6 +8,7 @@ import time
 import types
 
 import pytest
+
 from mart.trial_runner import gpu
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.objectives import peak_memory_gb
-from mart.trial_runner.metrics import StepRecord
 from mart.trial_runner.verl.logs import (
     ConsoleMetricsTail,
     FallbackMetricsTail,

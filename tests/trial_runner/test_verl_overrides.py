@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from mart.state.search_space import ConfigError
 from mart.trial_runner.verl.overrides import (
     build_overrides,

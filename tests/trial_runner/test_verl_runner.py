@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import psutil
+
 from mart.state.models import TrialStatus
 from mart.state.objectives import peak_memory_gb, system_throughput
-from mart.trial_runner.base import TrialSpec, read_status
+from mart.state.trials import TrialSpec
+from mart.trial_runner.base import read_status
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.verl import VerlBackend, VerlRunner, WatchdogConfig
-
 from tests.support.paths import FAKE_VERL
 
 FAKE = FAKE_VERL

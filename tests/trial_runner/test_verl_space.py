@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from mart.state.search_space import ConfigError
-from mart.state.spaces.verl import SEARCH_SPACE, VERL_DEFAULTS
 from mart.trial_runner.verl._yaml_keys import YAML_KEYS
+from mart.trial_runner.verl.space import SEARCH_SPACE, VERL_DEFAULTS
 
 A = "actor_rollout_ref"
 

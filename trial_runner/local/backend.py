@@ -51,7 +51,7 @@ class LocalBackend(Backend):
                 raise ValueError(f"base config {base_config}: " + " ".join(errors))
 
     def search_space(self) -> SearchSpace:
-        from mart.state.spaces.local import SEARCH_SPACE
+        from mart.trial_runner.local.space import SEARCH_SPACE
 
         return SEARCH_SPACE
 

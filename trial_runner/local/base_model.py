@@ -18,12 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
+
 from mart.trial_runner.local import task as T
 from mart.trial_runner.local.config import LocalConfig
 from mart.trial_runner.local.grpo import model_config, task_config
 from mart.trial_runner.local.model import GPT
 from mart.trial_runner.local.rollout import pack, response_logits
-from torch.nn import functional as F
 
 WARMUP_SEED = 1234  # the base model does not depend on the trial's seed
 VERSION = 1  # bump when the model or the warm-up changes meaning

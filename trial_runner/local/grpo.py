@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import torch
+
 from mart.trial_runner.local import task as T
 from mart.trial_runner.local.config import LocalConfig
 from mart.trial_runner.local.model import GPT, GPTConfig

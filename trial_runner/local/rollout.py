@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from mart.trial_runner.local.model import GPT, full_mask, positions
 from mart.trial_runner.local.task import EOS, PAD
 

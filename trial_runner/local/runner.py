@@ -17,18 +17,10 @@ import time
 from pathlib import Path
 
 import psutil
+
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import (
-    LOG_FILE,
-    METRICS_FILE,
-    STATUS_FILE,
-    TrialHandle,
-    TrialPoll,
-    TrialRunner,
-    TrialSpec,
-    read_status,
-    write_status,
-)
+from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import MetricsTail
 
 CONFIG_FILE = "config.json"

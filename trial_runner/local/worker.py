@@ -26,7 +26,8 @@ import traceback
 from pathlib import Path
 
 from mart.state.search_space import ConfigError
-from mart.trial_runner.base import METRICS_FILE, write_status
+from mart.state.trials import METRICS_FILE
+from mart.trial_runner.base import write_status
 from mart.trial_runner.local import memory
 from mart.trial_runner.metrics import write_record
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     steps = cfg.total_training_steps
 
     import torch
+
     from mart.trial_runner.local.base_model import load_base_model
     from mart.trial_runner.local.grpo import GRPOTrainer, Timer
 

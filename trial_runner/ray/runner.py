@@ -35,18 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import (
-    LOG_FILE,
-    METRICS_FILE,
-    TrialHandle,
-    TrialPoll,
-    TrialRunner,
-    TrialSpec,
-    read_status,
-    write_status,
-)
-from mart.trial_runner.metrics import MetricsTail, StepRecord
+from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import TrialRunner, read_status, write_status
+from mart.trial_runner.metrics import MetricsTail
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 

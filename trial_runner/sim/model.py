@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import system as S
@@ -30,7 +31,7 @@ WARMUP_SLOWDOWN = {1: 1.25, 2: 1.05}  # allocator/graph warm-up of the first ste
 
 
 def search_space() -> SearchSpace:
-    from mart.state.spaces.verl import SEARCH_SPACE
+    from mart.trial_runner.verl.space import SEARCH_SPACE
 
     return SEARCH_SPACE
 

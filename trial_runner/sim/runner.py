@@ -30,16 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from mart.state.models import TrialStatus
-from mart.trial_runner.base import (
-    LOG_FILE,
-    METRICS_FILE,
-    TrialHandle,
-    TrialPoll,
-    TrialRunner,
-    TrialSpec,
-    read_status,
-    write_status,
-)
+from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import write_record
 from mart.trial_runner.sim import model
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from mart.trial_runner.sim.scenarios import GIB, Scenario
 
 ARR = "actor_rollout_ref"

@@ -14,11 +14,11 @@ from typing import Any
 
 from mart.state.models import config_hash
 from mart.state.search_space import ConfigError, SearchSpace
-from mart.state.spaces.verl import SEARCH_SPACE
 from mart.trial_runner.base import Backend, TrialRunner
 from mart.trial_runner.verl.overrides import load_base_config
 from mart.trial_runner.verl.prevalidate import validate_many, verl_available
 from mart.trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
+from mart.trial_runner.verl.space import SEARCH_SPACE
 
 #: mart tunes GRPO: these hold unless the user's base config says otherwise (rollout.n = verl's GRPO example).
 GRPO_BASE: dict[str, Any] = {

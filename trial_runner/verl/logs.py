@@ -13,8 +13,9 @@ import re
 import signal
 from dataclasses import dataclass
 
+from mart.state.metrics import StepRecord, parse_line
 from mart.state.models import TrialStatus
-from mart.trial_runner.metrics import MetricsTail, StepRecord, parse_line
+from mart.trial_runner.metrics import MetricsTail
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_PREFIX_RE = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")

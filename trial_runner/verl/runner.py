@@ -32,19 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import ConfigError
-from mart.trial_runner.base import (
-    LOG_FILE,
-    METRICS_FILE,
-    TrialHandle,
-    TrialPoll,
-    TrialRunner,
-    TrialSpec,
-    read_status,
-    write_status,
-)
-from mart.trial_runner.metrics import StepRecord
+from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
 

@@ -1,0 +1,115 @@
+"""The graph's runtime context: the services the nodes use (backend, runner, ledger, agents).
+
+They hold connections and processes, so they never enter graph state. The session driver passes them as
+``context=`` and nodes read ``runtime.context``. Where no context is given (LangGraph Studio compiles the
+graph without one), they are built from the state's options by the factory the graph layer registers
+(``mart.graph.services``), and cached per run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from mart.nodes.agents.base import Critic, Proposer
+from mart.state.ledger import Ledger
+from mart.state.options import TuneOptions
+from mart.state.run_store import RunStore
+from mart.trial_runner.base import Backend, TrialRunner
+
+
+@dataclass
+class Services:
+    options: TuneOptions
+    store: RunStore
+    backend: Backend
+    runner: TrialRunner
+    proposer: Proposer
+    critic: Critic
+    progress: Callable[[dict[str, Any]], None] | None = None
+    """Extra progress sink (besides LangGraph's custom stream), e.g. a Slack thread."""
+    _capacity: float | None = field(default=None, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.store.ledger
+
+    @property
+    def run_id(self) -> str:
+        return self.store.run_id
+
+    def memory_capacity_gb(self) -> float | None:
+        if self._capacity is None:
+            self._capacity = self.options.memory_capacity_gb or self.backend.memory_capacity_gb()
+        return self._capacity
+
+    def memory_limit_gb(self) -> float | None:
+        cap = self.memory_capacity_gb()
+        return None if cap is None else (1.0 - self.options.memory_margin) * cap
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+ServicesFactory = Callable[[TuneOptions, RunStore, "str | None"], Services]
+_FACTORY: ServicesFactory | None = None
+_CACHE: dict[str, Services] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def register_services_factory(factory: ServicesFactory) -> None:
+    """Set how services are built for a run without a runtime context (the graph layer does this)."""
+    global _FACTORY
+    _FACTORY = factory
+
+
+def _thread_id() -> str | None:
+    try:
+        from langgraph.config import get_config
+
+        return (get_config().get("configurable") or {}).get("thread_id")
+    except RuntimeError:  # called outside a graph run
+        return None
+
+
+def ensure_run(state: dict[str, Any]) -> dict[str, str]:
+    """``run_id``/``run_dir`` of the session, creating the run directory when the input has none.
+
+    The session driver always passes both. A LangGraph Studio run starts from ``{"options": {...}}``
+    only: its run is ``studio-<thread id>`` under ``options.runs_dir`` (created once; the start node may
+    re-run after a crash and then finds it).
+    """
+    if state.get("run_dir"):
+        return {"run_id": state.get("run_id") or Path(state["run_dir"]).name, "run_dir": state["run_dir"]}
+    options = TuneOptions(**(state.get("options") or {}))
+    run_id = state.get("run_id")
+    if not run_id:
+        thread = "".join(c for c in str(_thread_id() or "") if c.isalnum() or c in "-_")[:40]
+        if not thread:
+            raise ValueError("state has no run_dir and the call has no thread_id: give one of them")
+        run_id = f"studio-{thread}"
+    run_dir = Path(options.runs_dir).resolve() / run_id
+    if not (run_dir / "trials").is_dir():
+        RunStore.create(options.runs_dir, run_id).close()
+    return {"run_id": run_id, "run_dir": str(run_dir)}
+
+
+def services_for(state: dict[str, Any], runtime: Any) -> Services:
+    """The services of this invocation: the runtime context, else cached ones built from the state."""
+    ctx = getattr(runtime, "context", None)
+    if isinstance(ctx, Services):
+        return ctx
+    run_dir = state.get("run_dir")
+    if not run_dir:
+        raise ValueError("state has no run_dir: start sessions through mart.graph.session or the start node")
+    if _FACTORY is None:
+        raise RuntimeError("no runtime context and no services factory: import mart.graph.services first")
+    with _CACHE_LOCK:
+        if run_dir not in _CACHE:
+            store = RunStore(Path(run_dir), state.get("run_id") or Path(run_dir).name)
+            options = TuneOptions(**(state.get("options") or {}))
+            _CACHE[run_dir] = _FACTORY(options, store, os.environ.get("OPENAI_API_KEY"))
+        return _CACHE[run_dir]

@@ -1,0 +1,64 @@
+"""The metric vocabulary every layer speaks: one verl-format step record and the reductions over them.
+
+Reading streams from files (tailing, writing) is the trial runners' job: ``mart.trial_runner.metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepRecord:
+    """One ``{"step": N, "data": {...}}`` line; values are floats (NaN for null/unparseable)."""
+
+    step: int
+    data: dict[str, float] = field(default_factory=dict)
+
+    def get(self, key: str, default: float = math.nan) -> float:
+        return self.data.get(key, default)
+
+
+def _to_float(value: Any) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def parse_line(line: str) -> StepRecord | None:
+    """Parse one JSONL line of verl's file logger, or None if it is not such a record."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or "step" not in obj or not isinstance(obj.get("data"), dict):
+        return None
+    try:
+        step = int(obj["step"])
+    except (TypeError, ValueError):
+        return None
+    return StepRecord(step=step, data={str(k): _to_float(v) for k, v in obj["data"].items()})
+
+
+def mean_over_steps(records: list[StepRecord], key: str, first: int, last: int) -> float:
+    """Mean of ``key`` over steps first..last inclusive (NaN values skipped; NaN if none)."""
+    vals = [r.get(key) for r in records if first <= r.step <= last]
+    vals = [v for v in vals if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def last_value(records: list[StepRecord], key_prefix: str) -> float:
+    """Last finite value of the first key starting with ``key_prefix`` (e.g. ``val-core/``)."""
+    for rec in reversed(records):
+        for k, v in rec.data.items():
+            if k.startswith(key_prefix) and not math.isnan(v):
+                return v
+    return math.nan
