@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Packaging checks CI runs (issue 10): the wheel's top level holds only mart/ (and its dist-info), and the
+# layers point one way (import-linter's contract in pyproject.toml).
+# import-linter reads the package from disk; an editable install maps folders through a meta-path finder it
+# cannot see, so the check runs on a plain install of the wheel in a scratch folder.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+python3 -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/wheel" . >/dev/null
+rm -rf build
+whl=$(ls "$tmp"/wheel/mart-*.whl)
+tops=$(python3 - "$whl" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+print(" ".join(sorted({n.split("/")[0] for n in names})))
+PY
+)
+for t in $tops; do
+  case "$t" in
+    mart|mart-*.dist-info) ;;
+    *) echo "wheel top level holds '$t' (only mart/ belongs there): $tops"; exit 1 ;;
+  esac
+done
+echo "wheel top level: $tops"
+
+python3 -m pip install -q --no-deps --no-compile --target "$tmp/site" "$whl"
+# run from the scratch folder, so the repository's own folders are not importable
+(cd "$tmp" && PYTHONPATH="$tmp/site" lint-imports "$repo/pyproject.toml")
