@@ -8,7 +8,7 @@ passes, which verl's perf guide puts at ~2x the training micro batch).
 
 Constraints mirror verl's ``validate_config`` / ``ActorConfig`` checks plus the runtime rules that verl
 only finds after launch (``validate_config`` in verl's ``verl/utils/config.py``, ``ActorConfig`` in
-``verl/workers/config/actor.py``; github.com/volcengine/verl at v0.9.1). Each reads the full flat
+``verl/workers/config/actor.py``; github.com/verl-project/verl at v0.9.1). Each reads the full flat
 config with verl's *true* defaults for absent keys (``VERL_DEFAULTS``), so a partial config is judged the
 way verl would judge it.
 """
