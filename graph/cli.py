@@ -127,7 +127,9 @@ def _print_summary(summary: dict) -> None:
         console.print(f"LLM agents: {agents['calls']} calls, {agents['prompt_tokens']}+{agents['completion_tokens']} "
                       f"tokens{cost}, {agents['fallbacks']} fell back to rules")
     for note in summary.get("notes") or []:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
+    if summary.get("report"):
+        console.print(f"report: {summary['report']}", markup=False)
 
 
 def _console():
@@ -390,6 +392,35 @@ def status(
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:
         typer.echo(f"error: {info['error']}")
+    report = store.run_dir / "report.html"
+    if report.is_file():
+        typer.echo(f"report: {report}")
+
+
+@app.command()
+def report(
+    run: str = typer.Argument(..., help="Run id or run directory."),
+    runs_dir: Path = RUNS_DIR,
+    fmt: str = typer.Option("html", "--format", help="html (self-contained page) or md (Markdown for a terminal or CI)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write the page (default: RUN/report.html or .md)."),
+) -> None:
+    """Write the run's report: best-so-far, phase breakdown, memory, calibration, learning curves, reviews, config.
+
+    The figures are PNGs in RUN/report/, embedded in the HTML page so it stands alone.
+    """
+    from mart.graph.report import write_report
+    from mart.state.run_store import RunError, RunStore
+
+    if fmt not in ("html", "md"):
+        _fail(f"--format must be html or md, got {fmt!r}")
+    try:
+        store = RunStore.open(run, runs_dir)
+        run_dir = store.run_dir
+        store.close()
+    except RunError as e:
+        _fail(str(e))
+    path = write_report(run_dir, fmt, out)
+    typer.echo(str(path))
 
 
 @app.command()

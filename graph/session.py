@@ -108,7 +108,9 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 pass
             snap = graph.get_state(config)
             if not snap.next:
-                summary = snap.values.get("summary") or {}
+                summary = dict(snap.values.get("summary") or {})
+                if options.report:
+                    summary["report"] = _write_report(store, progress)
                 return summary
             if not snap.interrupts:
                 raise RunError(f"the graph stopped at {snap.next} without a pending review")
@@ -130,6 +132,18 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
     finally:
         services.close()
         saver.conn.close()  # the Slack server drives many runs in one process
+
+
+def _write_report(store: RunStore, progress: ConsoleProgress) -> str | None:
+    """The run's report.html; a report that cannot be drawn never fails a finished session."""
+    from mart.graph.report import write_report
+
+    try:
+        return str(write_report(store.run_dir))
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not lose a completed run
+        if not progress.quiet:
+            progress.console.print(f"report not written: {type(e).__name__}: {e}", markup=False)
+        return None
 
 
 def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | None = None,

@@ -39,6 +39,8 @@ class TuneOptions(BaseModel):
     seed: int = 0
     runs_dir: str = "runs"
     quiet: bool = False
+    report: bool = Field(True, description="write report.html (figures, trials, reviews, final config) into the "
+                         "run folder when the session completes")
     watch_interval_s: float = Field(1.0, gt=0, description="how often a running trial's metrics are read")
 
     @field_validator("backend_options")

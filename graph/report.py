@@ -1,0 +1,465 @@
+"""``mart report RUN``: one self-contained HTML page (or Markdown) of a run, drawn from its ledger.
+
+What a reviewer wants at a glance: best-so-far per stage against the baseline, where each system trial
+spent its step (phase breakdown), peak memory against the limit, how well the predictions matched, the
+learning curves with the health monitor's stops, who decided what, and the final config as verl
+overrides and as YAML. Figures are matplotlib PNGs, written beside the page and embedded in it (data URIs),
+so the HTML file can be mailed or attached on its own.
+
+The ledger is opened read-only; every string from it (feedback, reasons, configs) is foreign text and is
+escaped before it reaches the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mart.state.ledger import DB_FILE
+
+PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+CURVES = (  # (title, metric prefixes tried in order)
+    ("reward", ("critic/score/mean", "critic/rewards/mean")),
+    ("validation score", ("val-core/",)),
+    ("entropy", ("actor/entropy",)),
+    ("KL", ("actor/kl_loss", "actor/ppo_kl")),
+    ("response length", ("response_length/mean",)),
+    ("response clip ratio", ("response_length/clip_ratio",)),
+)
+REPORT_DIR = "report"
+
+
+@dataclass
+class RunData:
+    """What the report needs from one run's ledger."""
+
+    run_id: str
+    options: dict[str, Any]
+    status: str
+    summary: dict[str, Any]
+    trials: list[dict[str, Any]]
+    metrics: dict[str, dict[str, list[tuple[int, float]]]]  # trial -> key -> [(step, value)]
+    reviews: list[dict[str, Any]]
+    proposals: dict[str, dict[str, Any]]
+    health: list[dict[str, Any]]
+    stages: dict[str, dict[str, Any]]
+    profiles: dict[str, dict[str, Any]]
+    figures: dict[str, Path] = field(default_factory=dict)
+
+    def stage_trials(self, stage: str) -> list[dict[str, Any]]:
+        return [t for t in self.trials if t["stage"] == stage]
+
+    def memory_limit_gb(self) -> float | None:
+        for p in self.profiles.values():
+            if p.get("memory_limit_gb") is not None:
+                return float(p["memory_limit_gb"])
+        return None
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run's ledger (read-only, so a report works on a run that is still going or on read-only media)."""
+    db = Path(run_dir) / DB_FILE
+    if not db.is_file():
+        raise FileNotFoundError(f"{run_dir}: no {DB_FILE} (is this a mart run folder?)")
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+
+    def rows(sql: str, *args: Any) -> list[dict[str, Any]]:
+        try:
+            return [dict(r) for r in conn.execute(sql, args)]
+        except sqlite3.OperationalError:  # a table an older run does not have
+            return []
+
+    try:
+        run = (rows("select * from runs") or [{}])[0]
+        trials = rows("select * from trials order by seq")
+        metrics: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        for r in rows("select trial_id, step, key, value from metrics order by trial_id, step"):
+            if r["value"] is not None:
+                metrics.setdefault(r["trial_id"], {}).setdefault(r["key"], []).append((r["step"], r["value"]))
+        return RunData(
+            run_id=run.get("run_id") or Path(run_dir).name,
+            options=_loads(run.get("options"), {}),
+            status=run.get("status") or "unknown",
+            summary=_loads(run.get("summary"), {}),
+            trials=trials,
+            metrics=metrics,
+            reviews=rows("select * from reviews order by created_at"),
+            proposals={p["candidate_id"]: p for p in rows("select * from proposals")},
+            health=rows("select * from health_events order by trial_id, step"),
+            stages={s["stage"]: s for s in rows("select * from stage_results")},
+            profiles={p["stage"]: _loads(p["profile"], {}) for p in rows("select * from profiles")},
+        )
+    finally:
+        conn.close()
+
+
+# -- figures ---------------------------------------------------------------------------------------------
+
+def _series(data: RunData, trial_id: str, prefixes: tuple[str, ...]) -> list[tuple[int, float]]:
+    keys = data.metrics.get(trial_id, {})
+    for prefix in prefixes:
+        for key in sorted(keys):
+            if key.startswith(prefix):
+                return [(s, v) for s, v in keys[key] if math.isfinite(v)]
+    return []
+
+
+def _mean(values: list[float]) -> float:
+    vals = [v for v in values if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def _objective(trial: dict[str, Any]) -> float | None:
+    v = trial["throughput"] if trial["stage"] == "system" else trial["score"]
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
+    trials = data.stage_trials(stage)
+    limit = data.memory_limit_gb() if stage == "system" else None
+    xs, best, ys, cur = [], [], [], None
+    for i, t in enumerate(trials, 1):
+        v = _objective(t)
+        ok = t["status"] == "completed" and v is not None
+        if ok and stage == "system" and limit is not None and (t["peak_memory_gb"] or 0) > limit:
+            ok = False  # over the margin never counts as best
+        if ok:
+            cur = v if cur is None else max(cur, v)
+        xs.append(i)
+        ys.append(v)
+        best.append(cur)
+    if not xs:
+        return False
+    ax.plot(xs, [y if y is not None else math.nan for y in ys], "o", color="0.6", label="each trial")
+    ax.step(xs, [b if b is not None else math.nan for b in best], where="post", color="C0", lw=2,
+            label="best so far")
+    if ys and ys[0] is not None:
+        ax.axhline(ys[0], color="C3", ls="--", lw=1, label="baseline")
+    ax.set_title(f"{stage} stage: {label}")
+    ax.set_xlabel("trial")
+    ax.legend(fontsize=8)
+    return True
+
+
+def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=size, dpi=100)
+    try:
+        if draw(fig) is False:
+            return None
+        fig.tight_layout()
+        fig.savefig(path)
+        return path
+    finally:
+        plt.close(fig)
+
+
+def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
+    """Write the report's PNGs into ``out_dir``; returns those that had data, by name."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs: dict[str, Path | None] = {}
+    system, learning = data.stage_trials("system"), data.stage_trials("learning")
+
+    def best(fig: Any) -> bool:
+        axes = fig.subplots(1, 2)
+        a = _plot_best_so_far(data, axes[0], "system", "throughput (tok/s/GPU)")
+        b = _plot_best_so_far(data, axes[1], "learning", "validation score")
+        return a or b
+
+    figs["best_so_far"] = _figure(out_dir / "best_so_far.png", best)
+
+    def phases(fig: Any) -> bool:
+        if not system:
+            return False
+        ax = fig.subplots()
+        bottom = [0.0] * len(system)
+        for i, ph in enumerate(PHASES):
+            vals = [_mean([v for _, v in data.metrics.get(t["trial_id"], {}).get(f"timing_s/{ph}", [])])
+                    for t in system]
+            if any(vals):
+                ax.bar(range(len(system)), vals, bottom=bottom, label=ph, color=f"C{i}")
+                bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(range(len(system)), [t["trial_id"] for t in system], rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("mean seconds per step")
+        ax.set_title("where each system trial spends its step")
+        ax.legend(fontsize=7, ncol=3)
+        return True
+
+    figs["phases"] = _figure(out_dir / "phases.png", phases)
+
+    def memory(fig: Any) -> bool:
+        pts = [(t["trial_id"], t["peak_memory_gb"], t["status"]) for t in data.trials
+               if t["peak_memory_gb"] is not None]
+        if not pts:
+            return False
+        ax = fig.subplots()
+        colors = ["C3" if s in ("oom", "failed") else "C0" for _, _, s in pts]
+        ax.bar(range(len(pts)), [p for _, p, _ in pts], color=colors)
+        limit = data.memory_limit_gb()
+        if limit is not None:
+            ax.axhline(limit, color="C3", ls="--", lw=1, label=f"limit {limit:.1f} GB")
+            ax.legend(fontsize=8)
+        ax.set_xticks(range(len(pts)), [t for t, _, _ in pts], rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("peak memory (GB)")
+        ax.set_title("peak memory per trial (red: OOM or failed)")
+        return True
+
+    figs["memory"] = _figure(out_dir / "memory.png", memory)
+
+    def calibration(fig: Any) -> bool:
+        pairs = []
+        for t in data.trials:
+            p = data.proposals.get(t.get("candidate_id") or "")
+            if p and p.get("predicted_memory_gb") is not None and t["peak_memory_gb"] is not None:
+                pairs.append((p["predicted_memory_gb"], t["peak_memory_gb"]))
+        if not pairs:
+            return False
+        ax = fig.subplots()
+        ax.scatter([p for p, _ in pairs], [m for _, m in pairs], color="C0")
+        lo = min(min(p, m) for p, m in pairs)
+        hi = max(max(p, m) for p, m in pairs)
+        ax.plot([lo, hi], [lo, hi], color="0.5", ls=":", label="prediction = measurement")
+        ax.set_xlabel("predicted peak (GB)")
+        ax.set_ylabel("measured peak (GB)")
+        ax.set_title("memory model calibration")
+        ax.legend(fontsize=8)
+        return True
+
+    figs["calibration"] = _figure(out_dir / "calibration.png", calibration, size=(5.0, 4.0))
+
+    def curves(fig: Any) -> bool:
+        if not learning:
+            return False
+        axes = fig.subplots(2, 3).ravel()
+        drawn = False
+        stops = {(e["trial_id"]): e for e in data.health if e["severity"] == "stop"}
+        for ax, (title, prefixes) in zip(axes, CURVES):
+            for i, t in enumerate(learning):
+                s = _series(data, t["trial_id"], prefixes)
+                if not s:
+                    continue
+                drawn = True
+                ax.plot([a for a, _ in s], [b for _, b in s], color=f"C{i % 10}", lw=1.2, label=t["trial_id"],
+                        marker="o" if len(s) < 3 else None)
+                ev = stops.get(t["trial_id"])
+                if ev is not None:
+                    ax.axvline(ev["step"], color=f"C{i % 10}", ls=":", lw=1)
+            ax.set_title(title, fontsize=9)
+            ax.tick_params(labelsize=7)
+        if drawn:
+            axes[0].legend(fontsize=6)
+        return drawn
+
+    figs["learning_curves"] = _figure(out_dir / "learning_curves.png", curves, size=(10.0, 5.6))
+    return {k: v for k, v in figs.items() if v is not None}
+
+
+# -- text ------------------------------------------------------------------------------------------------
+
+def final_config(data: RunData) -> dict[str, Any]:
+    """The last stage's best config (the system stage's when the learning stage found none)."""
+    for stage in ("learning", "system"):
+        cfg = _loads((data.stages.get(stage) or {}).get("best_config"), None)
+        if cfg:
+            return cfg
+    return {}
+
+
+def as_overrides(config: dict[str, Any]) -> list[str]:
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return str(v).lower()
+        if v is None:
+            return "null"
+        if isinstance(v, (list, dict)):
+            return "'" + json.dumps(v) + "'"
+        return str(v)
+
+    return [f"{k}={fmt(v)}" for k, v in sorted(config.items())]
+
+
+def as_yaml(config: dict[str, Any]) -> str:
+    nested: dict[str, Any] = {}
+    for key, value in sorted(config.items()):
+        node = nested
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):  # a key that is both a value and a prefix: keep it flat
+                node = None
+                break
+            node = nxt
+        if node is None:
+            nested[key] = value
+        else:
+            node[parts[-1]] = value
+    return yaml.safe_dump(nested, sort_keys=True, default_flow_style=False)
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "—"
+        return f"{v:,.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _diff(t: dict[str, Any]) -> str:
+    ov = _loads(t.get("overrides"), {})
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(ov.items())) or "(base)"
+
+
+def headline(data: RunData) -> list[tuple[str, str]]:
+    rows = []
+    for stage, unit in (("system", "tok/s/GPU"), ("learning", "validation score")):
+        s = data.stages.get(stage)
+        if not s:
+            continue
+        b, v = s.get("baseline_value"), s.get("best_value")
+        gain = ""
+        if b is not None and v is not None and math.isfinite(b) and math.isfinite(v):
+            gain = f" ({(v / b - 1) * 100:+.1f}%)" if stage == "system" and b else f" ({v - b:+.4f})"
+        rows.append((f"{stage} stage", f"{_fmt(b)} → {_fmt(v)} {unit}{gain}; best {s.get('best_trial') or '—'}"
+                     + (f"; note: {s['note']}" if s.get("note") else "")))
+    return rows
+
+
+def trial_rows(data: RunData) -> list[list[str]]:
+    out = []
+    for t in data.trials:
+        out.append([t["trial_id"], t["stage"], t["status"] + (f" ({t['reason']})" if t.get("reason") else ""),
+                    _diff(t), _fmt(t["throughput"]), _fmt(t["peak_memory_gb"], 3), _fmt(t["score"], 3),
+                    _fmt(t.get("steps_done"))])
+    return out
+
+
+TRIAL_HEADER = ["trial", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
+REVIEW_HEADER = ["review", "candidate", "decision", "by", "channel", "feedback / edits"]
+
+
+def review_rows(data: RunData) -> list[list[str]]:
+    out = []
+    for r in data.reviews:
+        edits = _loads(r.get("edits"), {})
+        words = r.get("feedback") or ", ".join(f"{k}={v}" for k, v in edits.items())
+        out.append([r["review_id"], r.get("candidate_id") or "", r["action"], r.get("reviewer") or "",
+                    r.get("channel") or "", words or ""])
+    return out
+
+
+# -- rendering -------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}td,th{border:1px solid #ddd;padding:3px 8px;
+text-align:left;vertical-align:top}th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}
+pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}.muted{color:#777}
+"""
+
+
+def _table_html(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _img_html(path: Path, alt: str) -> str:
+    b64 = base64.b64encode(path.read_bytes()).decode()
+    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></p>'
+
+
+def render_html(data: RunData) -> str:
+    cfg = final_config(data)
+    figs = data.figures
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>mart run {html.escape(data.run_id)}"
+             f"</title><style>{_CSS}</style></head><body>",
+             f"<h1>mart run {html.escape(data.run_id)}</h1>",
+             f"<p class='muted'>status: {html.escape(data.status)} · backend: "
+             f"{html.escape(str(data.options.get('backend', '?')))} · {len(data.trials)} trials</p>"]
+    if headline(data):
+        parts.append(_table_html(["", "baseline → best"], [[a, b] for a, b in headline(data)]))
+    sections = [("Best so far", "best_so_far"), ("Phase breakdown of system trials", "phases"),
+                ("Peak memory against the limit", "memory"), ("Predicted against measured", "calibration"),
+                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves")]
+    for title, key in sections:
+        if key in figs:
+            parts.append(f"<h2>{html.escape(title)}</h2>" + _img_html(figs[key], title))
+    parts.append("<h2>Trials</h2>" + _table_html(TRIAL_HEADER, trial_rows(data)))
+    if data.health:
+        parts.append("<h2>Health events</h2>" + _table_html(
+            ["trial", "step", "rule", "severity", "message"],
+            [[e["trial_id"], str(e["step"]), e["rule"], e["severity"], e["message"] or ""] for e in data.health]))
+    parts.append("<h2>Reviews</h2>" + (_table_html(REVIEW_HEADER, review_rows(data)) if data.reviews
+                                       else "<p class='muted'>no reviews</p>"))
+    parts.append("<h2>Final config</h2>")
+    if cfg:
+        parts.append("<p>As verl overrides:</p><pre>" + html.escape(" \\\n".join(as_overrides(cfg))) + "</pre>")
+        parts.append("<p>As YAML:</p><pre>" + html.escape(as_yaml(cfg)) + "</pre>")
+    else:
+        parts.append("<p class='muted'>no stage has finished yet</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table_md(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(data: RunData) -> str:
+    cfg = final_config(data)
+    out = [f"# mart run {data.run_id}", "",
+           f"status: {data.status} · backend: {data.options.get('backend', '?')} · {len(data.trials)} trials", ""]
+    out += [f"- **{a}**: {b}" for a, b in headline(data)]
+    for key, path in data.figures.items():
+        out += ["", f"![{key}]({REPORT_DIR}/{path.name})"]
+    out += ["", "## Trials", "", _table_md(TRIAL_HEADER, trial_rows(data))]
+    if data.reviews:
+        out += ["", "## Reviews", "", _table_md(REVIEW_HEADER, review_rows(data))]
+    if cfg:
+        out += ["", "## Final config", "", "```", " \\\n".join(as_overrides(cfg)), "```", "", "```yaml",
+                as_yaml(cfg).rstrip(), "```"]
+    return "\n".join(out) + "\n"
+
+
+def write_report(run_dir: str | Path, fmt: str = "html", out: str | Path | None = None) -> Path:
+    """Write the report of the run in ``run_dir`` (PNGs into ``run_dir/report/``); returns the page's path."""
+    if fmt not in ("html", "md"):
+        raise ValueError(f"report format must be 'html' or 'md', got {fmt!r}")
+    run_dir = Path(run_dir)
+    data = load_run(run_dir)
+    data.figures = draw_figures(data, run_dir / REPORT_DIR)
+    path = Path(out) if out else run_dir / f"report.{fmt}"
+    text = render_html(data) if fmt == "html" else render_markdown(data)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a page
+    return path
