@@ -424,6 +424,40 @@ def report(
 
 
 @app.command()
+def knobs(
+    backend: str = typer.Option("local", "--backend", help="local, verl, sim, or package.module:factory."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="system or learning (default: both)."),
+    as_json: bool = JSON,
+) -> None:
+    """The knob catalogue a reviewer edits: key, short name, type and range, default, phase, why it matters.
+
+    An edit (`mart review RUN --edit NAME=VALUE`, Slack, the terminal) takes the full key, a unique dotted
+    suffix (rollout.gpu_memory_utilization) or the short name shown here (micro_batch).
+    """
+    from rich.table import Table
+
+    from mart.trial_runner.registry import load_backend
+
+    if stage not in (None, "system", "learning"):
+        _fail(f"--stage must be system or learning, got {stage!r}")
+    try:
+        space = load_backend(backend).search_space()
+    except (ValueError, TypeError) as e:
+        _fail(str(e))
+    params = [p for p in space.params if stage is None or p.stage == stage]
+    if as_json:
+        _print_json([{**p.to_dict(), "short": space.edit_name(p.key), "phase": p.phase} for p in params])
+        return
+    table = Table(title=f"{space.backend} knobs" + (f" ({stage} stage)" if stage else ""), show_lines=False)
+    for col in ("key", "short", "stage", "range", "default", "phase", "why"):
+        table.add_column(col, overflow="fold")
+    for p in params:
+        table.add_row(p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
+                      p.description)
+    _console().print(table, markup=False)
+
+
+@app.command()
 def trials(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,

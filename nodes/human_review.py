@@ -12,6 +12,7 @@ from typing import Any, Literal
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
+from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.runtime import services_for
 from mart.nodes.stage_control import stage_base_config
 from mart.state.models import Candidate, ReviewDecision, TrialRecord, config_hash
@@ -33,6 +34,9 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
     ]
     crit = next((c for c in state.get("critiques") or [] if c.candidate_id == cand.candidate_id), None)
     profile = (state.get("profiles") or {}).get(stage)
+    space = services.backend.search_space()
+    # how the rules read the reviewer's words, shown back so a misreading can be corrected at once
+    feedback_read = parse_feedback(list(state.get("feedback") or []), space).describe(space)
     return {
         "kind": "mart_review",
         "run_id": services.run_id,
@@ -48,6 +52,7 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
         "memory_limit_gb": services.memory_limit_gb(),
         "bottleneck": profile.bottleneck if profile else None,
         "trials_done": (state.get("trials_done") or {}).get(stage, 0),
+        "feedback_read": feedback_read,
         "allowed": ["approve", "edit", "reject"],
     }
 
@@ -58,7 +63,7 @@ def apply_decision(decision: ReviewDecision, cand: Candidate, space, stage: str,
     if decision.action == "edit":
         if not decision.edits:
             raise ConfigError("an edit needs at least one KEY=VALUE")
-        overrides.update(space.validate_overrides(decision.edits, stage=stage))
+        overrides.update(space.validate_overrides(space.resolve_keys(decision.edits), stage=stage))
         errors = space.check_constraints({**base, **overrides})
         if errors:
             raise ConfigError("; ".join(errors))

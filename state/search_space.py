@@ -8,7 +8,9 @@ unknown keys are refused, so nothing an agent writes reaches a command line unch
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -95,6 +97,34 @@ class ParamSpec:
             raise ConfigError(f"`{self.key}` must lie in [{self.low}, {self.high}], but got {value!r}.")
         return num
 
+    @property
+    def short(self) -> str:
+        """The name a person types: the key's last segment without verl's filler (``micro_batch``)."""
+        last = self.key.rsplit(".", 1)[-1]
+        last = re.sub(r"^(ppo_|enable_|use_)", "", last)
+        return re.sub(r"(_size)?(_per_gpu)?$", "", last) or last
+
+    @property
+    def phase(self) -> str:
+        """The step phase the knob acts on (learning knobs: ``learning``), read from where verl keeps it."""
+        if self.stage == "learning":
+            return "learning"
+        k = self.key
+        if ".rollout.log_prob" in k:
+            return "old_log_prob"
+        for part, phase in ((".rollout.", "gen"), (".ref.", "ref"), (".actor.", "update_actor"),
+                            (".model.", "update_actor")):
+            if part in k:
+                return phase
+        return "all"
+
+    def range_text(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        if self.kind == "bool":
+            return "true/false"
+        return f"{self.kind} in [{self.low:g}, {self.high:g}]"
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("key", "stage", "kind", "default", "description", "low", "high")}
         d["choices"] = list(self.choices) if self.choices else None
@@ -129,6 +159,61 @@ class SearchSpace:
 
     def __getitem__(self, key: str) -> ParamSpec:
         return self._by_key[key]
+
+    def short_names(self) -> dict[str, str]:
+        """key -> short name, for the short names that belong to exactly one knob."""
+        counts: dict[str, int] = {}
+        for p in self.params:
+            counts[p.short] = counts.get(p.short, 0) + 1
+        return {p.key: p.short for p in self.params if counts[p.short] == 1}
+
+    def edit_name(self, key: str) -> str:
+        """The shortest name ``resolve_key`` maps to ``key``: its short name, else its shortest unique suffix."""
+        short = self.short_names().get(key)
+        if short:
+            return short
+        parts = key.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            suffix = ".".join(parts[i:])
+            if [k for k in self._by_key if k.endswith("." + suffix)] == [key]:
+                return suffix
+        return key
+
+    def resolve_key(self, name: str) -> str:
+        """The full key a person meant: the key itself, a unique dotted suffix, or a unique short name.
+
+        Raises ConfigError naming the closest knobs when ``name`` is unknown or ambiguous.
+        """
+        name = name.strip().lstrip("+")
+        if name in self._by_key:
+            return name
+        by_suffix = [k for k in self._by_key if k.endswith("." + name)]
+        if len(by_suffix) == 1:
+            return by_suffix[0]
+        by_short = [k for k, s in self.short_names().items() if s == name]
+        if len(by_short) == 1:
+            return by_short[0]
+        same_short = [p.key for p in self.params if p.short == name]
+        if len(by_suffix) > 1 or len(same_short) > 1:
+            raise ConfigError(f"`{name}` is ambiguous in the {self.backend} backend: it may be "
+                              + " or ".join(f"`{k}`" for k in sorted(by_suffix or same_short)) + ".")
+        names = list(self._by_key) + list(self.short_names().values())
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        close += [k for k in self._by_key if name in k and k not in close][: 3 - len(close)]
+        hint = (" Closest: " + ", ".join(f"`{c}`" for c in close) + ".") if close else ""
+        raise ConfigError(f"`{name}` is not a tunable knob of the {self.backend} backend.{hint}")
+
+    def resolve_keys(self, edits: dict[str, Any]) -> dict[str, Any]:
+        """``edits`` with every key resolved by ``resolve_key`` (errors for all bad keys at once)."""
+        out, errors = {}, []
+        for name, value in edits.items():
+            try:
+                out[self.resolve_key(name)] = value
+            except ConfigError as e:
+                errors.append(str(e))
+        if errors:
+            raise ConfigError(" ".join(errors))
+        return out
 
     def stage_params(self, stage: StageName) -> list[ParamSpec]:
         return [p for p in self.params if p.stage == stage]

@@ -66,6 +66,8 @@ def format_request(request: dict[str, Any]) -> str:
              f"Candidate {request.get('candidate_id')} from {request.get('source')}:"]
     for d in request.get("diff") or []:
         lines.append(f"  {d['key']}: {d['current']!r} -> {d['proposed']!r}")
+    if request.get("feedback_read"):
+        lines.append("Read your feedback as: " + ", ".join(request["feedback_read"]))
     if request.get("rationale"):
         lines.append(f"Rationale: {request['rationale']}")
     crit = request.get("critique") or {}

@@ -98,6 +98,9 @@ def summary_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
         ]},
         {"type": "section", "text": {"type": "mrkdwn", "text": _clip("*Changes against the current best*\n" + diff)}},
     ]
+    if request.get("feedback_read"):
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(
+            "*Read your feedback as*\n" + ", ".join(request["feedback_read"]))}})
     if request.get("rationale"):
         blocks.append({"type": "section", "text": {"type": "mrkdwn",
                                                    "text": _clip(f"*Rationale*\n{request['rationale']}")}})

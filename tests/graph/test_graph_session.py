@@ -203,3 +203,16 @@ def test_vague_rejection_never_brings_the_same_candidate_back(tmp_path):
     tune(options(tmp_path, system_trials=2, learning_trials=0), reviewer=reviewer)
     shown = [json.dumps(r["overrides"], sort_keys=True) for r in reviewer.requests]
     assert len(shown) == 4 and len(set(shown)) == 4
+
+
+def test_feedback_is_read_back_and_edits_take_short_names(tmp_path):
+    reviewer = Scripted([
+        ReviewDecision(action="reject", feedback="keep it simple: don't touch max_num_seqs, raise the micro batch",
+                       reviewer="ann", channel="test"),
+        ReviewDecision(action="edit", edits={"micro_batch": 8}, reviewer="ann", channel="test"),
+    ])
+    summary = tune(options(tmp_path, system_trials=2, learning_trials=0), reviewer=reviewer)
+    assert "feedback_read" in reviewer.requests[0] and reviewer.requests[0]["feedback_read"] == []
+    assert reviewer.requests[1]["feedback_read"] == ["raise micro_batch", "leave max_num_seqs alone"]
+    trials = Ledger.open(Path(tmp_path) / summary["run_id"]).trials()
+    assert len(reviewer.requests) == 2 and trials[1]["config"][MB] == 8  # the short name reached the full key
