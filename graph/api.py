@@ -78,7 +78,7 @@ class RunHandle:
         if self.pending_review() is None:
             raise RunError(f"run {self.run_id} has no pending review to answer")
         if isinstance(decision, dict):
-            decision = ReviewDecision.model_validate({"channel": "notebook", **decision})
+            decision = ReviewDecision.model_validate({"channel": "api", **decision})
         self.graph.invoke(Command(resume=decision), self.config, context=self.context, durability="sync")
         return self.pending_review()
 

@@ -57,6 +57,13 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
     }
 
 
+def _short(e: Exception) -> str:
+    """One line per problem, without pydantic's documentation links."""
+    if isinstance(e, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'answer'}: {err['msg']}" for err in e.errors())
+    return str(e)
+
+
 def apply_decision(decision: ReviewDecision, cand: Candidate, space, stage: str, base: dict[str, Any]) -> dict[str, Any]:
     """The overrides to run after ``decision`` (raises ConfigError for an invalid edit)."""
     overrides = dict(cand.overrides)
@@ -79,13 +86,15 @@ def human_review(state, runtime) -> Command[Literal["launch_trial", "proposer"]]
     request = build_review_request(state, services)
     error = None
     while True:
-        answer = interrupt({**request, "error": error}, response_schema=ReviewDecision)
         try:
+            # the resume value is validated inside ``interrupt`` (Studio's form gets the schema): a bad answer
+            # ("approve" as a bare string, an unknown action) is asked again in band instead of failing the run
+            answer = interrupt({**request, "error": error}, response_schema=ReviewDecision)
             decision = answer if isinstance(answer, ReviewDecision) else ReviewDecision.model_validate(answer)
             overrides = apply_decision(decision, cand, space, stage, base)
             break
         except (ValidationError, ConfigError) as e:
-            error = f"invalid decision: {e}"  # ask again; the run stays paused at this review
+            error = f"invalid decision: {_short(e)}"  # ask again; the run stays paused at this review
     reviews = state.get("reviews", 0) + 1
     services.ledger.add_review(services.run_id, f"review-{reviews:03d}", cand.candidate_id, decision)
     if decision.action == "reject":

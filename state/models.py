@@ -95,7 +95,8 @@ class ReviewDecision(BaseModel):
     edits: dict[str, Any] = Field(default_factory=dict, description="for edit: verl key -> new value")
     feedback: str = Field("", description="for reject (or edit): free text that reaches the proposer")
     reviewer: str = Field("unknown", description="who decided: a user name, slack id, 'auto'")
-    channel: str = "tty"
+    channel: str = Field("studio", description="where the answer came from: tty, cli, auto, slack, api; an "
+                         "answer without one can only come through LangGraph Studio or its SDK")
 
 
 class HealthEvent(BaseModel):

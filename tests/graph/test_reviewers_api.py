@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from langgraph.types import Command
-from pydantic import ValidationError
 
 from mart.graph.api import open_run
 from mart.graph.session import resume, run_status, tune
@@ -30,17 +29,25 @@ def test_invoke_resume_with_and_without_context(tmp_path, paused):
         with pytest.raises(RunLocked):
             resume(run, tmp_path, quiet=True)
         assert run_status(h.store)["driver_pid"] is not None
-        # a malformed answer is refused by the interrupt's response schema; the review stays open
-        with pytest.raises(ValidationError):
-            h.graph.invoke(Command(resume={"action": "maybe"}), h.config, context=h.context)
-        assert h.pending_review()["interrupt_id"] == req["interrupt_id"]
+        # a malformed answer (an unknown action, a bare string) is refused by the interrupt's response schema
+        # and asked again in band: the run neither fails nor moves, and the reviewer sees why
+        for bad in ({"action": "maybe"}, "approve", 42):
+            out = h.graph.invoke(Command(resume=bad), h.config, context=h.context)
+            again = out["__interrupt__"][0].value
+            assert again["review_no"] == 1 and again["error"].startswith("invalid decision:"), again["error"]
+            assert h.pending_review()["interrupt_id"] == req["interrupt_id"]
+        assert "action" in again["error"] or "dictionary" in again["error"]
+        assert Ledger.open(h.store.run_dir).table_rows("reviews") == []
         out = h.graph.invoke(Command(resume=ReviewDecision(action="approve", reviewer="nb", channel="notebook")),
                              h.config, context=h.context)
         assert out["__interrupt__"][0].value["review_no"] == 2
         # context is optional: the nodes build their services from the state's options
         h.graph.invoke(Command(resume={"action": "approve", "reviewer": "nb"}), h.config)
         assert h.pending_review()["review_no"] == 3
-        assert [r["reviewer"] for r in Ledger.open(h.store.run_dir).table_rows("reviews")] == ["nb", "nb"]
+        reviews = Ledger.open(h.store.run_dir).table_rows("reviews")
+        assert [r["reviewer"] for r in reviews] == ["nb", "nb"]
+        # an answer without a channel can only have come through Studio or its SDK: recorded as such
+        assert [r["channel"] for r in reviews] == ["notebook", "studio"]
         assert len(Ledger.open(h.store.run_dir).trials()) == 3
     # closed: the run is free again, and any channel can answer it
     assert RunStore.open(run, tmp_path).lock_holder() is None
