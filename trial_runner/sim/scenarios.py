@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 GIB = 1024**3
 
@@ -258,11 +258,12 @@ class ClusterFile(_Strict):
     gpus_per_node: int = Field(default=8, ge=1, le=16)
     memory_gb: float | None = Field(default=None, gt=4, description="override the table's GPU memory")
 
-    @model_validator(mode="after")
-    def _known_gpu(self) -> ClusterFile:
-        if self.gpu not in GPUS:
-            raise ValueError(f"gpu {self.gpu!r} is not in the table: use one of {sorted(GPUS)}")
-        return self
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str) -> str:
+        if gpu not in GPUS:
+            raise ValueError(f"{gpu!r} is not in the GPU table: use one of {sorted(GPUS)}")
+        return gpu
 
 
 class WorkloadFile(_Strict):
@@ -312,20 +313,23 @@ class ScenarioFile(_Strict):
     rollout_engine: Literal["vllm-v1", "vllm-v0"] = Field(
         default="vllm-v1", description="vLLM engine generation (vllm-v0 for runs before 2025)")
 
-    @model_validator(mode="after")
-    def _base_config(self) -> ScenarioFile:
+    @field_validator("base_config")
+    @classmethod
+    def _base_config(cls, base: dict[str, Any]) -> dict[str, Any]:
         from mart.state.search_space import ConfigError
         from mart.trial_runner.verl.space import SEARCH_SPACE
 
-        for key, value in self.base_config.items():
+        out = {}
+        for key, value in base.items():
             if not isinstance(key, str) or not key or " " in key:
-                raise ValueError(f"base_config key {key!r} must be a dotted verl key")
+                raise ValueError(f"key {key!r} must be a dotted verl key")
             if key in SEARCH_SPACE:
                 try:
-                    SEARCH_SPACE[key].validate(value)
+                    value = SEARCH_SPACE[key].validate(value)  # catalogue knobs: the catalogue's rule
                 except ConfigError as e:
-                    raise ValueError(f"base_config: {e}") from None
-        return self
+                    raise ValueError(str(e)) from None
+            out[key] = value
+        return out
 
 
 def _learning_defaults(params: float) -> dict[str, float]:
@@ -381,8 +385,12 @@ def _format_validation(source: str, err: ValidationError) -> str:
     return f"invalid scenario file {source}:\n" + "\n".join(lines)
 
 
-def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
-    """A ``Scenario`` from YAML text. Raises ``ScenarioError`` naming the field and the rule."""
+def parse_scenario(text: str, source: str = "<scenario>", check_baseline: bool = True) -> Scenario:
+    """A ``Scenario`` from YAML text. Raises ``ScenarioError`` naming the field and the rule.
+
+    ``check_baseline`` also checks the job's baseline config against verl's rules (the shipped files,
+    read while the simulator's modules load, are checked by the tests instead).
+    """
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -390,9 +398,19 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     if not isinstance(raw, dict):
         raise ScenarioError(f"invalid scenario file {source}: expected a mapping with name, model, cluster, workload")
     try:
-        return scenario_from_file(ScenarioFile.model_validate(raw))
+        sc = scenario_from_file(ScenarioFile.model_validate(raw))
     except ValidationError as e:
         raise ScenarioError(_format_validation(source, e)) from None
+    if not check_baseline:
+        return sc
+    from mart.trial_runner.sim.model import base_config  # the module imports this one
+    from mart.trial_runner.verl.space import SEARCH_SPACE
+
+    errors = SEARCH_SPACE.check_constraints(base_config(sc))
+    if errors:  # verl would refuse the job's own baseline: say so now, not at the first trial
+        raise ScenarioError(f"invalid scenario file {source}:\n  base_config: the job's baseline breaks verl's rules: "
+                            + " ".join(errors))
+    return sc
 
 
 SHIPPED_DIR = "scenarios"
@@ -406,7 +424,7 @@ def _shipped(sub: str = "") -> dict[str, Scenario]:
         folder = folder / sub
     for item in sorted(folder.iterdir(), key=lambda p: p.name):
         if item.name.endswith(".yaml"):
-            sc = parse_scenario(item.read_text(), f"{SHIPPED_DIR}/{sub + '/' if sub else ''}{item.name}")
+            sc = parse_scenario(item.read_text(), f"{SHIPPED_DIR}/{sub + '/' if sub else ''}{item.name}", False)
             out[sc.name] = sc
     return out
 
