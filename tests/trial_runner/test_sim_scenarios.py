@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from mart.trial_runner.registry import load_backend
-from mart.trial_runner.sim import GPUS, SCENARIOS, ScenarioError, base_config, ground_truth, load_scenario, simulate
+from mart.trial_runner.sim import (
+    GPUS,
+    SCENARIOS,
+    ScenarioError,
+    base_config,
+    ground_truth,
+    load_scenario,
+    simulate,
+)
 from mart.trial_runner.sim.facts import step_phases
 from mart.trial_runner.sim.scenarios import PERTURB_RANGES, perturbed_constants
 from mart.trial_runner.verl.space import SEARCH_SPACE

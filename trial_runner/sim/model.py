@@ -22,7 +22,7 @@ import numpy as np
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import system as S
-from mart.trial_runner.sim.scenarios import Scenario, load_scenario
+from mart.trial_runner.sim.scenarios import Scenario, get_scenario, load_scenario  # noqa: F401 - get_scenario: bench/compare.py
 
 VAL_KEY = "val-core/math/reward/mean@1"
 TIMING_NOISE = 0.02  # lognormal sigma of every phase time (run-to-run jitter)
