@@ -108,7 +108,7 @@ def test_backend_takes_a_scenario_file_and_perturb() -> None:
     assert backend.scenario.name == "llama-3.1-8b-2x8-a100" and backend.scenario.perturb_seed == 7
     assert backend.memory_capacity_gb() == 80.0
     assert backend.base_config()["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 8
-    assert backend.describe_scenario()["cluster"]["nodes"] == 2
+    assert backend.scenario.job()["cluster"]["nodes"] == 2
     with pytest.raises(ValueError, match="perturb"):
         load_backend("sim", scenario="qwen3-8b-1x8", perturb="abc")
 

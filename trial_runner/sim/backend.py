@@ -96,9 +96,5 @@ class SimBackend(Backend):
         """The simulator's best stage-1 config for this scenario (see ``model.ground_truth``)."""
         return model.ground_truth(self.scenario, margin, horizon, self._capacity)
 
-    def describe_scenario(self) -> dict[str, Any]:
-        """The job as plain data (model architecture, GPU, cluster shape, workload): ``Scenario.job()``."""
-        return self.scenario.job()
-
 
 __all__ = ["SCENARIOS", "SimBackend", "nominal_step_seconds"]
