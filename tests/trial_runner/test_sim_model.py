@@ -175,7 +175,8 @@ def test_low_temperature_collapses_entropy_and_costs_score() -> None:
     cold = learning_trajectory({**cfg, R + "temperature": 0.4, A + "optim.lr": 4e-6}, sc, 30, math.inf)
     warm = learning_trajectory({**cfg, A + "optim.lr": 4e-6}, sc, 30, math.inf)
     assert cold.entropy[-1] < 0.15 * cold.entropy[0] and cold.collapse_kind == "entropy"
-    assert warm.entropy[-1] > 0.3 * warm.entropy[0]
+    # both drop fast early (Cui et al.: -73% in the first twelfth); only the cold one falls to exhaustion
+    assert warm.entropy[-1] > 0.15 * warm.entropy[0] and warm.entropy[-1] > 2 * cold.entropy[-1]
     assert cold.score[-1] < warm.score[-1]
 
 

@@ -14,11 +14,20 @@ from mart.trial_runner.sim.model import (
     simulate,
 )
 from mart.trial_runner.sim.runner import SimRunner, sim_usage
-from mart.trial_runner.sim.scenarios import SCENARIOS, Scenario, get_scenario
+from mart.trial_runner.sim.scenarios import (
+    GPUS,
+    SCENARIOS,
+    Scenario,
+    ScenarioError,
+    get_scenario,
+    load_scenario,
+)
 
 __all__ = [
+    "GPUS",
     "SCENARIOS",
     "Scenario",
+    "ScenarioError",
     "SimBackend",
     "SimRunner",
     "base_config",
@@ -26,6 +35,7 @@ __all__ = [
     "get_scenario",
     "ground_truth",
     "ground_truth_learning",
+    "load_scenario",
     "nominal_step_seconds",
     "sim_usage",
     "simulate",

@@ -1,7 +1,9 @@
 """SimBackend: the simulated verl cluster as a mart backend (``--backend sim``).
 
-Search space = the verl catalogue (``state.spaces.verl.SEARCH_SPACE``); base config = verl's defaults plus
-the scenario's job shape; memory capacity = the scenario's GPU memory. ``time_scale`` defaults to one
+Search space = the verl catalogue (``trial_runner.verl.space.SEARCH_SPACE``); base config = verl's defaults plus
+the scenario's job shape and the keys its file sets; memory capacity = the scenario's GPU memory. The
+scenario is a shipped name (``scenario=``) or a user's YAML file (``scenario_file=``); ``perturb=SEED``
+redraws the simulator's hidden constants (docs/sim.md, "Model mismatch"). ``time_scale`` defaults to one
 baseline step ~= 0.04 wall seconds, so a stage-1 trial takes a fraction of a second.
 """
 
@@ -13,15 +15,15 @@ from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend
 from mart.trial_runner.sim import model
 from mart.trial_runner.sim.runner import SimRunner
-from mart.trial_runner.sim.scenarios import SCENARIOS, get_scenario
+from mart.trial_runner.sim.scenarios import SCENARIOS, Scenario, load_scenario
 
 #: wall seconds one baseline step takes under the default time scale
 DEFAULT_WALL_S_PER_STEP = 0.04
 
 
-def nominal_step_seconds(scenario: str, memory_capacity_gb: float | None = None) -> float:
+def nominal_step_seconds(scenario: str | Scenario, memory_capacity_gb: float | None = None) -> float:
     """Noise-free simulated duration of one baseline step (updates 3-5) of ``scenario``."""
-    sc = get_scenario(scenario)
+    sc = load_scenario(scenario)
     cfg = model.base_config(sc)
     thr, _ = model.expected_throughput(cfg, sc, 6, memory_capacity_gb)
     w = model.window_workloads(sc, cfg, 6)[1]
@@ -32,7 +34,10 @@ class SimBackend(Backend):
     """A seeded model of a verl GRPO job on a named cluster scenario (see ``docs/sim.md``).
 
     Args:
-        scenario: one of ``trial_runner.sim.SCENARIOS`` (``qwen3-8b-1x8``, ``qwen3-0.6b-2x8``, ...).
+        scenario: one of ``trial_runner.sim.SCENARIOS`` (``qwen3-8b-1x8``, ``qwen3-0.6b-2x8``, ...), a path to
+            a scenario file, or a ``Scenario``.
+        scenario_file: a YAML scenario file (docs/sim.md, "Scenario files"); overrides ``scenario``.
+        perturb: seed of the hidden constants' draw (model mismatch); None = the documented central values.
         seed: the cluster's randomness (measurement noise, collapse draws); combined with each spec's seed.
         time_scale: simulated seconds per wall second (``wall`` clock); default: a baseline step ~0.04 s.
         memory_capacity_gb: override the GPU memory of the scenario (e.g. 40 to emulate A100-40GB).
@@ -50,19 +55,29 @@ class SimBackend(Backend):
     name = "sim"
     score_metric_prefix = "val-core/"
 
-    def __init__(self, scenario: str = "qwen3-8b-1x8", seed: int = 0, time_scale: float | None = None,
+    def __init__(self, scenario: str | Scenario | None = None, seed: int = 0, time_scale: float | None = None,
                  memory_capacity_gb: float | None = None, ray_address: str | None = None, clock: str = "wall",
-                 steps_per_poll: int | None = None, **unused: Any) -> None:
-        self.scenario = get_scenario(scenario)
+                 steps_per_poll: int | None = None, scenario_file: str | None = None, perturb: int | str | None = None,
+                 **unused: Any) -> None:
+        if perturb is not None and str(perturb).strip().lower() not in ("", "none", "null"):
+            try:
+                perturb = int(perturb)
+            except (TypeError, ValueError):
+                raise ValueError(f"`perturb` must be an integer seed, but got {perturb!r}.") from None
+        else:
+            perturb = None
+        spec = scenario_file or scenario or "qwen3-8b-1x8"
+        self.scenario = load_scenario(spec, perturb)
+        self.perturb = perturb
         self.seed = int(seed)
         self._capacity = float(memory_capacity_gb) if memory_capacity_gb is not None else None
         if time_scale is None:
-            time_scale = nominal_step_seconds(scenario, self._capacity) / DEFAULT_WALL_S_PER_STEP
+            time_scale = nominal_step_seconds(self.scenario, self._capacity) / DEFAULT_WALL_S_PER_STEP
         self.time_scale = float(time_scale)
         self.clock = clock
         self.steps_per_poll = steps_per_poll
         self.unused = unused
-        self._runner_args = (scenario, self.seed, self.time_scale, self._capacity, clock, steps_per_poll)
+        self._runner_args = (self.scenario, self.seed, self.time_scale, self._capacity, clock, steps_per_poll)
         SimRunner(*self._runner_args)  # validate the clock options now, not at the first trial
 
     def search_space(self) -> SearchSpace:
@@ -79,7 +94,7 @@ class SimBackend(Backend):
 
     def ground_truth(self, margin: float = 0.1, horizon: int = 6) -> dict[str, Any]:
         """The simulator's best stage-1 config for this scenario (see ``model.ground_truth``)."""
-        return model.ground_truth(self.scenario.name, margin, horizon, self._capacity)
+        return model.ground_truth(self.scenario, margin, horizon, self._capacity)
 
 
 __all__ = ["SCENARIOS", "SimBackend", "nominal_step_seconds"]

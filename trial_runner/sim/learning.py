@@ -121,6 +121,13 @@ def clip_ratio(mean_untruncated: float, cv: float, max_len: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------ dynamics
+ENT_FAST = 5.0  # entropy pressure (progress at verl's defaults) of the fast early drop's e-folding
+ENT_PLATEAU = 0.2  # share of the starting entropy the fast drop leaves (no clip-higher)
+ENT_SLOW = 0.005  # slow decline per unit of pressure after the drop
+ENT_RUNAWAY = 6.0  # an entropy runaway (large bonus) saturates at this multiple of the start
+EXHAUSTION_MAX = 0.5  # an exhausted policy loses at most half the headroom
+
+
 def _speed(x: float) -> float:
     return x if x <= 1 else 1 + 0.35 * math.log(x)
 
@@ -196,28 +203,41 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
     data_rate = (k.train_batch / sc.train_batch_size) ** 0.25
     warm = k.warmup_ratio * steps
     hz_mult = KL_TYPE_HAZARD.get(k.kl_type, 1.0) if k.use_kl else 1.0
-    decay = 0.03 * (1 / max(k.temperature, 0.05)) ** 2
-    decay /= 1 + 0.5 * min(1.0, max(0.0, k.clip_high - k.clip_low) / 0.08)
+    # entropy pressure per unit of progress (1 at verl's defaults): faster at low temperature and top-p,
+    # slower with clip-higher, an entropy bonus or a KL loss anchoring the policy to the reference
+    clip_higher = min(1.0, max(0.0, k.clip_high - k.clip_low) / 0.08)
+    decay = (1 / max(k.temperature, 0.05)) ** 2
+    decay /= 1 + 0.5 * clip_higher
     decay /= 1 + k.entropy_coeff / 0.0015
     decay /= 0.6 + 0.4 * k.top_p
+    if k.use_kl:
+        decay /= 1 + k.kl_coef / 0.005
+    # two phases (Cui et al. 2025): a fast early drop to a plateau, then a slow decline toward zero;
+    # clip-higher raises the plateau and all but stops the decline (DAPO)
+    plateau = ENT_PLATEAU + 0.3 * clip_higher
+    slow = ENT_SLOW * (1 - 0.9 * clip_higher)
     ent_growth = max(0.0, k.entropy_coeff - 0.003) * 20  # a big entropy bonus inflates entropy
     ent1 = lp.entropy0 * k.temperature * (0.7 + 0.3 * k.top_p)
+    ent_cap = min(ENT_RUNAWAY * ent1, 0.5 * math.log(sc.model.vocab))  # a runaway saturates well below ln(vocab)
+    pressure, log_growth = 0.0, 0.0
     length_gain = lp.resp_growth * AGG_LENGTH.get(k.loss_agg, 1.0)
 
     out = LearningTrajectory([], lp.score0, [], [], [], [], [], [], [], [], None, None, x, q)
-    progress, cum_hazard, log_ent = 0.0, 0.0, math.log(ent1)
+    progress, cum_hazard = 0.0, 0.0
     exhausted_at: int | None = None
     updates = k.updates_per_step
     s_pre, ent_pre = lp.score0, ent1
     for t in range(1, steps + 1):
         ramp = min(1.0, t / warm) if warm >= 1 else 1.0
         xt = x * ramp
-        ent = min(math.exp(log_ent), math.log(sc.model.vocab))  # entropy cannot pass log(vocab)
+        ent = ent1 * (plateau + (1 - plateau) * math.exp(-pressure / ENT_FAST)) * math.exp(-slow * pressure + log_growth)
+        ent = min(ent, ent_cap)
         explore = math.sqrt(min(1.0, ent / ent1))
         mean_len = lp.resp_len0 * (1 + length_gain * (1 - math.exp(-progress / 30.0)))
-        clip = clip_ratio(mean_len, lp.resp_cv, k.max_response_length)
+        clip = clip_ratio(mean_len, sc.resp_cv, k.max_response_length)
         progress += _speed(xt) * data_rate * explore * (1 - 0.6 * clip)
-        log_ent += -decay * _speed(xt) * data_rate + ent_growth
+        pressure += decay * _speed(xt) * data_rate
+        log_growth += ent_growth
         hazard = 0.5 * (xt / xc) ** 6 * hz_mult + 0.3 * max(0.0, ent / ent1 - 2.0) ** 2
         cum_hazard += hazard
         out.hazard.append(hazard)
@@ -225,7 +245,7 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
         gain -= lp.headroom * 0.6 * clip  # truncated answers score zero
         if ent / ent1 < 0.1:  # entropy exhausted: the policy stops improving and slowly degrades
             exhausted_at = exhausted_at or t
-            gain -= lp.headroom * 0.02 * (t - exhausted_at)
+            gain -= lp.headroom * min(EXHAUSTION_MAX, 0.02 * (t - exhausted_at))  # bounded: a pass rate
         if out.collapse_step is None and cum_hazard >= collapse_draw:
             out.collapse_step = t
             out.collapse_kind = "explode"
@@ -242,7 +262,7 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
                 s_pre, ent_pre = score, ent
             score = s_pre - (s_pre - 0.35 * lp.score0) * f
             reward = reward * (1 - 0.7 * f)
-            ent = min(ent_pre * (1 + 4 * f), math.log(sc.model.vocab))
+            ent = min(ent_pre * (1 + 4 * f), max(ent_cap, ent_pre))
             grad_norm *= 5 + 20 * f
             ppo_kl = ppo_kl + 2.0 * f
             kl_loss = kl_loss + (0.5 * f if k.use_kl else 0.0)

@@ -22,7 +22,7 @@ import numpy as np
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import system as S
-from mart.trial_runner.sim.scenarios import Scenario, get_scenario
+from mart.trial_runner.sim.scenarios import Scenario, get_scenario, load_scenario  # noqa: F401 - get_scenario: bench/compare.py
 
 VAL_KEY = "val-core/math/reward/mean@1"
 TIMING_NOISE = 0.02  # lognormal sigma of every phase time (run-to-run jitter)
@@ -38,7 +38,7 @@ def search_space() -> SearchSpace:
 
 def base_config(scenario: str | Scenario) -> dict[str, Any]:
     """verl's defaults (the catalogue's) plus the scenario's job shape: the baseline of every stage."""
-    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    sc = load_scenario(scenario)
     cfg = dict(search_space().defaults())
     cfg.update(
         {
@@ -57,6 +57,7 @@ def base_config(scenario: str | Scenario) -> dict[str, Any]:
             "data.val_files": "math/test.parquet",
         }
     )
+    cfg.update(dict(sc.base_overrides))  # the verl keys the user's job sets
     return cfg
 
 
@@ -101,7 +102,7 @@ class SimResult:
 
 def _workload(sc: Scenario, lk: L.LearningKnobs, mean_untrunc: float, uses_ref: bool) -> tuple[S.StepWorkload, float]:
     seqs = lk.train_batch * lk.n
-    mean, std, longest, clip = L.length_stats(mean_untrunc, sc.learning.resp_cv, lk.max_response_length, seqs)
+    mean, std, longest, clip = L.length_stats(mean_untrunc, sc.resp_cv, lk.max_response_length, seqs)
     w = S.StepWorkload(
         seqs=seqs,
         n=lk.n,
@@ -110,8 +111,8 @@ def _workload(sc: Scenario, lk: L.LearningKnobs, mean_untrunc: float, uses_ref: 
         resp_mean=mean,
         resp_std=std,
         resp_max=longest,
-        resp_mu=math.log(max(mean_untrunc, 1.0)) - math.log(1 + sc.learning.resp_cv**2) / 2,
-        resp_sigma=math.sqrt(math.log(1 + sc.learning.resp_cv**2)),
+        resp_mu=math.log(max(mean_untrunc, 1.0)) - math.log(1 + sc.resp_cv**2) / 2,
+        resp_sigma=math.sqrt(math.log(1 + sc.resp_cv**2)),
         max_prompt_length=sc.max_prompt_length,
         max_response_length=lk.max_response_length,
         uses_ref=uses_ref,
@@ -146,7 +147,7 @@ def simulate(
     memory_capacity_gb: float | None = None,
 ) -> SimResult:
     """Play one trial of ``steps`` steps of ``config`` (a full flat verl config) on ``scenario``."""
-    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
     n_gpus = sc.n_gpus
@@ -362,7 +363,7 @@ def window_workloads(sc: Scenario, config: dict[str, Any], horizon: int) -> list
 def expected_throughput(config: dict[str, Any], scenario: str | Scenario, horizon: int = 6,
                         memory_capacity_gb: float | None = None) -> tuple[float, float]:
     """Noise-free (mean throughput over the window, peak memory over it) of a full config."""
-    sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
     k = S.knobs_from_config(config)
@@ -374,8 +375,7 @@ def expected_throughput(config: dict[str, Any], scenario: str | Scenario, horizo
     return float(np.mean(thr)), peak
 
 
-@functools.lru_cache(maxsize=32)
-def ground_truth(scenario: str, margin: float = 0.1, horizon: int = 6, memory_capacity_gb: float | None = None,
+def ground_truth(scenario: str | Scenario, margin: float = 0.1, horizon: int = 6, memory_capacity_gb: float | None = None,
                  top_k: int = 64) -> dict[str, Any]:
     """The best stage-1 config of the discretised system space (noise-free), by exhaustive evaluation.
 
@@ -388,11 +388,21 @@ def ground_truth(scenario: str, margin: float = 0.1, horizon: int = 6, memory_ca
 
     Returns:
         dict with ``throughput``, ``overrides`` (vs ``base_config``), ``peak_memory_gb``, ``baseline_throughput``,
-        ``baseline_peak_memory_gb``, ``gain_pct``, ``limit_gb``, ``evaluated`` (grid points).
+        ``baseline_peak_memory_gb``, ``gain_pct``, ``limit_gb``, ``evaluated`` (grid points), ``config`` (the
+        optimum's full config: ``base_config`` plus ``overrides``).
+
+    The log-prob passes' token caps (``rollout/ref.log_prob_max_token_len_per_gpu``) are not catalogue
+    knobs: as in verl, they follow the actor's ``ppo_max_token_len_per_gpu`` (its yaml interpolates them)
+    unless the scenario's base config sets them - so the grid holds exactly what a tuner can express.
     """
-    sc = get_scenario(scenario)
+    sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
+    return dict(_ground_truth(sc, margin, horizon, top_k))
+
+
+@functools.lru_cache(maxsize=32)
+def _ground_truth(sc: Scenario, margin: float, horizon: int, top_k: int) -> dict[str, Any]:
     cfg0 = base_config(sc)
     limit = (1 - margin) * sc.gpu.memory_gb
     k0 = S.knobs_from_config(cfg0)
@@ -410,6 +420,10 @@ def ground_truth(scenario: str, margin: float = 0.1, horizon: int = 6, memory_ca
         b = dynamic.get(name, np.full(len(dynamic["dyn"]), k0[name]))
         tgrid[name] = np.concatenate([a, b])
     tgrid["ref_micro"] = tgrid["lp_micro"].copy()
+    # verl ties the log-prob token caps to the actor's unless the job sets them
+    for cap_name, key in (("lp_tok_cap", S.R + "log_prob_max_token_len_per_gpu"),
+                          ("ref_tok_cap", S.REF + "log_prob_max_token_len_per_gpu")):
+        tgrid[cap_name] = tgrid["tok_cap"].copy() if cfg0.get(key) is None else np.full_like(tgrid["tok_cap"], k0[cap_name])
     t_valid = _valid_mask(tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
     evaluated = 0
     best: dict[str, Any] = {"throughput": -1.0}
@@ -468,7 +482,8 @@ def ground_truth(scenario: str, margin: float = 0.1, horizon: int = 6, memory_ca
     if not full.get("actor_rollout_ref.actor.use_kl_loss"):
         overrides.pop("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", None)
     return {
-        "scenario": scenario,
+        "scenario": sc.name,
+        "config": {**cfg0, **overrides},
         "throughput": best["throughput"],
         "overrides": overrides,
         "peak_memory_gb": best.get("peak_memory_gb"),
@@ -491,15 +506,19 @@ LEARNING_GRID: dict[str, list[Any]] = {
 }
 
 
+def ground_truth_learning(scenario: str | Scenario, horizon: int = 30) -> dict[str, Any]:
+    """Best expected (noise-free) final validation score over ``LEARNING_GRID`` (see ``_ground_truth_learning``)."""
+    return dict(_ground_truth_learning(load_scenario(scenario), horizon))
+
+
 @functools.lru_cache(maxsize=32)
-def ground_truth_learning(scenario: str, horizon: int = 30) -> dict[str, Any]:
+def _ground_truth_learning(sc: Scenario, horizon: int = 30) -> dict[str, Any]:
     """Best expected (noise-free) final validation score over ``LEARNING_GRID``.
 
     The grid covers the knobs with the largest effects (warm-up, weight decay, clip_grad, top_p and the
     loss aggregation move the score little); n, batch and response length stay at the scenario's (they
     change the step's cost, which stage 2 does not price).
     """
-    sc = get_scenario(scenario)
     cfg0 = base_config(sc)
     base = L.final_score_noise_free(cfg0, sc, horizon)
     best_score, best_over = -1.0, {}
@@ -511,5 +530,5 @@ def ground_truth_learning(scenario: str, horizon: int = 30) -> dict[str, Any]:
         s = L.final_score_noise_free({**cfg0, **over}, sc, horizon)
         if s > best_score:
             best_score, best_over = s, over
-    return {"scenario": scenario, "score": best_score, "overrides": {k: v for k, v in best_over.items() if cfg0.get(k) != v},
+    return {"scenario": sc.name, "score": best_score, "overrides": {k: v for k, v in best_over.items() if cfg0.get(k) != v},
             "baseline_score": base, "gain": best_score - base}

@@ -34,6 +34,7 @@ from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, Tr
 from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import write_record
 from mart.trial_runner.sim import model
+from mart.trial_runner.sim.scenarios import Scenario, load_scenario
 
 META_FILE = "sim_trial.json"
 PLAN_FILE = "sim_plan.json"
@@ -63,7 +64,7 @@ class SimRunner(TrialRunner):
 
     name = "sim"
 
-    def __init__(self, scenario: str, seed: int = 0, time_scale: float = 2000.0, memory_capacity_gb: float | None = None,
+    def __init__(self, scenario: str | Scenario, seed: int = 0, time_scale: float = 2000.0, memory_capacity_gb: float | None = None,
                  clock: str = "wall", steps_per_poll: int | None = None) -> None:
         if clock not in ("wall", "poll"):
             raise ValueError(f"`clock` must be 'wall' or 'poll', but got {clock!r}.")
@@ -71,8 +72,8 @@ class SimRunner(TrialRunner):
             raise ValueError(f"`time_scale` must be > 0 (simulated seconds per wall second), but got {time_scale!r}.")
         if steps_per_poll is not None and steps_per_poll < 1:
             raise ValueError(f"`steps_per_poll` must be >= 1 or None, but got {steps_per_poll!r}.")
-        model.get_scenario(scenario)  # fail early on an unknown name
-        self.scenario = scenario
+        self.sc = load_scenario(scenario)  # a name, a YAML file or a Scenario; fails early when unknown
+        self.scenario = self.sc.name
         self.seed = seed
         self.time_scale = float(time_scale)
         self.memory_capacity_gb = memory_capacity_gb
@@ -87,11 +88,12 @@ class SimRunner(TrialRunner):
             (trial_dir / stale).unlink(missing_ok=True)
         capacity = spec.memory_capacity_gb or self.memory_capacity_gb
         seed = self.seed * 1_000_003 + spec.seed
-        result = model.simulate(spec.config, self.scenario, spec.steps, seed=seed, memory_capacity_gb=capacity)
+        result = model.simulate(spec.config, self.sc, spec.steps, seed=seed, memory_capacity_gb=capacity)
         started = time.time()
         meta = {
             "spec": spec.model_dump(),
             "scenario": self.scenario,
+            "perturb": self.sc.perturb_seed,
             "seed": seed,
             "time_scale": self.time_scale,
             "clock": self.clock,

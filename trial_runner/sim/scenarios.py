@@ -1,12 +1,26 @@
-"""Named cluster scenarios of the simulator: hardware, model architecture, workload shape, learning curve.
+"""Cluster scenarios of the simulator: hardware, model architecture, workload shape, learning curve.
 
-Every number here is an assumption documented (with its public source) in ``docs/sim.md``. A scenario is
-immutable; ``get_scenario(name)`` raises a ``ValueError`` naming the known ones.
+A scenario is a user's job described in YAML (``name``, ``model``, ``cluster``, ``workload``, optional
+``learning`` and ``base_config``), validated with pydantic so that a bad file gets an error naming the
+field. The shipped scenarios are such files inside the package (``trial_runner/sim/scenarios/*.yaml``).
+``load_scenario(spec)`` takes a shipped name, a path to a YAML file, or a ``Scenario``; ``perturb=SEED``
+redraws the simulator's hidden constants (``SimConstants``) within documented ranges, so a tuner cannot
+win by sharing the simulator's formulas. Every number is documented, with its public source, in
+``docs/sim.md``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 GIB = 1024**3
 
@@ -21,23 +35,31 @@ class GPU:
     bf16_flops: float  # dense bf16 peak, FLOP/s
     nvlink_bw: float  # intra-node collective bus bandwidth, bytes/s (effective)
     ib_bw: float  # inter-node collective bandwidth per GPU, bytes/s (effective)
-    pcie_bw: float  # host<->device copy bandwidth per GPU when all 8 copy at once, bytes/s
+    pcie_bw: float  # pinned host<->device copy bandwidth per GPU when all 8 copy at once, bytes/s
+    train_eff: float = 0.55  # MFU a large dense model's FSDP training reaches (compute-poor GPUs reach more)
+    interconnect: str = ""
 
 
-H100_80G = GPU(
-    name="H100-SXM-80GB",
-    memory_gb=80.0,
-    hbm_bw=0.75 * 3.35e12,
-    bf16_flops=989e12,
-    nvlink_bw=150e9,
-    ib_bw=22e9,
-    pcie_bw=12e9,
-)
+#: The GPU table (datasheet memory, HBM bandwidth, dense bf16 FLOP/s, links); docs/sim.md gives sources.
+#: ``train_eff`` is calibrated: H100 to MART's direction, H20 to verl's public Qwen2-7B log (MFU ~0.77),
+#: the others placed by their FLOP/byte ridge point between those two.
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("H100-80GB", 80.0, 0.75 * 3.35e12, 989e12, 150e9, 22e9, 12e9, 0.55, "NVLink 4 (900 GB/s), 400 Gb/s IB"),
+        GPU("H200", 141.0, 0.75 * 4.8e12, 989e12, 150e9, 22e9, 12e9, 0.58, "NVLink 4 (900 GB/s), 400 Gb/s IB"),
+        GPU("H20", 96.0, 0.75 * 4.0e12, 148e12, 150e9, 22e9, 12e9, 0.87, "NVLink 4 (900 GB/s), 400 Gb/s IB"),
+        GPU("A100-80GB", 80.0, 0.75 * 2.039e12, 312e12, 100e9, 11e9, 6e9, 0.62, "NVLink 3 (600 GB/s), 200 Gb/s IB"),
+        GPU("A100-40GB", 40.0, 0.75 * 1.555e12, 312e12, 100e9, 11e9, 6e9, 0.62, "NVLink 3 (600 GB/s), 200 Gb/s IB"),
+        GPU("L40S", 48.0, 0.75 * 0.864e12, 362e12, 12e9, 11e9, 6e9, 0.50, "PCIe Gen4 only (no NVLink), 200 Gb/s"),
+    )
+}
+H100_80G = GPUS["H100-80GB"]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Decoder-only transformer (Qwen3 dense) as far as memory and FLOPs go."""
+    """Decoder-only dense transformer as far as memory and FLOPs go (Hugging Face ``config.json`` fields)."""
 
     name: str
     hf_path: str
@@ -48,11 +70,7 @@ class ModelSpec:
     kv_heads: int
     head_dim: int
     vocab: int
-    # training-kernel efficiency: MFU reached with very large micro batches, and the tokens per micro
-    # batch at which half of it is reached (small models need more tokens to fill the GPU)
-    mfu_max: float
-    mfu_half_tokens: float
-    cuda_graph_gb: float  # vLLM CUDA-graph pool (outside gpu_memory_utilization)
+    heads: int = 0
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -63,36 +81,15 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         return 2 * self.params  # bf16
 
+    @property
+    def size_factor(self) -> float:
+        """Share of the GPU's training efficiency a model this size reaches (0.6B: 0.6, 8B: 0.92)."""
+        return float(np.clip(0.6 + 0.32 * math.log(self.params / 0.6e9) / math.log(8.19 / 0.6), 0.45, 1.0))
 
-QWEN3_8B = ModelSpec(
-    name="qwen3-8b",
-    hf_path="Qwen/Qwen3-8B",
-    params=8.19e9,
-    layers=36,
-    hidden=4096,
-    intermediate=12288,
-    kv_heads=8,
-    head_dim=128,
-    vocab=151936,
-    mfu_max=0.50,
-    mfu_half_tokens=1500.0,
-    cuda_graph_gb=1.5,
-)
-
-QWEN3_06B = ModelSpec(
-    name="qwen3-0.6b",
-    hf_path="Qwen/Qwen3-0.6B-Base",
-    params=0.596e9,
-    layers=28,
-    hidden=1024,
-    intermediate=3072,
-    kv_heads=8,
-    head_dim=128,
-    vocab=151936,
-    mfu_max=0.32,
-    mfu_half_tokens=6000.0,
-    cuda_graph_gb=0.6,
-)
+    @property
+    def cuda_graph_gb(self) -> float:
+        """vLLM CUDA-graph pool at 256 sequences (outside gpu_memory_utilization): 0.6 GB (0.6B) .. 1.5 GB (8B)."""
+        return float(np.clip(0.6 + 0.9 * math.log(self.params / 0.6e9) / math.log(8.19 / 0.6), 0.4, 3.0))
 
 
 @dataclass(frozen=True)
@@ -111,8 +108,55 @@ class LearningProfile:
 
 
 @dataclass(frozen=True)
+class SimConstants:
+    """The simulator's hidden constants, as multipliers of their documented central values.
+
+    ``perturbed(seed)`` draws each within the range in ``PERTURB_RANGES`` (docs/sim.md, "Model mismatch").
+    """
+
+    train_mfu: float = 1.0  # training MFU cap
+    mfu_half_tokens: float = 1.0  # tokens per micro batch at half the MFU cap
+    act_bytes: float = 1.0  # activation bytes per token (all layers)
+    logits_bytes: float = 1.0  # logits bytes per token x vocab
+    kv_bytes: float = 1.0  # KV cache bytes per token (paged-block waste, layout)
+    offload_bw: float = 1.0  # host<->device copy rate of offloading
+    decode_overhead: float = 1.0  # CPU cost per vLLM engine step and per sequence
+    eager_launch: float = 1.0  # kernel-launch cost per layer without CUDA graphs
+    decode_eff: float = 1.0  # share of HBM bandwidth and FLOPs decode kernels reach
+    tail_cv: float = 1.0  # response-length spread (the long tail)
+    collective_bw: float = 1.0  # NVLink / IB collective bandwidth
+
+
+#: (low, high) of each ``SimConstants`` multiplier under ``perturb``; drawn log-uniformly.
+PERTURB_RANGES: dict[str, tuple[float, float]] = {
+    "train_mfu": (0.8, 1.15),
+    "mfu_half_tokens": (0.6, 1.6),
+    "act_bytes": (0.8, 1.02),  # above ~1.02 the public Qwen2-7B run would not fit its 96 GB cards
+    "logits_bytes": (0.85, 1.05),
+    "kv_bytes": (0.95, 1.15),
+    "offload_bw": (0.6, 1.5),
+    "decode_overhead": (0.7, 1.4),
+    "eager_launch": (0.75, 1.3),
+    "decode_eff": (0.8, 1.15),
+    "tail_cv": (0.85, 1.2),
+    "collective_bw": (0.7, 1.3),
+}
+
+
+def perturbed_constants(seed: int) -> SimConstants:
+    """Hidden constants drawn log-uniformly within ``PERTURB_RANGES`` from ``seed`` (same seed, same draw)."""
+    rng = np.random.default_rng([0x5EED, int(seed)])
+    return SimConstants(**{k: float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+                           for k, (lo, hi) in PERTURB_RANGES.items()})
+
+
+@dataclass(frozen=True)
 class Scenario:
-    """A verl GRPO job on a cluster: what the simulator models and the baseline it starts from."""
+    """A verl GRPO job on a cluster: what the simulator models and the baseline it starts from.
+
+    Plain fields (``model``, ``gpu``, ``nnodes``, ``gpus_per_node``, the workload shape) describe the job;
+    ``consts`` are the simulator's hidden constants; ``base_overrides`` the verl keys the user's job sets.
+    """
 
     name: str
     model: ModelSpec
@@ -132,73 +176,305 @@ class Scenario:
         default=(("amc23", 1.35), ("olympiadbench", 1.0), ("aime24", 0.45), ("aime25", 0.4))
     )
     """Per-benchmark (name, difficulty multiplier of the mean score) for the val-aux metrics."""
+    base_overrides: tuple[tuple[str, Any], ...] = ()
+    consts: SimConstants = field(default_factory=SimConstants)
+    perturb_seed: int | None = None
+    rollout_engine: str = "vllm-v1"  # vllm-v0: the pre-2025 engine, ~3x the CPU cost per engine step
 
     @property
     def n_gpus(self) -> int:
         return self.nnodes * self.gpus_per_node
 
+    @property
+    def resp_cv(self) -> float:
+        """Spread of response lengths (the long tail), hidden-constant factor included."""
+        return self.learning.resp_cv * self.consts.tail_cv
+
+    @property
+    def mean_response_length(self) -> float:
+        return self.learning.resp_len0
+
     def with_memory(self, memory_gb: float) -> Scenario:
         return replace(self, gpu=replace(self.gpu, memory_gb=float(memory_gb)))
 
+    def perturbed(self, seed: int | None) -> Scenario:
+        """This job with the hidden constants redrawn from ``seed`` (``None``: the central values)."""
+        if seed is None:
+            return replace(self, consts=SimConstants(), perturb_seed=None)
+        return replace(self, consts=perturbed_constants(seed), perturb_seed=int(seed))
 
-LEARN_8B = LearningProfile(
-    score0=0.420,
-    headroom=0.100,
-    lr_opt=4e-6,
-    tau_steps=40.0,
-    entropy0=0.45,
-    reward0=0.46,
-    resp_len0=900.0,
-    resp_growth=0.35,
-)
-
-LEARN_06B = LearningProfile(
-    score0=0.105,
-    headroom=0.030,
-    lr_opt=6e-6,
-    tau_steps=40.0,
-    entropy0=0.85,
-    reward0=0.17,
-    resp_len0=900.0,
-    resp_growth=0.7,
-)
+    # the model engineer's describe_job() reads these plain fields
+    def job(self) -> dict[str, Any]:
+        """The job as plain data: model architecture, GPU, cluster shape, workload (no hidden constants)."""
+        m, g = self.model, self.gpu
+        return {
+            "name": self.name,
+            "model": {"name": m.name, "num_parameters": m.params, "num_hidden_layers": m.layers,
+                      "hidden_size": m.hidden, "intermediate_size": m.intermediate, "num_attention_heads": m.heads,
+                      "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab},
+            "cluster": {"gpu": g.name, "memory_gb": g.memory_gb, "hbm_tb_s": round(g.hbm_bw / 0.75 / 1e12, 3),
+                        "bf16_tflops": g.bf16_flops / 1e12, "interconnect": g.interconnect,
+                        "nodes": self.nnodes, "gpus_per_node": self.gpus_per_node},
+            "workload": {"train_batch_size": self.train_batch_size, "rollout_n": self.rollout_n,
+                         "max_prompt_length": self.max_prompt_length, "max_response_length": self.max_response_length,
+                         "mean_response_length": self.learning.resp_len0, "mean_prompt_length": self.prompt_len_mean},
+            "base_config": dict(self.base_overrides),
+        }
 
 
-def _scenario(name: str, model: ModelSpec, learning: LearningProfile, nnodes: int, max_response: int) -> Scenario:
+# ------------------------------------------------------------------------------------ YAML schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelFile(_Strict):
+    """``model:`` - the Hugging Face ``config.json`` fields the simulator needs, plus the parameter count."""
+
+    name: str = Field(min_length=1)
+    hf_path: str | None = None
+    num_hidden_layers: int = Field(ge=1, le=512)
+    hidden_size: int = Field(ge=64)
+    intermediate_size: int = Field(ge=64)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    vocab_size: int = Field(ge=256)
+    num_parameters: float = Field(gt=1e7, le=2e12, description="total parameters, embeddings included (e.g. 8.03e9)")
+    head_dim: int | None = Field(default=None, ge=16)
+
+    @model_validator(mode="after")
+    def _heads(self) -> ModelFile:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads (or give head_dim)")
+        return self
+
+
+class ClusterFile(_Strict):
+    """``cluster:`` - a GPU from the table (``GPUS``), the node count and GPUs per node."""
+
+    gpu: str
+    nodes: int = Field(default=1, ge=1, le=256)
+    gpus_per_node: int = Field(default=8, ge=1, le=16)
+    memory_gb: float | None = Field(default=None, gt=4, description="override the table's GPU memory")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str) -> str:
+        if gpu not in GPUS:
+            raise ValueError(f"{gpu!r} is not in the GPU table: use one of {sorted(GPUS)}")
+        return gpu
+
+
+class WorkloadFile(_Strict):
+    """``workload:`` - the job's batch shape and response lengths."""
+
+    train_batch_size: int = Field(ge=1)
+    rollout_n: int = Field(ge=2, description="GRPO needs a group of >= 2 samples per prompt")
+    max_prompt_length: int = Field(ge=16)
+    max_response_length: int = Field(ge=16)
+    mean_response_length: float = Field(gt=0)
+    mean_prompt_length: float | None = Field(default=None, gt=0)
+    response_length_cv: float = Field(default=0.7, gt=0.05, le=3.0)
+    val_size: int = Field(default=775, ge=1)
+    test_freq: int = Field(default=5, ge=-1)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> WorkloadFile:
+        if self.mean_response_length >= self.max_response_length:
+            raise ValueError("mean_response_length must be below max_response_length")
+        if self.mean_prompt_length is not None and self.mean_prompt_length > self.max_prompt_length:
+            raise ValueError("mean_prompt_length must not exceed max_prompt_length")
+        return self
+
+
+class LearningFile(_Strict):
+    """``learning:`` (optional) - the learning curve; defaults scale with the model size (docs/sim.md)."""
+
+    score0: float | None = Field(default=None, ge=0, le=1)
+    headroom: float | None = Field(default=None, ge=0, le=1)
+    lr_opt: float | None = Field(default=None, gt=0, le=1e-3)
+    entropy0: float | None = Field(default=None, gt=0, le=12)
+    reward0: float | None = Field(default=None, ge=0, le=1)
+    resp_growth: float | None = Field(default=None, ge=-0.9, le=10)
+    tau_steps: float | None = Field(default=None, gt=0)
+
+
+class ScenarioFile(_Strict):
+    """A scenario file: a verl GRPO job on a cluster, as a user describes it."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    model: ModelFile
+    cluster: ClusterFile
+    workload: WorkloadFile
+    learning: LearningFile = LearningFile()
+    base_config: dict[str, Any] = Field(default_factory=dict)
+    rollout_engine: Literal["vllm-v1", "vllm-v0"] = Field(
+        default="vllm-v1", description="vLLM engine generation (vllm-v0 for runs before 2025)")
+
+    @field_validator("base_config")
+    @classmethod
+    def _base_config(cls, base: dict[str, Any]) -> dict[str, Any]:
+        from mart.state.search_space import ConfigError
+        from mart.trial_runner.verl.space import SEARCH_SPACE
+
+        out = {}
+        for key, value in base.items():
+            if not isinstance(key, str) or not key or " " in key:
+                raise ValueError(f"key {key!r} must be a dotted verl key")
+            if key in SEARCH_SPACE:
+                try:
+                    value = SEARCH_SPACE[key].validate(value)  # catalogue knobs: the catalogue's rule
+                except ConfigError as e:
+                    raise ValueError(str(e)) from None
+            out[key] = value
+        return out
+
+
+def _learning_defaults(params: float) -> dict[str, float]:
+    """Learning profile by model size: the 8B's for >= 3B params, the 0.6B-Base's below (docs/sim.md)."""
+    big = params >= 3e9
+    lr_opt = float(np.clip(4e-6 * (8.19e9 / params) ** 0.15, 2e-6, 8e-6))
+    return {
+        "score0": 0.42 if big else 0.105,
+        "headroom": 0.10 if big else 0.03,
+        "lr_opt": lr_opt,
+        "tau_steps": 40.0,
+        "entropy0": 0.45 if big else 0.85,
+        "reward0": 0.46 if big else 0.17,
+        "resp_growth": 0.35 if big else 0.7,
+    }
+
+
+def scenario_from_file(data: ScenarioFile) -> Scenario:
+    """The simulator's ``Scenario`` for a validated scenario file."""
+    mf, cf, wf = data.model, data.cluster, data.workload
+    head_dim = mf.head_dim or mf.hidden_size // mf.num_attention_heads
+    model = ModelSpec(name=mf.name, hf_path=mf.hf_path or mf.name, params=float(mf.num_parameters),
+                      layers=mf.num_hidden_layers, hidden=mf.hidden_size, intermediate=mf.intermediate_size,
+                      kv_heads=mf.num_key_value_heads, head_dim=head_dim, vocab=mf.vocab_size,
+                      heads=mf.num_attention_heads)
+    gpu = GPUS[cf.gpu]
+    if cf.memory_gb is not None:
+        gpu = replace(gpu, memory_gb=float(cf.memory_gb))
+    lp = _learning_defaults(model.params)
+    lp.update({k: v for k, v in data.learning.model_dump().items() if v is not None})
+    learning = LearningProfile(resp_len0=float(wf.mean_response_length), resp_cv=float(wf.response_length_cv), **lp)
+    prompt_mean = wf.mean_prompt_length if wf.mean_prompt_length is not None else min(250.0, wf.max_prompt_length / 4)
     return Scenario(
-        name=name,
-        model=model,
-        gpu=H100_80G,
-        nnodes=nnodes,
-        gpus_per_node=8,
-        train_batch_size=1024,
-        rollout_n=8,
-        max_prompt_length=1024,
-        max_response_length=max_response,
-        prompt_len_mean=250.0,
-        learning=learning,
-        description=f"{model.hf_path} GRPO on math, {nnodes}x8 H100-80GB, 256 prompts x 8 samples per step",
+        name=data.name, model=model, gpu=gpu, nnodes=cf.nodes, gpus_per_node=cf.gpus_per_node,
+        train_batch_size=wf.train_batch_size, rollout_n=wf.rollout_n, max_prompt_length=wf.max_prompt_length,
+        max_response_length=wf.max_response_length, prompt_len_mean=float(prompt_mean), learning=learning,
+        val_size=wf.val_size, test_freq=wf.test_freq,
+        description=data.description or f"{model.hf_path} GRPO, {cf.nodes}x{cf.gpus_per_node} {gpu.name}",
+        base_overrides=tuple(sorted(data.base_config.items(), key=lambda kv: kv[0])),
+        rollout_engine=data.rollout_engine,
     )
 
 
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        _scenario("qwen3-8b-1x8", QWEN3_8B, LEARN_8B, 1, 2048),
-        _scenario("qwen3-8b-2x8", QWEN3_8B, LEARN_8B, 2, 2048),
-        _scenario("qwen3-0.6b-1x8", QWEN3_06B, LEARN_06B, 1, 4096),
-        _scenario("qwen3-0.6b-2x8", QWEN3_06B, LEARN_06B, 2, 4096),
-    )
-}
+class ScenarioError(ValueError):
+    """A scenario file or name is invalid; the message names the file and the field."""
+
+
+def _format_validation(source: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {where}: {e['msg']}")
+    return f"invalid scenario file {source}:\n" + "\n".join(lines)
+
+
+def parse_scenario(text: str, source: str = "<scenario>", check_baseline: bool = True) -> Scenario:
+    """A ``Scenario`` from YAML text. Raises ``ScenarioError`` naming the field and the rule.
+
+    ``check_baseline`` also checks the job's baseline config against verl's rules (the shipped files,
+    read while the simulator's modules load, are checked by the tests instead).
+    """
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"invalid scenario file {source}: not YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"invalid scenario file {source}: expected a mapping with name, model, cluster, workload")
+    try:
+        sc = scenario_from_file(ScenarioFile.model_validate(raw))
+    except ValidationError as e:
+        raise ScenarioError(_format_validation(source, e)) from None
+    if not check_baseline:
+        return sc
+    from mart.trial_runner.sim.model import base_config  # the module imports this one
+    from mart.trial_runner.verl.space import SEARCH_SPACE
+
+    errors = SEARCH_SPACE.check_constraints(base_config(sc))
+    if errors:  # verl would refuse the job's own baseline: say so now, not at the first trial
+        raise ScenarioError(f"invalid scenario file {source}:\n  base_config: the job's baseline breaks verl's rules: "
+                            + " ".join(errors))
+    return sc
+
+
+SHIPPED_DIR = "scenarios"
+
+
+@lru_cache(maxsize=4)
+def _shipped(sub: str = "") -> dict[str, Scenario]:
+    out: dict[str, Scenario] = {}
+    folder = resources.files("mart.trial_runner.sim") / SHIPPED_DIR
+    if sub:
+        folder = folder / sub
+    for item in sorted(folder.iterdir(), key=lambda p: p.name):
+        if item.name.endswith(".yaml"):
+            sc = parse_scenario(item.read_text(), f"{SHIPPED_DIR}/{sub + '/' if sub else ''}{item.name}", False)
+            out[sc.name] = sc
+    return out
+
+
+#: The four MART scenarios (Qwen3 on H100s), read once at import from the package's YAML files.
+SCENARIOS: dict[str, Scenario] = _shipped()
+#: Jobs with public step timings, used to calibrate the simulator (docs/sim.md, "Public facts").
+CALIBRATION: dict[str, Scenario] = _shipped("calibration")
 
 
 def get_scenario(name: str) -> Scenario:
-    """The named scenario.
+    """The shipped scenario ``name``.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
     """
     try:
-        return SCENARIOS[name]
+        return SCENARIOS[name] if name in SCENARIOS else CALIBRATION[name]
     except KeyError:
-        raise ValueError(f"unknown sim scenario {name!r}: use one of {sorted(SCENARIOS)}") from None
+        raise ValueError(f"unknown sim scenario {name!r}: use one of {sorted(SCENARIOS)} "
+                         "or a scenario file (scenario_file=PATH)") from None
+
+
+def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Scenario:
+    """A scenario from a shipped name, a path to a YAML scenario file, or a ``Scenario``.
+
+    Args:
+        perturb: redraw the hidden constants from this seed (``None``: keep the spec's own).
+
+    Raises:
+        ScenarioError / ValueError: unknown name, unreadable file, or a file failing validation (names the field).
+    """
+    if isinstance(spec, Scenario):
+        sc = spec
+    else:
+        text = str(spec)
+        path = Path(text).expanduser()
+        if text in SCENARIOS or text in CALIBRATION:
+            sc = get_scenario(text)
+        elif text.endswith((".yaml", ".yml")) or path.is_file():
+            try:
+                content = path.read_text()
+            except OSError as e:
+                raise ScenarioError(f"cannot read scenario file {text}: {e.strerror or e}") from None
+            sc = parse_scenario(content, text)
+        else:
+            sc = get_scenario(text)
+    return sc.perturbed(perturb) if perturb is not None else sc
+
+
+__all__ = ["CALIBRATION", "GPUS", "PERTURB_RANGES", "SCENARIOS", "GPU", "LearningProfile", "ModelSpec",
+           "Scenario", "ScenarioError", "ScenarioFile", "SimConstants", "get_scenario", "load_scenario",
+           "parse_scenario", "perturbed_constants"]

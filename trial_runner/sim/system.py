@@ -59,9 +59,10 @@ def knobs_from_config(config: dict[str, Any]) -> dict[str, float]:
             out[name] = 1.0 if value.lower() in ("true", "1", "yes") else (0.0 if value.lower() in ("false", "0", "no") else float(value))
         else:
             out[name] = float(value)
-    # verl interpolates the log-prob token caps from the actor's (log_prob_max_token_len_per_gpu)
-    lp_cap = config.get(R + "log_prob_max_token_len_per_gpu")
-    out["lp_tok_cap"] = float(lp_cap) if lp_cap is not None else out["tok_cap"]
+    # verl's yaml interpolates the log-prob token caps from the actor's unless a job sets them
+    for name, key in (("lp_tok_cap", R + "log_prob_max_token_len_per_gpu"), ("ref_tok_cap", REF + "log_prob_max_token_len_per_gpu")):
+        cap = config.get(key)
+        out[name] = float(cap) if cap is not None else out["tok_cap"]
     return out
 
 
@@ -99,7 +100,12 @@ class StepWorkload:
 # CUDA-graph replay vs eager kernel launches, TP all-reduce latency per layer.
 T_SCHED_S = 8e-3
 T_SCHED_PER_SEQ_S = 10e-6
-T_LAUNCH_PER_LAYER_S = 60e-6
+# vLLM V0 (before 2025): Python scheduler, sampler and output processing per step and per sequence - the
+# CPU overhead the V0.6 and V1 announcements describe (GPU idle most of a decode step at small models)
+V0_SCHED_S = 15e-3
+V0_SCHED_PER_SEQ_S = 60e-6
+T_LAUNCH_PER_LAYER_S = 400e-6  # ~20 kernels x ~10 us of launch + Python per decoder layer, eager
+EAGER_EXPOSED = 0.9  # share of the eager launch time the GPU sits idle
 T_GRAPH_REPLAY_S = 0.3e-3
 CUDA_GRAPH_MAX_BATCH = 512
 T_ALLREDUCE_LAT_S = 8e-6
@@ -107,6 +113,11 @@ DECODE_MFU = 0.5
 PREFILL_MFU = 0.55
 VLLM_NON_TORCH_GB = 0.4
 CUDA_CONTEXT_GB = 0.6
+
+
+def kv_bytes(sc: Scenario) -> float:
+    """KV cache bytes per token (bf16 K and V of every layer, x the hidden paged-layout factor)."""
+    return sc.model.kv_bytes_per_token * sc.consts.kv_bytes
 
 
 def _upper_quantile_z(p: np.ndarray) -> np.ndarray:
@@ -124,17 +135,22 @@ def decode_costs(sc: Scenario, k: dict, c: np.ndarray, ctx: float) -> tuple[np.n
     (decode is memory-bandwidth-bound), TP all-reduce volume, and GEMM compute beyond the weight read
     once the batch is large enough to be compute-bound.
     """
-    m, g = sc.model, sc.gpu
+    m, g, cs = sc.model, sc.gpu, sc.consts
     tp = k["tp"]
+    hbm = g.hbm_bw * cs.decode_eff
     eager_like = np.maximum(k["eager"], (c > CUDA_GRAPH_MAX_BATCH).astype(float))
-    launch = eager_like * m.layers * T_LAUNCH_PER_LAYER_S + (1 - eager_like) * T_GRAPH_REPLAY_S
-    weights = m.weight_bytes / tp / g.hbm_bw
+    weights = m.weight_bytes / tp / hbm
     tp_lat = (tp > 1) * m.layers * 2 * T_ALLREDUCE_LAT_S * np.log2(np.maximum(tp, 2))
-    fixed = T_SCHED_S + launch + weights + tp_lat
-    kv = ctx * m.kv_bytes_per_token / tp / g.hbm_bw
-    tp_bw = (tp > 1) * m.layers * 2 * m.hidden * 2 / g.nvlink_bw
-    compute = np.maximum(0.0, 2 * m.params / tp / (g.bf16_flops * DECODE_MFU) - weights / np.maximum(c, 1))
-    return fixed, T_SCHED_PER_SEQ_S + kv + tp_bw + compute
+    # without CUDA graphs the GPU waits while the CPU launches each layer's ~20 short kernels one by one
+    # (eager PyTorch, no torch.compile); most of that launch time is exposed
+    eager_launch = m.layers * T_LAUNCH_PER_LAYER_S * cs.eager_launch * EAGER_EXPOSED
+    v0 = sc.rollout_engine == "vllm-v0"
+    sched, per_seq = (V0_SCHED_S, V0_SCHED_PER_SEQ_S) if v0 else (T_SCHED_S, T_SCHED_PER_SEQ_S)
+    fixed = sched * cs.decode_overhead + weights + tp_lat + eager_like * eager_launch + (1 - eager_like) * T_GRAPH_REPLAY_S
+    kv = ctx * kv_bytes(sc) / tp / hbm
+    tp_bw = (tp > 1) * m.layers * 2 * m.hidden * 2 / (g.nvlink_bw * cs.collective_bw)
+    compute = np.maximum(0.0, 2 * m.params / tp / (g.bf16_flops * DECODE_MFU * cs.decode_eff) - weights / np.maximum(c, 1))
+    return fixed, per_seq * cs.decode_overhead + kv + tp_bw + compute
 
 
 def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = None) -> dict[str, np.ndarray]:
@@ -157,7 +173,7 @@ def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = N
     # KV cache pool per GPU = vLLM budget - weights shard - activation workspace - non-torch memory
     act_ws = (k["mnbt"] * (12 * m.hidden + 6 * m.intermediate) / tp + k["max_num_seqs"] * m.vocab * 4) / GIB
     kv_pool_gb = vllm - m.weight_bytes / tp / GIB - act_ws - VLLM_NON_TORCH_GB
-    kv_tokens = np.maximum(kv_pool_gb, 0) * GIB * tp / m.kv_bytes_per_token  # per engine
+    kv_tokens = np.maximum(kv_pool_gb, 0) * GIB * tp / kv_bytes(sc)  # per engine
     max_model_len = w.max_prompt_length + w.max_response_length
     kv_fail = kv_tokens < max_model_len
 
@@ -184,7 +200,8 @@ def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = N
     iters = np.maximum(queue_iters + drain, 0.5 * queue_iters + w.resp_max)
     fixed, per_token = decode_costs(sc, k, c_eff, ctx_run)
     over_graph = (c_eff > CUDA_GRAPH_MAX_BATCH) * (1 - k["eager"]) * (queue_iters + w.resp_mean)
-    launch_extra = over_graph * (m.layers * T_LAUNCH_PER_LAYER_S - T_GRAPH_REPLAY_S)
+    # above the largest captured batch vLLM runs its torch.compile-d graph pieces: ~30% of the eager cost
+    launch_extra = over_graph * (0.3 * m.layers * T_LAUNCH_PER_LAYER_S * sc.consts.eager_launch * EAGER_EXPOSED)
     t_decode = iters * fixed + launch_extra + tokens * per_token * (1 + 0.5 * preempt)
     straggle = 1 + 0.015 * np.log2(np.maximum(engines, 1))  # slowest engine of many
     t_gen = (t_prefill + t_decode) * straggle
@@ -202,6 +219,8 @@ def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = N
 
 # ---------------------------------------------------------------------------------------------- training
 T_MICRO_PER_LAYER_FWD_S = 0.25e-3  # python, hooks and kernel launches per layer and micro batch (forward)
+PAGEABLE_SHARE = 0.25  # verl offloads with .to("cpu"): pageable copies reach ~1/4 of pinned PCIe bandwidth
+OFFLOAD_SYNC_S = 0.3  # synchronise + empty_cache + re-allocation around each load/offload
 FSDP_FRAGMENTATION = 1.08  # FSDP1 allocator overhead on activations; FSDP2 has none
 PACKING_EFFICIENCY = 0.92  # dynamic bsz fills ~92% of the token cap
 
@@ -224,13 +243,39 @@ def _micro_batches(k: dict, seqs_gpu: float, w: StepWorkload, micro: np.ndarray,
     return (np.where(dyn, n_dyn, n_static), np.where(dyn, mean_dyn, mean_static), np.where(dyn, peak_dyn, peak_static))
 
 
+def offload_bw(sc: Scenario) -> float:
+    """Host<->device rate of verl's offload copies per GPU, all GPUs copying at once (bytes/s)."""
+    return sc.gpu.pcie_bw * PAGEABLE_SHARE * sc.consts.offload_bw
+
+
 def _collective_bw(sc: Scenario) -> float:
-    return sc.gpu.nvlink_bw if sc.nnodes == 1 else sc.gpu.ib_bw
+    return (sc.gpu.nvlink_bw if sc.nnodes == 1 else sc.gpu.ib_bw) * sc.consts.collective_bw
+
+
+def mfu_cap(sc: Scenario) -> float:
+    """MFU of very large micro batches: the GPU's training efficiency x the model-size factor."""
+    return min(0.92, sc.gpu.train_eff * sc.model.size_factor * sc.consts.train_mfu)
+
+
+def mfu_half_tokens(sc: Scenario) -> float:
+    """Tokens per micro batch at half the MFU cap: more for small models and for FLOP-rich GPUs."""
+    return 1500.0 * (8.19e9 / sc.model.params) ** 0.53 * (sc.gpu.bf16_flops / 989e12) * sc.consts.mfu_half_tokens
 
 
 def _mfu(sc: Scenario, tokens_per_micro: np.ndarray) -> np.ndarray:
+    half = mfu_half_tokens(sc)
+    return mfu_cap(sc) * tokens_per_micro / (tokens_per_micro + half)
+
+
+def layer_activation_bytes(sc: Scenario) -> float:
+    """Saved activations per token and decoder layer in bf16 (flash attention, SwiGLU, no dropout).
+
+    Attention: the QKV input, Q, K, V and the attention output (~8 x hidden); two RMSNorm inputs (4 x
+    hidden); the MLP: its input (2 x hidden) and gate, up, SiLU(gate) and their product (8 x FFN) - the
+    tensors autograd keeps (Korthikanti et al. 2022's accounting, for a gated MLP and flash attention).
+    """
     m = sc.model
-    return m.mfu_max * tokens_per_micro / (tokens_per_micro + m.mfu_half_tokens)
+    return (14 * m.hidden + 8 * m.intermediate) * sc.consts.act_bytes
 
 
 def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray]:
@@ -248,6 +293,7 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
     sp_cost = 1 + 0.06 * (sp - 1)  # Ulysses all-to-all
     fsdp2_speed = np.where(k["fsdp2"] > 0, 0.96, 1.0)
     pcie = g.pcie_bw
+    host = offload_bw(sc)
 
     state_params = 4 * m.params / n_gpus / GIB  # fp32 shard
     state_optim = 8 * m.params / n_gpus / GIB
@@ -258,23 +304,23 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
     resident_optim = (1 - k["opt_off"]) * state_optim
 
     # forward-only log-prob passes (old policy; the ref policy when a KL term is on)
-    def forward_pass(micro: np.ndarray, offloaded: np.ndarray, params_gb: float) -> tuple:
-        n_mb, mean_tok, peak_tok = _micro_batches(k, seqs_gpu, w, micro, k["lp_tok_cap"])
+    def forward_pass(micro: np.ndarray, cap: np.ndarray, offloaded: np.ndarray, params_gb: float) -> tuple:
+        n_mb, mean_tok, peak_tok = _micro_batches(k, seqs_gpu, w, micro, cap)
         tokens = n_mb * mean_tok / sp
         compute = tokens * flops_tok / (g.bf16_flops * _mfu(sc, mean_tok / sp))
         comm = n_mb * ag_bytes / bw
         overhead = n_mb * m.layers * T_MICRO_PER_LAYER_FWD_S
         t = (np.maximum(compute, comm) + overhead) * sp_cost * fsdp2_speed
         t = t * (1 + 0.01 * k["ent_chunk"])  # python loop over logit chunks
-        t = t + offloaded * 2 * params_gb * GIB / pcie  # load before, offload after
-        logits_b = np.where(k["ent_chunk"] > 0, 2.5, 6.0) * m.vocab
+        t = t + offloaded * (2 * params_gb * GIB / host + OFFLOAD_SYNC_S)  # load before, offload after
+        logits_b = np.where(k["ent_chunk"] > 0, 2.5, 6.0) * m.vocab * sc.consts.logits_bytes
         act = peak_tok / sp * (logits_b + 8 * m.hidden) / GIB * frag
         return t, act
 
-    t_old, act_old = forward_pass(k["lp_micro"], k["param_off"], state_params)
+    t_old, act_old = forward_pass(k["lp_micro"], k["lp_tok_cap"], k["param_off"], state_params)
     mem_old = state_params + resident_optim + (1 - k["ref_off"]) * ref_params * w.uses_ref + gathered + act_old + kv_kept
     if w.uses_ref:
-        t_ref, act_ref = forward_pass(k["ref_micro"], k["ref_off"], ref_params)
+        t_ref, act_ref = forward_pass(k["ref_micro"], k["ref_tok_cap"], k["ref_off"], ref_params)
         t_ref = t_ref * 1.0
         mem_ref = (1 - k["param_off"]) * state_params + resident_optim + ref_params + gathered + act_ref + kv_kept
     else:
@@ -295,17 +341,19 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
     t_upd = t_upd * (1 + 0.02 * k["ent_ckpt"])  # entropy recomputed in backward
     # activation offload: checkpoints (or half of all activations without checkpointing) cross PCIe both
     # ways; about half of the copy hides behind compute
-    off_bytes = np.where(k["grad_ckpt"] > 0, m.layers * m.hidden * 2, 0.5 * m.layers * (34 * m.hidden + 6 * m.intermediate))
+    off_bytes = np.where(k["grad_ckpt"] > 0, m.layers * m.hidden * 2, 0.5 * m.layers * layer_activation_bytes(sc))
     t_upd = t_upd + k["act_off"] * tokens * off_bytes * 2 / pcie * 0.5
     t_upd = t_upd + n_mini * 3 * (state_params + state_optim) * GIB / g.hbm_bw  # AdamW step, memory-bound
-    t_upd = t_upd + k["opt_off"] * 2 * state_optim * GIB / pcie + k["param_off"] * 2 * state_params * GIB / pcie
-    layer_act = 34 * m.hidden + 6 * m.intermediate  # bytes per token per layer (flash attention, no dropout)
+    # verl loads offloaded state to the GPU before the update and moves it back after (pageable copies)
+    t_upd = t_upd + k["opt_off"] * (2 * state_optim * GIB / host + OFFLOAD_SYNC_S)
+    t_upd = t_upd + k["param_off"] * (2 * state_params * GIB / host + OFFLOAD_SYNC_S)
+    layer_act = layer_activation_bytes(sc)
     per_tok = np.where(
         k["grad_ckpt"] > 0,
         m.layers * m.hidden * 2 * np.where(k["act_off"] > 0, 0.1, 1.0) + layer_act,
         m.layers * layer_act * np.where(k["act_off"] > 0, 0.5, 1.0),
     )
-    logits_b = m.vocab * (np.where(k["ent_ckpt"] > 0, 6.0, 8.0) + (2.0 if w.entropy_in_update else 0.0))
+    logits_b = m.vocab * (np.where(k["ent_ckpt"] > 0, 4.0, 6.0) + (2.0 if w.entropy_in_update else 0.0)) * sc.consts.logits_bytes
     act_upd = peak_tok / sp * (per_tok + logits_b) / GIB * frag
     mem_upd = state_params + state_optim + state_grads + gathered + act_upd + kv_kept
     mem_upd = mem_upd + (1 - k["ref_off"]) * ref_params * w.uses_ref + CUDA_CONTEXT_GB
@@ -329,7 +377,7 @@ def step_overheads(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarr
     tp = np.asarray(k["tp"], dtype=float)
     bw = _collective_bw(sc)
     sync = m.weight_bytes * (n_gpus - 1) / n_gpus / bw + m.weight_bytes / tp / 200e9 + 0.5
-    sync = sync + k["param_off"] * 4 * m.params / n_gpus / g.pcie_bw
+    sync = sync + k["param_off"] * (2 * 4 * m.params / n_gpus / offload_bw(sc) + OFFLOAD_SYNC_S)
     wake = k["free_cache"] * (0.8 + m.weight_bytes / tp / g.pcie_bw + 0.3 * k["util"])
     reward = 0.3 + w.seqs * 0.4e-3
     adv = 0.05 + w.seqs * 1e-5
