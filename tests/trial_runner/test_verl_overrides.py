@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mart.state.search_space import ConfigError
 from mart.state.config_values import parse_assignment, parse_value
+from mart.state.search_space import ConfigError
 from mart.trial_runner.verl.overrides import (
     build_overrides,
     format_value,
