@@ -171,7 +171,7 @@ def tune(
         [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
     ),
     as_json: bool = JSON,
-    fields: dict = None,  # filled by @model_options
+    fields: Optional[dict] = None,  # the TuneOptions fields, filled in by @model_options
 ) -> None:
     """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
     from pydantic import ValidationError

@@ -98,8 +98,11 @@ def _parameter(name: str, field: FieldInfo, extra: list[str]) -> tuple[inspect.P
     default = field.get_default(call_default_factory=True)
     if isinstance(py_type, type) and issubclass(py_type, enum.Enum) and default is not None:
         default = py_type(str(default))
+    flag = _flag(name)
+    if py_type is bool and default is True:  # a flag that is on by default needs its off switch
+        flag = f"{flag}/--no-{flag[2:]}"
     # a kept older spelling first: it is the one README and scripts use
-    option = typer.Option(default, *extra, _flag(name), help=_help(field), metavar=metavar,
+    option = typer.Option(default, *extra, flag, help=_help(field), metavar=metavar,
                           show_default=default is not None)
     annotation = Optional[py_type] if optional else py_type
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation), convert

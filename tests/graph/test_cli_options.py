@@ -146,6 +146,7 @@ class Demo(BaseModel):
     ratio: float | None = Field(None, gt=0, description="A ratio.")
     pair: tuple[int, int] | None = Field(None, description="Two ints.")
     verbose: bool = Field(False, description="Talk more.")
+    color: bool = Field(True, description="Colour output.")
 
 
 def test_the_adapter_works_for_any_model():
@@ -159,12 +160,12 @@ def test_the_adapter_works_for_any_model():
 
     assert run(app_=demo).exit_code == 0
     assert got == {"name": "x", "level": "low", "count": 2, "ratio": None, "pair": None, "verbose": False,
-                   "extra": "e"}
-    out = run("--level", "high", "-n", "5", "--ratio", "0.5", "--pair", "3,4", "--verbose", "--extra", "z",
-              app_=demo)
+                   "color": True, "extra": "e"}
+    out = run("--level", "high", "-n", "5", "--ratio", "0.5", "--pair", "3,4", "--verbose", "--no-color",
+              "--extra", "z", app_=demo)
     assert out.exit_code == 0, out.output
     assert got == {"name": "x", "level": "high", "count": 5, "ratio": 0.5, "pair": (3, 4), "verbose": True,
-                   "extra": "z"}
+                   "color": False, "extra": "z"}
     with pytest.raises(ValueError, match="generates"):
         model_options(Demo)(lambda name="x", options=None: None)  # a flag declared twice
     with pytest.raises(ValueError, match="lacks"):
