@@ -7,6 +7,9 @@ from typing import Optional
 
 import typer
 
+from mart.graph.cli_options import flag_names, model_options
+from mart.state.options import TuneOptions
+
 app = typer.Typer(
     name="mart",
     help="Tune the hyperparameters of LLM RL post-training jobs (GRPO on verl) with agents and a human reviewer.",
@@ -15,19 +18,8 @@ app = typer.Typer(
 )
 
 
-def _price(text: str | None):
-    if text is None:
-        return None
-    try:
-        inp, out = (float(x) for x in text.split(","))
-    except ValueError:
-        typer.echo(f"error: --llm-price must be IN,OUT in USD per 1M tokens, got {text!r}", err=True)
-        raise typer.Exit(2) from None
-    return inp, out
-
-
 def _backend_options(items: list[str]) -> dict:
-    from mart.graph.reviewers.base import parse_assignments
+    from mart.state.config_values import parse_assignments
 
     try:
         return parse_assignments(items)
@@ -150,32 +142,27 @@ def _finish(summary: dict, as_json: bool) -> None:
         _print_summary(summary)
 
 
+# Flag spellings kept from before the flags were generated from TuneOptions (README and docs use them).
+TUNE_FLAG_ALIASES = {
+    "memory_margin": ["--margin"],
+    "num_candidates": ["--candidates"],
+    "wall_clock_s": ["--wall-clock"],
+    "llm_timeout_s": ["--llm-timeout"],
+    "llm_price_per_mtok": ["--llm-price"],
+    "quiet": ["-q"],
+}
+
+
 @app.command()
+@model_options(TuneOptions, exclude=["backend_options"], aliases=TUNE_FLAG_ALIASES, into="fields")
 def tune(
-    backend: str = typer.Option("local", help="Backend: local, verl, sim, or package.module:factory."),
-    system_trials: int = typer.Option(6, min=1, help="Stage-1 trial budget (baseline included)."),
-    learning_trials: int = typer.Option(5, min=0, help="Stage-2 trial budget (baseline included; 0 skips stage 2)."),
-    system_horizon: int = typer.Option(6, min=1, help="Steps per stage-1 trial (throughput over updates 3-5)."),
-    learning_horizon: int = typer.Option(30, min=1, help="Steps per stage-2 trial."),
-    margin: float = typer.Option(0.1, min=0.0, max=0.99, help="GPU-memory margin: peak <= (1 - margin) x capacity."),
-    memory_capacity_gb: Optional[float] = typer.Option(None, help="Memory capacity (default: the backend's)."),
-    candidates: int = typer.Option(3, min=1, max=10, help="Candidates per proposal round."),
-    wall_clock: Optional[float] = typer.Option(None, help="Wall-clock budget in seconds for the session."),
-    approve: str = typer.Option("tty", help="Reviewer channel: tty, auto, none (pause and exit), slack."),
+    # command-line-only flags; every TuneOptions field is added as a flag by @model_options
+    detach: bool = typer.Option(False, "--detach", help="Exit at the first review (same as --approve none)."),
     slack_channel: Optional[str] = typer.Option(
         None, help="With --approve slack: channel id to post reviews to (default $MART_SLACK_CHANNEL)."),
     slack_api_url: Optional[str] = typer.Option(
         None, help="Slack Web API base URL (default $MART_SLACK_API_URL, else Slack's); the token is $SLACK_BOT_TOKEN."),
-    auto_policy: str = typer.Option("all", help="With --approve auto: 'all' or 'margin'."),
-    detach: bool = typer.Option(False, "--detach", help="Exit at the first review (same as --approve none)."),
-    agents: str = typer.Option("rules", help="Agent strategy for both roles: rules or llm."),
-    proposer: Optional[str] = typer.Option(None, help="Proposer strategy (overrides --agents)."),
-    critic: Optional[str] = typer.Option(None, help="Critic strategy (overrides --agents)."),
-    llm_model: Optional[str] = typer.Option(None, help="LLM model name (default $MART_LLM_MODEL)."),
-    llm_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL (default $OPENAI_BASE_URL)."),
     llm_api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY); never stored."),
-    llm_timeout: float = typer.Option(60.0, min=1.0, help="Seconds per LLM request before it is retried/given up."),
-    llm_price: Optional[str] = typer.Option(None, help="USD per 1M tokens as IN,OUT (shows the cost in the summary)."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="verl backend: launch command."),
     base_config: Optional[Path] = typer.Option(None, help="The user's base config (verl, local): YAML/JSON of KEY: VALUE."),
     ray_address: Optional[str] = typer.Option(None, help="Run trials as Ray jobs on this cluster."),
@@ -183,33 +170,26 @@ def tune(
     backend_option: list[str] = typer.Option(
         [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
     ),
-    seed: int = typer.Option(0, help="Random seed (agents and trials)."),
-    runs_dir: Path = RUNS_DIR,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = JSON,
+    fields: Optional[dict] = None,  # the TuneOptions fields, filled in by @model_options
 ) -> None:
     """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
     from pydantic import ValidationError
 
     from mart.graph.session import tune as run_tune
-    from mart.state.options import TuneOptions
     from mart.state.run_store import RunError
 
     backend_options = {"entrypoint": verl_entrypoint, "base_config": str(base_config) if base_config else None,
                        "ray_address": ray_address, "scenario": scenario,
                        **_backend_options(backend_option)}
+    if detach:
+        fields["approve"] = "none"
     try:
-        options = TuneOptions(
-            backend=backend, backend_options={k: v for k, v in backend_options.items() if v is not None},
-            system_trials=system_trials, learning_trials=learning_trials, system_horizon=system_horizon,
-            learning_horizon=learning_horizon, memory_margin=margin, memory_capacity_gb=memory_capacity_gb,
-            num_candidates=candidates, wall_clock_s=wall_clock, approve="none" if detach else approve,
-            auto_policy=auto_policy, agents=agents, proposer=proposer, critic=critic, llm_model=llm_model,
-            llm_base_url=llm_base_url, llm_timeout_s=llm_timeout, llm_price_per_mtok=_price(llm_price), seed=seed,
-            runs_dir=str(runs_dir), quiet=quiet,
-        )
+        options = TuneOptions(backend_options={k: v for k, v in backend_options.items() if v is not None}, **fields)
     except ValidationError as e:
-        _fail("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()))
+        flags = flag_names(TuneOptions, TUNE_FLAG_ALIASES)
+        _fail("; ".join(f"{flags.get(str(err['loc'][0]), err['loc'][0]) if err['loc'] else 'options'}: {err['msg']}"
+                        for err in e.errors()))
     reviewer = None
     if options.approve == "slack":
         from mart.graph.reviewers.slack import SlackConfigError, SlackReviewer
@@ -271,9 +251,10 @@ def review(
     """
     import getpass
 
-    from mart.graph.reviewers.base import TTYReviewer, parse_assignments
+    from mart.graph.reviewers.base import TTYReviewer
     from mart.graph.session import pending_review
     from mart.graph.session import resume as run_resume
+    from mart.state.config_values import parse_assignments
     from mart.state.models import ReviewDecision
     from mart.state.run_store import RunError, RunStore
     from mart.state.search_space import ConfigError

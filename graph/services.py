@@ -14,11 +14,16 @@ from mart.state.run_store import RunStore
 from mart.trial_runner.registry import load_backend
 
 
-def build_services(options: TuneOptions, store: RunStore, api_key: str | None = None) -> Services:
-    backend_options = dict(options.backend_options)
+def backend_options(options: TuneOptions) -> dict:
+    """The keyword options the session's backend factory is called with."""
+    out = dict(options.backend_options)
     if options.memory_capacity_gb is not None:
-        backend_options.setdefault("memory_capacity_gb", options.memory_capacity_gb)
-    backend = load_backend(options.backend, **backend_options)
+        out.setdefault("memory_capacity_gb", options.memory_capacity_gb)
+    return out
+
+
+def build_services(options: TuneOptions, store: RunStore, api_key: str | None = None) -> Services:
+    backend = load_backend(options.backend, **backend_options(options))
     return Services(
         options=options,
         store=store,

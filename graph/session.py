@@ -16,11 +16,12 @@ from langgraph.types import Command
 
 from mart.graph.builder import compile_graph
 from mart.graph.reviewers import Reviewer, make_reviewer
-from mart.graph.services import build_services
+from mart.graph.services import backend_options, build_services
 from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
+from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials")
 
@@ -153,6 +154,8 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     Returns:
         The summary dict (``SUMMARY_KEYS`` + notes, agents), or ``{"run_id", "status": "paused", ...}``.
     """
+    # an option the backend does not take is refused before a run directory exists
+    check_backend_options(options.backend, backend_options(options))
     store = RunStore.create(options.runs_dir, run_id)
     try:
         reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
@@ -232,7 +235,7 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
 
     values = snap.values
     request = snap.interrupts[0].value
-    backend = load_backend(options.backend, **options.backend_options)
+    backend = load_backend(options.backend, **backend_options(options))
     space = backend.search_space()
     stage = values["stage"]
     base = dict(backend.base_config())

@@ -6,42 +6,64 @@ because these options are written into the checkpoint DB and the ledger.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class TuneOptions(BaseModel):
-    """Budgets, horizons and policies of one session. Defaults fit a ≤10-minute CPU session."""
+    """Budgets, horizons and policies of one session. Defaults fit a ≤10-minute CPU session.
 
-    backend: str = Field("local", description="local, verl, sim, or package.module:factory")
-    backend_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the backend")
-    system_trials: int = Field(6, ge=1, description="stage-1 trial budget, the baseline included")
-    learning_trials: int = Field(5, ge=0, description="stage-2 trial budget, the baseline included (0 = skip)")
-    system_horizon: int = Field(6, ge=1, description="steps per stage-1 trial (throughput over updates 3-5)")
-    learning_horizon: int = Field(30, ge=1, description="steps per stage-2 trial")
-    memory_margin: float = Field(0.1, ge=0.0, lt=1.0, description="keep peak memory <= (1 - margin) x capacity")
-    memory_capacity_gb: float | None = Field(None, gt=0, description="override the backend's memory capacity")
-    num_candidates: int = Field(3, ge=1, le=10, description="candidates per proposal round")
-    max_revision_rounds: int = Field(2, ge=0, description="critic send-backs before a stage gives up a slot")
-    wall_clock_s: float | None = Field(None, gt=0, description="optional wall-clock budget for the whole session")
-    approve: Literal["auto", "tty", "none", "slack"] = "auto"
+    The single source of these options: `mart tune` builds one flag per field from the name, type,
+    default and description here (``mart.graph.cli``), and unknown keys are refused everywhere (the CLI,
+    Studio's input ``options``, the Python API) with the list of valid ones.
+    """
+
+    backend: str = Field("local", description="Backend: local, verl, sim, or package.module:factory.")
+    backend_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the backend.")
+    system_trials: int = Field(6, ge=1, description="Stage-1 trial budget (baseline included).")
+    learning_trials: int = Field(5, ge=0, description="Stage-2 trial budget (baseline included; 0 skips stage 2).")
+    system_horizon: int = Field(6, ge=1, description="Steps per stage-1 trial (throughput over updates 3-5).")
+    learning_horizon: int = Field(30, ge=1, description="Steps per stage-2 trial.")
+    memory_margin: float = Field(0.1, ge=0.0, lt=1.0,
+                                 description="GPU-memory margin: keep peak <= (1 - margin) x capacity.")
+    memory_capacity_gb: float | None = Field(None, gt=0, description="Memory capacity in GB (default: the backend's).")
+    num_candidates: int = Field(3, ge=1, le=10, description="Candidates per proposal round.")
+    max_revision_rounds: int = Field(2, ge=0, description="Critic send-backs before a stage gives up a slot.")
+    wall_clock_s: float | None = Field(None, gt=0, description="Wall-clock budget in seconds for the session.")
+    # tty: a person at a terminal is the default reviewer; scripts and benchmarks pass auto or none
+    approve: Literal["tty", "auto", "none", "slack"] = Field(
+        "tty", description="Reviewer channel: tty, auto, none (pause and exit), slack.")
     auto_policy: Literal["all", "margin"] = Field(
-        "all", description="auto approval: approve all, or only candidates predicted within the memory margin"
+        "all", description="With approve=auto: approve 'all', or only candidates predicted within the memory margin "
+                           "('margin')."
     )
-    agents: Literal["rules", "llm"] = "rules"
-    proposer: Literal["rules", "llm"] | None = Field(None, description="per-role override of `agents`")
-    critic: Literal["rules", "llm"] | None = Field(None, description="per-role override of `agents`")
-    llm_model: str | None = None
-    llm_base_url: str | None = None
-    llm_timeout_s: float = 60.0
-    llm_price_per_mtok: tuple[float, float] | None = Field(None, description="USD per 1M (input, output) tokens")
-    seed: int = 0
-    runs_dir: str = "runs"
-    quiet: bool = False
-    report: bool = Field(True, description="write report.html (figures, trials, reviews, final config) into the "
-                         "run folder when the session completes")
-    watch_interval_s: float = Field(1.0, gt=0, description="how often a running trial's metrics are read")
+    agents: Literal["rules", "llm"] = Field("rules", description="Agent strategy for both roles: rules or llm.")
+    proposer: Literal["rules", "llm"] | None = Field(None, description="Proposer strategy (overrides agents).")
+    critic: Literal["rules", "llm"] | None = Field(None, description="Critic strategy (overrides agents).")
+    llm_model: str | None = Field(None, description="LLM model name (default $MART_LLM_MODEL).")
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL (default $OPENAI_BASE_URL).")
+    llm_timeout_s: float = Field(60.0, gt=0, description="Seconds per LLM request before it is retried/given up.")
+    llm_price_per_mtok: tuple[float, float] | None = Field(
+        None, description="USD per 1M tokens as IN,OUT (shows the cost in the summary).")
+    seed: int = Field(0, description="Random seed (agents and trials).")
+    runs_dir: str = Field("runs", description="Where run directories live.")
+    quiet: bool = Field(False, description="No progress output.")
+    report: bool = Field(True, description="Write report.html (figures, trials, reviews, final config) into the "
+                         "run folder when the session completes.")
+    watch_interval_s: float = Field(1.0, gt=0, description="How often a running trial's metrics are read (seconds).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        # pydantic ignores extra keys by default: a typo (`system_trial=3`) would silently become the default
+        if isinstance(data, Mapping):
+            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            if unknown:
+                raise ValueError(f"unknown option(s) {', '.join(unknown)}; valid options: "
+                                 f"{', '.join(cls.model_fields)}")
+        return data
 
     @field_validator("backend_options")
     @classmethod

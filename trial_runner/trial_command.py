@@ -8,95 +8,38 @@ starts nothing. Ctrl-C stops the trial (SIGTERM, grace, SIGKILL) and leaves a ``
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
 from pathlib import Path
 from typing import Any
 
+from mart.state.config_values import load_config_file, parse_assignments
 from mart.state.models import TrialStatus
+from mart.state.search_space import ConfigError
 from mart.state.trials import METRICS_FILE, STATUS_FILE, TrialSpec
 
 EXIT_CODES = {TrialStatus.COMPLETED: 0, TrialStatus.FAILED: 1, TrialStatus.OOM: 3, TrialStatus.STOPPED: 4}
 """Exit code of ``mart trial`` per final status (the local worker's codes); 2 = bad input, no trial."""
 EXIT_BAD_INPUT = 2
 
-_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-
-
 class InputError(ValueError):
     """The command line or a config file cannot be used."""
 
 
-def parse_value(text: str) -> Any:
-    """A ``--set`` value as YAML/JSON would read it: ints, floats (``1e-4`` too), bools, null, strings."""
-    text = text.strip()
-    try:
-        import yaml
-
-        value = yaml.safe_load(text) if text else ""
-    except ImportError:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-    except Exception:  # noqa: BLE001 - not YAML: keep the text
-        value = text
-    return _numeric(value)
-
-
-def _numeric(value: Any) -> Any:
-    if isinstance(value, str) and _FLOAT.match(value):  # YAML 1.1 reads 1e-4 as a string
-        return float(value) if any(c in value for c in ".eE") else int(value)
-    return value
-
-
 def parse_sets(sets: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        key = key.strip().lstrip("+")  # Hydra's "+key=value" means the same here
-        if not sep or not key:
-            raise InputError(f"--set expects KEY=VALUE, but got {item!r}.")
-        out[key] = parse_value(value)
-    return out
-
-
-def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for k, v in obj.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            flat.update(_flatten(v, key + "."))
-        else:
-            flat[key] = _numeric(v)
-    return flat
+    """``--set`` items by the one KEY=VALUE reader (``mart.state.config_values``, docs/configs.md)."""
+    try:
+        return parse_assignments(sets)
+    except ConfigError as e:
+        raise InputError(f"--set: {e}") from None
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """A YAML or JSON mapping of overrides; nested mappings are flattened to dotted verl keys."""
+    """A YAML or JSON file of overrides (a mapping, nested or flat, or a list of KEY=VALUE), flattened."""
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InputError(f"cannot read config file {path}: {e.strerror or e}.") from None
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            try:
-                import yaml
-
-                data = yaml.safe_load(text)
-            except ImportError:
-                data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - a parser error of either kind
-        raise InputError(f"cannot parse config file {path}: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise InputError(f"config file {path} must hold a mapping of KEY: VALUE, not {type(data).__name__}.")
-    return _flatten(data)
+        return load_config_file(path)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
 
 
 def prepare(backend: Any, steps: int, out: Path, sets: list[str], config_file: Path | None, seed: int,

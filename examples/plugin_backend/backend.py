@@ -116,7 +116,7 @@ class ToyJobBackend(Backend):
         return ToyJobRunner(self.capacity_gb, self.step_s)
 
 
-def make_backend(capacity_gb: float = 8.0, step_s: float = 0.02, memory_capacity_gb: float | None = None,
-                 **ignored: Any) -> ToyJobBackend:
-    """Factory mart calls with the session's backend options (unknown options are ignored)."""
+def make_backend(capacity_gb: float = 8.0, step_s: float = 0.02,
+                 memory_capacity_gb: float | None = None) -> ToyJobBackend:
+    """Factory mart calls with the session's backend options; its parameters are the options it accepts."""
     return ToyJobBackend(capacity_gb=memory_capacity_gb or capacity_gb, step_s=float(step_s))

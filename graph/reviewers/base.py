@@ -11,6 +11,7 @@ import getpass
 import sys
 from typing import TYPE_CHECKING, Any
 
+from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import ReviewDecision
 
 if TYPE_CHECKING:
@@ -118,34 +119,9 @@ class TTYReviewer(Reviewer):
             if choice in ("e", "edit"):
                 raw = self._ask("KEY=VALUE pairs, space separated: ")
                 try:
-                    edits = parse_assignments(raw.split())
+                    edits = parse_assignments(split_assignments(raw))
                 except ValueError as e:
                     self.stdout.write(f"{e}\n")
                     continue
                 return ReviewDecision(action="edit", edits=edits, reviewer=who, channel="tty")
             self.stdout.write("Please answer a, e, r or d.\n")
-
-
-def parse_value(text: str) -> Any:
-    """A scalar from the command line: YAML-ish ints, floats, bools, null; else the string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "none", "~"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_assignments(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        key, _, value = item.partition("=")
-        out[key.strip().lstrip("+")] = parse_value(value)
-    return out

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from mart.graph.reviewers.base import Reviewer, format_request
+from mart.state.config_values import format_value
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
 
@@ -153,7 +154,7 @@ def decision_modal(action: str, meta: dict[str, Any], request: dict[str, Any]) -
         inputs = [
             {"type": "input", "block_id": EDITS_BLOCK, "label": {"type": "plain_text", "text": "Edits (KEY=VALUE, one per line)"},
              "element": {"type": "plain_text_input", "action_id": EDITS_INPUT, "multiline": True,
-                         "initial_value": "\n".join(f"{k}={v}" for k, v in (request.get("overrides") or {}).items())}},
+                         "initial_value": "\n".join(f"{k}={format_value(v)}" for k, v in (request.get("overrides") or {}).items())}},
             {"type": "input", "block_id": FEEDBACK_BLOCK, "optional": True, "label": {"type": "plain_text", "text": "Note"},
              "element": {"type": "plain_text_input", "action_id": FEEDBACK_INPUT}},
         ]

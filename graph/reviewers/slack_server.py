@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from mart.graph.reviewers.base import parse_assignments
 from mart.graph.reviewers.slack import (
     ACTION_APPROVE,
     ACTION_EDIT,
@@ -44,6 +43,7 @@ from mart.graph.reviewers.slack import (
     parse_button_value,
     slack_client,
 )
+from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import ReviewDecision
 
 SECRET_ENV = "SLACK_SIGNING_SECRET"
@@ -192,7 +192,7 @@ class SlackReviewService:
             block = EDITS_BLOCK
             raw = ((values.get(EDITS_BLOCK) or {}).get(EDITS_INPUT) or {}).get("value") or ""
             try:
-                decision = ReviewDecision(action="edit", edits=parse_assignments(raw.split()), feedback=feedback,
+                decision = ReviewDecision(action="edit", edits=parse_assignments(split_assignments(raw)), feedback=feedback,
                                           reviewer=_who(body), channel="slack")
             except ValueError as e:
                 ack(response_action="errors", errors={block: str(e)})

@@ -59,7 +59,9 @@ def _records(trial_dir: str) -> list:
 
 
 def test_backend_plugin_surface():
-    backend = load_backend("local", memory_capacity_gb=1.5, entrypoint="ignored", scenario="ignored")
+    backend = load_backend("local", memory_capacity_gb=1.5)
+    with pytest.raises(ValueError, match="takes no option 'entrypoint', 'scenario'; valid options: memory_capacity_gb"):
+        load_backend("local", memory_capacity_gb=1.5, entrypoint="x", scenario="x")
     assert isinstance(backend, LocalBackend) and backend.name == "local"
     assert backend.memory_capacity_gb() == 1.5
     assert LocalBackend().memory_capacity_gb() > 0

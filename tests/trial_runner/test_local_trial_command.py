@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mart.trial_runner.trial_command import InputError, parse_sets, parse_value, read_config_file, run_trial
+from mart.state.config_values import parse_value
+from mart.trial_runner.trial_command import InputError, parse_sets, read_config_file, run_trial
 from tests.support.paths import REPO as REPO_ROOT
 
 REPO = REPO_ROOT
@@ -26,7 +27,9 @@ def test_set_values_are_parsed_like_yaml_scalars():
     assert parse_value("true") is True and parse_value("False") is False
     assert parse_value("null") is None
     assert parse_value("low_var_kl") == "low_var_kl"
-    assert parse_sets(["a.b=1", "+c=x=y"]) == {"a.b": 1, "c": "x=y"}
+    assert parse_sets(["a.b=1", "+c='x=y'"]) == {"a.b": 1, "c": "x=y"}
+    with pytest.raises(InputError, match="--set: 'c=x=y'"):  # Hydra's grammar: quote a value holding =
+        parse_sets(["c=x=y"])
     with pytest.raises(InputError, match="KEY=VALUE"):
         parse_sets(["data.train_batch_size"])
 
@@ -38,9 +41,14 @@ def test_config_files_yaml_nested_or_json(tmp_path):
     j = tmp_path / "c.json"
     j.write_text(json.dumps({"seed": 3}))
     assert read_config_file(j) == {"seed": 3}
+    (tmp_path / "list.yaml").write_text("- a.b=1\n- +c=x\n")  # a list of overrides, like a base config
+    assert read_config_file(tmp_path / "list.yaml") == {"a.b": 1, "c": "x"}
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
-    with pytest.raises(InputError, match="mapping"):
+    with pytest.raises(InputError, match="a list must hold KEY=VALUE overrides: expected KEY=VALUE, but got 'a'"):
         read_config_file(tmp_path / "list.yaml")
+    (tmp_path / "scalar.yaml").write_text("42\n")
+    with pytest.raises(InputError, match="mapping"):
+        read_config_file(tmp_path / "scalar.yaml")
     with pytest.raises(InputError, match="cannot read"):
         read_config_file(tmp_path / "missing.yaml")
 

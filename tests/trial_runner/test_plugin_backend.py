@@ -23,7 +23,9 @@ def repo_on_path(monkeypatch):
 
 
 def test_example_plugin_runs_a_trial_and_stops_one(repo_on_path, tmp_path: Path) -> None:
-    backend = load_backend("examples.plugin_backend.backend:make_backend", step_s=0.01, scenario="ignored")
+    backend = load_backend("examples.plugin_backend.backend:make_backend", step_s=0.01)
+    with pytest.raises(ValueError, match="takes no option 'scenario'; valid options: capacity_gb, step_s"):
+        load_backend("examples.plugin_backend.backend:make_backend", scenario="x")
     assert isinstance(backend, Backend) and backend.name == "toy-job"
     space = backend.search_space()
     assert [p.key for p in space.stage_params("learning")] == ["job.lr"]

@@ -39,7 +39,9 @@ def wait(runner, handle, timeout: float = 10.0, sleep: float = 0.01):
 
 
 def test_backend_through_the_registry() -> None:
-    backend = load_backend("sim", scenario=SC, seed=2, ray_address=None, unknown_option=1)
+    backend = load_backend("sim", scenario=SC, seed=2, ray_address=None)
+    with pytest.raises(ValueError, match=r"takes no option 'unknown_option'; valid options: scenario, seed"):
+        load_backend("sim", scenario=SC, unknown_option=1)
     assert isinstance(backend, SimBackend) and backend.name == "sim"
     assert backend.memory_capacity_gb() == 80.0
     assert load_backend("sim", scenario=SC, memory_capacity_gb=40).memory_capacity_gb() == 40.0

@@ -27,7 +27,7 @@ def test_registry_builds_it_with_the_cli_options(tmp_path):
     base.write_text("data.train_files: /d/train.parquet\ntrainer.n_gpus_per_node: 2\n"
                     "actor_rollout_ref.rollout.tensor_model_parallel_size: 1\n")
     b = load_backend("verl", entrypoint="python -m verl.trainer.main_ppo", base_config=str(base),
-                     memory_capacity_gb=80.0, scenario="ignored")
+                     memory_capacity_gb=80.0)
     assert isinstance(b, VerlBackend) and b.name == "verl"
     cfg = b.base_config()
     assert cfg["data.train_files"] == "/d/train.parquet" and cfg["trainer.n_gpus_per_node"] == 2

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from mart.state.config_values import parse_assignment, parse_value
 from mart.state.search_space import ConfigError
 from mart.trial_runner.verl.overrides import (
     build_overrides,
@@ -13,8 +14,6 @@ from mart.trial_runner.verl.overrides import (
     load_base_config,
     needs_plus,
     override,
-    parse_override,
-    parse_value,
 )
 from mart.trial_runner.verl.runner import split_entrypoint
 
@@ -88,7 +87,7 @@ def test_base_config_list_of_overrides_and_json(tmp_path):
     assert load_base_config(jpath) == {"data.train_batch_size": 64}
 
 
-@pytest.mark.parametrize("text, match", [("- ~trainer.logger\n", "deletions"), ("- novalue\n", "key=value"),
+@pytest.mark.parametrize("text, match", [("- ~trainer.logger\n", "deletions"), ("- novalue\n", "KEY=VALUE"),
                                          ("42\n", "mapping"), ("a: [\n", "invalid YAML")])
 def test_base_config_errors(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
@@ -100,8 +99,8 @@ def test_base_config_errors(tmp_path, text, match):
 
 
 def test_parse_override():
-    assert parse_override("++a.b='x y'") == ("a.b", "x y")
-    assert parse_override("a.b=null") == ("a.b", None)
+    assert parse_assignment("++a.b='x y'") == ("a.b", "x y")
+    assert parse_assignment("a.b=null") == ("a.b", None)
 
 
 def test_entrypoint_split_resolves_python_and_relative_scripts(tmp_path, monkeypatch):

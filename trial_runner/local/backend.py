@@ -35,17 +35,14 @@ class LocalBackend(Backend):
     score_metric_prefix = "val-core/"
 
     def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None,
-                 base_config: str | None = None, **unused: Any) -> None:
+                 base_config: str | None = None) -> None:
         self._capacity = memory_capacity_gb
         self.ray_address = ray_address
         self._base = dict(DEFAULTS)
         if base_config:
-            from mart.trial_runner.trial_command import InputError, read_config_file
+            from mart.state.config_values import load_config_file
 
-            try:
-                self._base.update(read_config_file(Path(base_config)))
-            except InputError as e:
-                raise ValueError(str(e)) from None
+            self._base.update(load_config_file(Path(base_config)))  # ConfigError is a ValueError
             errors = config_errors(self._base)[1]
             if errors:
                 raise ValueError(f"base config {base_config}: " + " ".join(errors))

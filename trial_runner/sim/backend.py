@@ -57,8 +57,8 @@ class SimBackend(Backend):
 
     def __init__(self, scenario: str | Scenario | None = None, seed: int = 0, time_scale: float | None = None,
                  memory_capacity_gb: float | None = None, ray_address: str | None = None, clock: str = "wall",
-                 steps_per_poll: int | None = None, scenario_file: str | None = None, perturb: int | str | None = None,
-                 **unused: Any) -> None:
+                 steps_per_poll: int | None = None, scenario_file: str | None = None,
+                 perturb: int | str | None = None) -> None:
         if perturb is not None and str(perturb).strip().lower() not in ("", "none", "null"):
             try:
                 perturb = int(perturb)
@@ -76,7 +76,6 @@ class SimBackend(Backend):
         self.time_scale = float(time_scale)
         self.clock = clock
         self.steps_per_poll = steps_per_poll
-        self.unused = unused
         self._runner_args = (self.scenario, self.seed, self.time_scale, self._capacity, clock, steps_per_poll)
         SimRunner(*self._runner_args)  # validate the clock options now, not at the first trial
 

@@ -56,7 +56,6 @@ class VerlBackend(Backend):
         prevalidate: bool | None = None,
         watchdog: WatchdogConfig | None = None,
         runner_options: dict[str, Any] | None = None,
-        **unused: Any,
     ) -> None:
         self.entrypoint = entrypoint
         self.base_config_source = base_config
