@@ -10,13 +10,26 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from langgraph.types import Command
 
 from mart.graph.builder import compile_graph
 from mart.graph.reviewers import Reviewer, make_reviewer
 from mart.graph.services import backend_options, build_services
+from mart.nodes.progress import (
+    CritiqueDone,
+    HealthNotice,
+    ProgressEvent,
+    Proposed,
+    TrialDone,
+    TrialFailed,
+    TrialLaunched,
+    TrialReattached,
+    TrialStep,
+    TrialStopped,
+    parse_event,
+)
 from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
@@ -47,6 +60,66 @@ def graph_config(run_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
 
 
+def _fmt_launched(e: TrialLaunched) -> tuple[str, str | None]:
+    return f"[bold]▶ {e.trial_id}[/] {e.kind} ({e.stage} stage, {e.horizon} steps)", None
+
+
+def _fmt_reattached(e: TrialReattached) -> tuple[str, str | None]:
+    return f"[bold]↺ {e.trial_id}[/] re-attached (still known to the ledger)", None
+
+
+def _fmt_failed(e: TrialFailed) -> tuple[str, str | None]:
+    return f"  ✗ {e.trial_id}: {e.reason}", "red"
+
+
+def _fmt_step(e: TrialStep) -> tuple[str, str | None]:
+    parts = [f"  step {e.step:>3}"]
+    for value, fmt in ((e.throughput, "{:.0f} tok/s"), (e.memory_gb, "{:.2f} GB"), (e.reward, "reward {:.3f}"),
+                       (e.entropy, "entropy {:.3f}"), (e.val_score, "val {:.3f}")):
+        if value is not None:
+            parts.append(fmt.format(value))
+    return "  ".join(parts), "dim"
+
+
+def _fmt_health(e: HealthNotice) -> tuple[str, str | None]:
+    return f"  health {e.severity}: {e.rule}: {e.message}", "red" if e.severity == "stop" else "yellow"
+
+
+def _fmt_stopped(e: TrialStopped) -> tuple[str, str | None]:
+    return f"  ■ stopped: {e.reason}", "red"
+
+
+def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
+    objective = e.throughput if e.score is None else e.score
+    return (f"  ✓ {e.trial_id}: {e.status}"
+            + (f", objective {objective:.4g}" if objective is not None else "")
+            + (f", peak {e.peak_memory_gb:.2f} GB" if e.peak_memory_gb else "")
+            + ("" if e.eligible else f" (not eligible: {e.reason or 'see ledger'})")), None
+
+
+def _fmt_proposed(e: Proposed) -> tuple[str, str | None]:
+    return f"[cyan]proposer[/] round {e.round}: {len(e.candidates)} candidates", None
+
+
+def _fmt_critique(e: CritiqueDone) -> tuple[str, str | None]:
+    return (f"[cyan]critic[/] picked {e.pick}" if e.pick else f"[cyan]critic[/] {e.feedback}"), None
+
+
+#: one formatter per kind of progress event: (rich markup, style)
+FORMATTERS: dict[type, Callable[[Any], tuple[str, str | None]]] = {
+    TrialLaunched: _fmt_launched, TrialReattached: _fmt_reattached, TrialFailed: _fmt_failed,
+    TrialStep: _fmt_step, HealthNotice: _fmt_health, TrialStopped: _fmt_stopped, TrialDone: _fmt_done,
+    Proposed: _fmt_proposed, CritiqueDone: _fmt_critique,
+}
+
+
+def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None]:
+    """The console line of a progress event (typed, or its JSON form from the custom stream)."""
+    if isinstance(event, dict):
+        event = parse_event(event)
+    return FORMATTERS[type(event)](event)
+
+
 class ConsoleProgress:
     """Human-readable progress lines (rich); silent when quiet."""
 
@@ -57,39 +130,11 @@ class ConsoleProgress:
 
             self.console = Console(stderr=True, highlight=False)
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def __call__(self, event: ProgressEvent) -> None:
         if self.quiet:
             return
-        kind = event.get("event")
-        c = self.console
-        if kind == "trial_launched":
-            c.print(f"[bold]▶ {event['trial_id']}[/] {event['kind']} ({event['stage']} stage, {event['horizon']} steps)")
-        elif kind == "trial_reattached":
-            c.print(f"[bold]↺ {event['trial_id']}[/] re-attached (still known to the ledger)")
-        elif kind == "trial_step":
-            parts = [f"  step {event['step']:>3}"]
-            for key, fmt in (("throughput", "{:.0f} tok/s"), ("memory_gb", "{:.2f} GB"), ("reward", "reward {:.3f}"),
-                             ("entropy", "entropy {:.3f}"), ("val_score", "val {:.3f}")):
-                if event.get(key) is not None:
-                    parts.append(fmt.format(event[key]))
-            c.print("  ".join(parts), style="dim")
-        elif kind == "health":
-            style = "red" if event["severity"] == "stop" else "yellow"
-            c.print(f"  health {event['severity']}: {event['rule']}: {event['message']}", style=style)
-        elif kind == "trial_stopped":
-            c.print(f"  ■ stopped: {event['reason']}", style="red")
-        elif kind == "trial_done":
-            val = event.get("throughput") if event.get("score") is None else event.get("score")
-            c.print(f"  ✓ {event['trial_id']}: {event['status']}"
-                    + (f", objective {val:.4g}" if val is not None else "")
-                    + (f", peak {event['peak_memory_gb']:.2f} GB" if event.get("peak_memory_gb") else "")
-                    + ("" if event.get("eligible") else f" (not eligible: {event.get('reason') or 'see ledger'})"))
-        elif kind == "proposed":
-            c.print(f"[cyan]proposer[/] round {event['round']}: {len(event['candidates'])} candidates")
-        elif kind == "critique":
-            c.print(f"[cyan]critic[/] picked {event['pick']}" if event["pick"] else f"[cyan]critic[/] {event['feedback']}")
-        elif kind == "trial_failed":
-            c.print(f"  ✗ {event['trial_id']}: {event['reason']}", style="red")
+        text, style = format_event(event)
+        self.console.print(text, style=style)
 
 
 def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from mart.nodes.agent_context import build_agent_context
-from mart.nodes.progress import emit
-from mart.nodes.runtime import services_for
+from mart.nodes.progress import CritiqueDone, emit
+from mart.nodes.runtime import Services, services_for
+from mart.state.graph_state import TuningState
 
 
-def critic(state, runtime) -> Command[Literal["human_review", "proposer", "stage_control"]]:
+def critic(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["human_review", "proposer", "stage_control"]]:
     services = services_for(state, runtime)
     ctx = build_agent_context(state, services)
     candidates = state.get("candidates") or []
@@ -23,8 +25,8 @@ def critic(state, runtime) -> Command[Literal["human_review", "proposer", "stage
     slot = (state.get("trials_done") or {}).get(stage, 0)
     services.ledger.add_critiques(services.run_id, verdict.critiques, verdict.pick)
     services.ledger.add_agent_calls(services.run_id, f"{stage}-{slot}-{rnd}-critic", services.critic.last_calls())
-    emit(services, {"event": "critique", "pick": verdict.pick, "feedback": verdict.feedback,
-                    "accepted": [c.candidate_id for c in verdict.critiques if c.accepted]})
+    emit(services, CritiqueDone(pick=verdict.pick, feedback=verdict.feedback or "",
+                                accepted=[c.candidate_id for c in verdict.critiques if c.accepted]))
     update = {"critiques": verdict.critiques}
     if verdict.pick is not None:
         crit = next(c for c in verdict.critiques if c.candidate_id == verdict.pick)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from mart.nodes.health_rules import HealthConfig, evaluate
-from mart.nodes.progress import emit
-from mart.nodes.runtime import services_for
+from mart.nodes.progress import HealthNotice, emit
+from mart.nodes.runtime import Services, services_for
+from mart.state.graph_state import TuningState
 
 
-def health_monitor(state, runtime) -> Command[Literal["watch_trial", "stop_trial", "collect_trial"]]:
+def health_monitor(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["watch_trial", "stop_trial", "collect_trial"]]:
     services = services_for(state, runtime)
     record = state["pending_trial"]
     records = services.ledger.metric_records(record.trial_id)
@@ -24,8 +26,7 @@ def health_monitor(state, runtime) -> Command[Literal["watch_trial", "stop_trial
     events = evaluate(record.stage, record.trial_id, records, cfg)
     services.ledger.add_health_events(events)
     for ev in events:
-        emit(services, {"event": "health", "trial_id": ev.trial_id, "rule": ev.rule, "severity": ev.severity,
-                        "message": ev.message})
+        emit(services, HealthNotice(trial_id=ev.trial_id, rule=ev.rule, severity=ev.severity, message=ev.message))
     if state.get("trial_finished"):
         return Command(goto="collect_trial")
     stops = [e for e in events if e.severity == "stop"]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
 from mart.nodes.agents.feedback import parse_feedback
-from mart.nodes.runtime import services_for
+from mart.nodes.runtime import Services, services_for
 from mart.nodes.stage_control import stage_base_config
+from mart.state.graph_state import TuningState
 from mart.state.models import Candidate, ReviewDecision, TrialRecord, config_hash
 from mart.state.search_space import ConfigError
 
@@ -77,7 +79,7 @@ def apply_decision(decision: ReviewDecision, cand: Candidate, space, stage: str,
     return overrides
 
 
-def human_review(state, runtime) -> Command[Literal["launch_trial", "proposer"]]:
+def human_review(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["launch_trial", "proposer"]]:
     services = services_for(state, runtime)
     cand: Candidate = state["selected"]
     stage = state["stage"]

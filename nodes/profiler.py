@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.runtime import services_for
+from mart.nodes.runtime import Services, services_for
 from mart.nodes.stage_control import stage_base_config, stage_horizon
+from mart.state.graph_state import TuningState
 from mart.state.metrics import StepRecord, last_value, mean_over_steps
 from mart.state.models import PhaseProfile, Profile, Stage, TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
@@ -65,7 +67,7 @@ def _or0(v: float) -> float:
     return 0.0 if v is None or math.isnan(v) else float(v)
 
 
-def profiler(state, runtime) -> Command[Literal["launch_trial", "proposer", "stage_control"]]:
+def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["launch_trial", "proposer", "stage_control"]]:
     services = services_for(state, runtime)
     stage: Stage = state["stage"]
     if stage in (state.get("profiles") or {}):

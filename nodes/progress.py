@@ -1,16 +1,137 @@
-"""Progress events from tool nodes: LangGraph's custom stream (CLI, Studio) plus an optional extra sink."""
+"""Progress events of the tuning graph: one small model per kind, emitted by the nodes.
+
+Each event goes to LangGraph's custom stream as plain JSON (``stream_mode="custom"``: Studio, SDK clients;
+``parse_event`` reads it back) and, typed, to the session's own sink (``Services.progress``: the CLI's
+console, whose formatter per kind lives in ``mart.graph.session``). Progress is best-effort: it never
+fails a node.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from mart.state.models import Stage
 
 
-def emit(services, event: dict[str, Any]) -> None:
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrialLaunched(_Event):
+    event: Literal["trial_launched"] = "trial_launched"
+    trial_id: str
+    stage: Stage
+    kind: str
+    """``baseline`` or ``candidate``."""
+    horizon: int
+
+
+class TrialReattached(_Event):
+    """A trial the ledger already knows (a resumed session) is followed again, not relaunched."""
+
+    event: Literal["trial_reattached"] = "trial_reattached"
+    trial_id: str
+
+
+class TrialFailed(_Event):
+    """The trial could not be launched."""
+
+    event: Literal["trial_failed"] = "trial_failed"
+    trial_id: str
+    reason: str
+
+
+class TrialStep(_Event):
+    """One new metric line of the running trial (None: the trial does not report that metric)."""
+
+    event: Literal["trial_step"] = "trial_step"
+    trial_id: str
+    stage: Stage
+    step: int
+    throughput: float | None = None
+    memory_gb: float | None = None
+    reward: float | None = None
+    entropy: float | None = None
+    val_score: float | None = None
+
+
+class HealthNotice(_Event):
+    event: Literal["health"] = "health"
+    trial_id: str
+    rule: str
+    severity: Literal["warn", "stop"]
+    message: str
+
+
+class TrialStopped(_Event):
+    event: Literal["trial_stopped"] = "trial_stopped"
+    trial_id: str
+    reason: str
+    status: str
+
+
+class TrialDone(_Event):
+    """A trial was collected: its final status and objective, and whether it may become the stage's best."""
+
+    event: Literal["trial_done"] = "trial_done"
+    trial_id: str
+    status: str
+    reason: str | None = None
+    throughput: float | None = None
+    score: float | None = None
+    peak_memory_gb: float | None = None
+    eligible: bool
+
+
+class ProposedCandidate(_Event):
+    id: str
+    overrides: dict[str, Any]
+
+
+class Proposed(_Event):
+    event: Literal["proposed"] = "proposed"
+    stage: Stage
+    round: int
+    candidates: list[ProposedCandidate]
+
+
+class CritiqueDone(_Event):
+    event: Literal["critique"] = "critique"
+    pick: str | None = None
+    feedback: str = ""
+    accepted: list[str] = Field(default_factory=list)
+
+
+#: every kind of progress event, discriminated by its ``event`` field
+ProgressEvent = Annotated[
+    Union[TrialLaunched, TrialReattached, TrialFailed, TrialStep, HealthNotice, TrialStopped, TrialDone, Proposed,
+          CritiqueDone],
+    Field(discriminator="event"),
+]
+EVENT_TYPES: tuple[type[_Event], ...] = (TrialLaunched, TrialReattached, TrialFailed, TrialStep, HealthNotice,
+                                         TrialStopped, TrialDone, Proposed, CritiqueDone)
+_ADAPTER: TypeAdapter[ProgressEvent] = TypeAdapter(ProgressEvent)
+
+
+def parse_event(data: dict[str, Any]) -> ProgressEvent:
+    """An event from its JSON form (as written to the custom stream); ValidationError if it is none."""
+    return _ADAPTER.validate_python(data)
+
+
+def emit(services: Any, event: ProgressEvent) -> None:
+    """Send ``event`` to LangGraph's custom stream (as JSON) and to the session's sink (typed)."""
     try:
         from langgraph.config import get_stream_writer
 
-        get_stream_writer()(event)
+        get_stream_writer()(event.model_dump(mode="json"))
     except Exception:  # outside a streamed run there is no writer; progress is best-effort
         pass
     if services.progress is not None:
         services.progress(event)
+
+
+__all__ = ["EVENT_TYPES", "CritiqueDone", "HealthNotice", "ProgressEvent", "Proposed", "ProposedCandidate",
+           "TrialDone", "TrialFailed", "TrialLaunched", "TrialReattached", "TrialStep", "TrialStopped", "emit",
+           "parse_event"]

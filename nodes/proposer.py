@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from mart.nodes.agent_context import build_agent_context
-from mart.nodes.progress import emit
-from mart.nodes.runtime import services_for
+from mart.nodes.progress import Proposed, ProposedCandidate, emit
+from mart.nodes.runtime import Services, services_for
+from mart.state.graph_state import TuningState
 
 
-def proposer(state, runtime) -> Command[Literal["critic", "stage_control"]]:
+def proposer(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["critic", "stage_control"]]:
     services = services_for(state, runtime)
     ctx = build_agent_context(state, services)
     raw = services.proposer.propose(ctx)
@@ -24,8 +26,8 @@ def proposer(state, runtime) -> Command[Literal["critic", "stage_control"]]:
     ]
     services.ledger.add_proposals(services.run_id, rnd, candidates)
     services.ledger.add_agent_calls(services.run_id, f"{stage}-{slot}-{rnd}-proposer", services.proposer.last_calls())
-    emit(services, {"event": "proposed", "stage": stage, "round": rnd,
-                    "candidates": [{"id": c.candidate_id, "overrides": c.overrides} for c in candidates]})
+    emit(services, Proposed(stage=stage, round=rnd, candidates=[
+        ProposedCandidate(id=c.candidate_id, overrides=c.overrides) for c in candidates]))
     if not candidates:
         reason = "the proposer found no untried candidate" + (
             f" that follows the feedback ({'; '.join(state.get('feedback') or [])})" if state.get("feedback") else "")

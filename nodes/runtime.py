@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from langgraph.runtime import Runtime
+
 from mart.nodes.agents.base import Critic, Proposer
+from mart.nodes.progress import ProgressEvent
 from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore
@@ -29,8 +33,8 @@ class Services:
     runner: TrialRunner
     proposer: Proposer
     critic: Critic
-    progress: Callable[[dict[str, Any]], None] | None = None
-    """Extra progress sink (besides LangGraph's custom stream), e.g. a Slack thread."""
+    progress: Callable[[ProgressEvent], None] | None = None
+    """Extra progress sink (besides LangGraph's custom stream): the CLI's console, a Slack thread."""
     _capacity: float | None = field(default=None, repr=False)
 
     @property
@@ -75,7 +79,7 @@ def _thread_id() -> str | None:
         return None
 
 
-def ensure_run(state: dict[str, Any]) -> dict[str, str]:
+def ensure_run(state: Mapping[str, Any]) -> dict[str, str]:
     """``run_id``/``run_dir`` of the session, creating the run directory when the input has none.
 
     The session driver always passes both. A LangGraph Studio run starts from ``{"options": {...}}``
@@ -97,8 +101,9 @@ def ensure_run(state: dict[str, Any]) -> dict[str, str]:
     return {"run_id": run_id, "run_dir": str(run_dir)}
 
 
-def services_for(state: dict[str, Any], runtime: Any) -> Services:
-    """The services of this invocation: the runtime context, else cached ones built from the state."""
+def services_for(state: Mapping[str, Any], runtime: Runtime[Services] | None) -> Services:
+    """The services of this invocation: ``runtime.context``, else (a run without a context, as in LangGraph
+    Studio) cached ones built from the state's options."""
     ctx = getattr(runtime, "context", None)
     if isinstance(ctx, Services):
         return ctx

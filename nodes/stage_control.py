@@ -6,9 +6,11 @@ import math
 import time
 from typing import Any, Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.runtime import ensure_run, services_for
+from mart.nodes.runtime import Services, ensure_run, services_for
+from mart.state.graph_state import TuningState
 from mart.state.models import Stage, TrialRecord
 
 STAGES: tuple[Stage, ...] = ("system", "learning")
@@ -36,7 +38,7 @@ def overrides_of(state: dict[str, Any], services, record: TrialRecord) -> dict[s
     return {k: v for k, v in record.config.items() if base.get(k, object()) != v}
 
 
-def start_session(state, runtime) -> Command[Literal["profiler"]]:
+def start_session(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["profiler"]]:
     """Initialise counters on the first step (a no-op when resuming a started session).
 
     A session started from options only (LangGraph Studio) gets its run directory here.
@@ -62,7 +64,7 @@ def out_of_time(state, options) -> bool:
     return bool(options.wall_clock_s) and time.time() - state.get("started_at", time.time()) > options.wall_clock_s
 
 
-def stage_control(state, runtime) -> Command[Literal["proposer", "profiler", "finish"]]:
+def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["proposer", "profiler", "finish"]]:
     """After each finished trial (or a stage that gave up): continue, switch stage, or finish."""
     services = services_for(state, runtime)
     options = services.options
@@ -97,7 +99,7 @@ def record_stage_result(state, services, stage: Stage, note: str | None = None) 
     )
 
 
-def finish(state, runtime) -> dict[str, Any]:
+def finish(state: TuningState, runtime: Runtime[Services]) -> dict[str, Any]:
     services = services_for(state, runtime)
     summary = build_summary(state, services)
     services.ledger.upsert_run(services.run_id, status="completed", summary=summary)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from typing_extensions import TypedDict  # pydantic (Studio's schema endpoint) needs it on Python < 3.12
 
 from mart.state.models import Candidate, Critique, Profile, Stage, TrialRecord
+from mart.state.trials import TrialHandle
 
 
 class InputState(TypedDict, total=False):
@@ -59,8 +60,8 @@ class TuningState(InputState, total=False):
     """Review decisions taken so far (gives each review a stable id)."""
     pending_trial: TrialRecord | None
     """The trial to launch or being run (baseline or approved candidate)."""
-    active: dict[str, Any] | None
-    """The running trial's ``TrialHandle`` as a dict (re-attached after a restart)."""
+    active: TrialHandle | None
+    """The running trial's handle (re-attached after a restart); read it with ``active_handle``."""
     trial_finished: bool
     stop_reason: str | None
     """Set by the health monitor when the active trial must be stopped."""
@@ -69,3 +70,11 @@ class TuningState(InputState, total=False):
     last_trial: TrialRecord | None
     summary: dict[str, Any] | None
     """The session's final summary (see ``mart.nodes.stage_control.build_summary``)."""
+
+
+def active_handle(state: TuningState) -> TrialHandle | None:
+    """The running trial's handle. Checkpoints written before handles were kept as models hold a dict."""
+    value = state.get("active")
+    if value is None or isinstance(value, TrialHandle):
+        return value
+    return TrialHandle.model_validate(value)

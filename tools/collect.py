@@ -6,28 +6,29 @@ import math
 import time
 from typing import Any, Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.progress import emit
-from mart.nodes.runtime import services_for
+from mart.nodes.progress import TrialDone, emit
+from mart.nodes.runtime import Services, services_for
 from mart.nodes.stage_control import overrides_of, stage_horizon
+from mart.state.graph_state import TuningState, active_handle
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import learning_score, system_outcome
-from mart.state.trials import TrialHandle
 
 
 def _finite(v: float) -> float | None:
     return None if v is None or math.isnan(v) else float(v)
 
 
-def collect_trial(state, runtime) -> Command[Literal["profiler", "stage_control"]]:
+def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["profiler", "stage_control"]]:
     services = services_for(state, runtime)
     ledger = services.ledger
     record: TrialRecord = state["pending_trial"]
     row = ledger.trial(record.trial_id) or {}
     status, reason = TrialStatus(row.get("status", "failed")), row.get("reason")
-    if state.get("active"):
-        handle = TrialHandle(**state["active"])
+    handle = active_handle(state)
+    if handle is not None:
         ledger.add_metrics(record.trial_id, services.runner.read_all_metrics(handle))
         poll = services.runner.poll(handle)
         status, reason = poll.status, poll.reason
@@ -55,9 +56,9 @@ def collect_trial(state, runtime) -> Command[Literal["profiler", "stage_control"
         update["peak_memory_gb"] = _finite(system_outcome(records, horizon, None).peak_memory_gb)
     done = record.model_copy(update=update)
     ledger.upsert_trial(done, run_id=services.run_id, ended_at=time.time())
-    emit(services, {"event": "trial_done", "trial_id": done.trial_id, "status": done.status.value,
-                    "reason": done.reason, "throughput": done.throughput, "score": done.score,
-                    "peak_memory_gb": done.peak_memory_gb, "eligible": eligible})
+    emit(services, TrialDone(trial_id=done.trial_id, status=done.status.value, reason=done.reason,
+                             throughput=done.throughput, score=done.score, peak_memory_gb=done.peak_memory_gb,
+                             eligible=eligible))
 
     stage = record.stage
     trials_done = dict(state.get("trials_done") or {})

@@ -9,16 +9,18 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.progress import emit
-from mart.nodes.runtime import services_for
+from mart.nodes.progress import TrialFailed, TrialLaunched, TrialReattached, emit
+from mart.nodes.runtime import Services, services_for
 from mart.nodes.stage_control import overrides_of, stage_horizon
+from mart.state.graph_state import TuningState
 from mart.state.models import TrialStatus
 from mart.state.trials import TrialHandle, TrialSpec
 
 
-def launch_trial(state, runtime) -> Command[Literal["watch_trial", "collect_trial"]]:
+def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["watch_trial", "collect_trial"]]:
     services = services_for(state, runtime)
     record = state["pending_trial"]
     ledger = services.ledger
@@ -26,8 +28,8 @@ def launch_trial(state, runtime) -> Command[Literal["watch_trial", "collect_tria
     fresh = {"trial_seq": seq, "trial_finished": False, "stop_reason": None}
     existing = ledger.trial(record.trial_id)
     if existing and existing.get("handle"):
-        emit(services, {"event": "trial_reattached", "trial_id": record.trial_id})
-        return Command(goto="watch_trial", update={**fresh, "active": existing["handle"]})
+        emit(services, TrialReattached(trial_id=record.trial_id))
+        return Command(goto="watch_trial", update={**fresh, "active": TrialHandle.model_validate(existing["handle"])})
 
     horizon = stage_horizon(services.options, record.stage)
     trial_dir = services.store.trial_dir(record.trial_id)
@@ -44,10 +46,9 @@ def launch_trial(state, runtime) -> Command[Literal["watch_trial", "collect_tria
         handle: TrialHandle = services.runner.launch(spec)
     except Exception as e:  # a launch that fails is a failed trial, not a failed session
         ledger.set_trial_fields(record.trial_id, status=TrialStatus.FAILED.value, reason=f"launch failed: {e}")
-        emit(services, {"event": "trial_failed", "trial_id": record.trial_id, "reason": str(e)})
+        emit(services, TrialFailed(trial_id=record.trial_id, reason=str(e)))
         return Command(goto="collect_trial", update={**fresh, "active": None, "trial_finished": True})
     ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
-    emit(services, {"event": "trial_launched", "trial_id": record.trial_id, "stage": record.stage,
-                    "kind": record.kind, "horizon": horizon})
-    return Command(goto="watch_trial", update={**fresh, "active": handle.model_dump(mode="json")})
+    emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon))
+    return Command(goto="watch_trial", update={**fresh, "active": handle})
 

@@ -10,19 +10,23 @@ import math
 import time
 from typing import Literal
 
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.progress import emit
-from mart.nodes.runtime import services_for
-from mart.state.trials import TrialHandle
+from mart.nodes.progress import TrialStep, emit
+from mart.nodes.runtime import Services, services_for
+from mart.state.graph_state import TuningState, active_handle
+from mart.state.metrics import StepRecord
+from mart.state.models import TrialRecord
 
 #: Upper bound of one watch pass without new steps, so a hung trial still reaches the health monitor.
 MAX_PASS_S = 30.0
 
 
-def watch_trial(state, runtime) -> Command[Literal["health_monitor"]]:
+def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["health_monitor"]]:
     services = services_for(state, runtime)
-    handle = TrialHandle(**state["active"])
+    handle = active_handle(state)
+    assert handle is not None, "watch_trial runs only while a trial is active"
     record = state["pending_trial"]
     ledger = services.ledger
     tail = services.runner.metrics(handle)
@@ -52,15 +56,14 @@ def watch_trial(state, runtime) -> Command[Literal["health_monitor"]]:
     return Command(goto="health_monitor", update={"trial_finished": finished})
 
 
-def _progress_event(record, rec) -> dict:
+def _progress_event(record: TrialRecord, rec: StepRecord) -> TrialStep:
     def val(key: str) -> float | None:
         v = rec.get(key)
         return None if math.isnan(v) else v
 
     score = next((v for k, v in rec.data.items() if k.startswith("val-core/") and not math.isnan(v)), None)
-    return {
-        "event": "trial_step", "trial_id": record.trial_id, "stage": record.stage, "step": rec.step,
-        "throughput": val("perf/throughput"),
-        "memory_gb": val("perf/max_memory_allocated_gb") or val("actor/perf/max_memory_allocated_gb"),
-        "reward": val("critic/score/mean"), "entropy": val("actor/entropy"), "val_score": score,
-    }
+    return TrialStep(
+        trial_id=record.trial_id, stage=record.stage, step=rec.step, throughput=val("perf/throughput"),
+        memory_gb=val("perf/max_memory_allocated_gb") or val("actor/perf/max_memory_allocated_gb"),
+        reward=val("critic/score/mean"), entropy=val("actor/entropy"), val_score=score,
+    )

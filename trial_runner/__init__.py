@@ -1,4 +1,47 @@
 """Trial runners: launch, watch and stop training jobs (local CPU GRPO, verl, Ray jobs, simulator).
 
-Backends are registered by name in ``mart.trial_runner.registry``; ``package.module:factory`` loads a plugin.
+The public face for backend plugins (``--backend package.module:factory`` loads one, see docs/backends.md):
+
+* ``Backend``: search space, base config, config rules and a runner for one kind of training job;
+* ``SearchSpace``, ``ParamSpec``, ``Constraint``: the knobs agents may propose, and their rules;
+* ``TrialRunner``: ``launch(TrialSpec) -> TrialHandle``, ``poll(handle) -> TrialPoll``, ``stop(handle)``;
+* the trial-directory contract's writers and readers: ``write_record`` (one metric line),
+  ``write_status``/``read_status`` (``status.json``), ``MetricsTail`` (incremental reader);
+* ``ProcessGroup``: run a job as a detached process group and stop it (SIGTERM -> grace -> SIGKILL);
+* ``load_backend``: a builtin name or ``package.module:factory`` -> ``Backend``.
+
+``mart.trial_runner.testing`` holds the conformance suite a plugin runs on itself. Anything not listed
+in ``__all__`` is internal and may change.
 """
+
+from mart.state.metrics import StepRecord
+from mart.state.models import TrialStatus
+from mart.state.search_space import ConfigError, Constraint, ParamSpec, SearchSpace
+from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.trial_runner.base import Backend, TrialRunner, read_status, write_status
+from mart.trial_runner.metrics import MetricsTail, write_record
+from mart.trial_runner.process import ProcessGroup
+from mart.trial_runner.registry import load_backend
+
+__all__ = [
+    "Backend",
+    "ConfigError",
+    "Constraint",
+    "LOG_FILE",
+    "METRICS_FILE",
+    "MetricsTail",
+    "ParamSpec",
+    "ProcessGroup",
+    "STATUS_FILE",
+    "SearchSpace",
+    "StepRecord",
+    "TrialHandle",
+    "TrialPoll",
+    "TrialRunner",
+    "TrialSpec",
+    "TrialStatus",
+    "load_backend",
+    "read_status",
+    "write_record",
+    "write_status",
+]

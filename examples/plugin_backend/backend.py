@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from mart.state.models import TrialStatus
-from mart.state.search_space import Constraint, ParamSpec, SearchSpace
-from mart.state.trials import LOG_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import Backend, TrialRunner, read_status, write_status
+from mart.trial_runner import (
+    LOG_FILE,
+    Backend,
+    Constraint,
+    ParamSpec,
+    ProcessGroup,
+    SearchSpace,
+    TrialHandle,
+    TrialPoll,
+    TrialRunner,
+    TrialSpec,
+    TrialStatus,
+    read_status,
+    write_status,
+)
 
 JOB = Path(__file__).with_name("job.py")
 WORKERS, BATCH, LR = "job.workers", "job.batch_size", "job.lr"
@@ -45,55 +53,50 @@ class ToyJobRunner(TrialRunner):
 
     def __init__(self, capacity_gb: float, step_s: float) -> None:
         self.capacity_gb, self.step_s = capacity_gb, step_s
+        self._groups: dict[int, ProcessGroup] = {}
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
         trial_dir = Path(spec.trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "config.json").write_text(json.dumps(spec.config))
         with open(trial_dir / LOG_FILE, "ab") as log:
-            proc = subprocess.Popen(
+            # its own process group: a Ctrl-C of the tuner does not reach it, stop() reaches all of it
+            group = ProcessGroup.spawn(
                 [sys.executable, str(JOB), "--config", str(trial_dir / "config.json"), "--steps", str(spec.steps),
                  "--out", str(trial_dir), "--capacity-gb", str(spec.memory_capacity_gb or self.capacity_gb),
                  "--step-s", str(self.step_s)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=proc.pid)
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, output=log)
+        self._groups[group.pid] = group  # reaped here; other runners attach through the handle
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
+                           pid_create_time=group.created)
+
+    def _group(self, handle: TrialHandle) -> ProcessGroup | None:
+        if handle.pid is None:
+            return None
+        return self._groups.get(handle.pid) or ProcessGroup(handle.pid, handle.pid_create_time)
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
         done = read_status(handle.trial_dir)
         if done is not None:
             return done
-        if handle.pid is not None and not _alive(handle.pid):
+        group = self._group(handle)
+        if group is not None and not group.leader_alive():
+            done = read_status(handle.trial_dir)  # it may have written its status just before exiting
+            if done is not None:
+                return done
             write_status(handle.trial_dir, TrialStatus.FAILED, "job exited without a status", 0)
             return read_status(handle.trial_dir)  # type: ignore[return-value]
         return TrialPoll(status=TrialStatus.RUNNING)
 
     def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
-        if handle.pid is not None and _alive(handle.pid):
-            os.killpg(handle.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while _alive(handle.pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if _alive(handle.pid):
-                os.killpg(handle.pid, signal.SIGKILL)
+        group = self._group(handle)
+        if group is not None:
+            group.terminate(grace_s)  # SIGTERM (the job writes status "stopped"), grace, SIGKILL
         done = read_status(handle.trial_dir)
         if done is None or done.status is not TrialStatus.STOPPED:
             last = done.last_step if done else 0
             write_status(handle.trial_dir, TrialStatus.STOPPED, reason, last or 0)
         return read_status(handle.trial_dir)  # type: ignore[return-value]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap our own child if it ended
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class ToyJobBackend(Backend):

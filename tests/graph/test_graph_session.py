@@ -180,14 +180,16 @@ def test_state_round_trips_under_strict_msgpack(tmp_path):
         f"o = TuneOptions(backend={TOY!r}, approve='none', runs_dir={str(tmp_path)!r}, quiet=True, watch_interval_s=0.01)\n"
         "s = tune(o)\n"
         "store = RunStore.open(s['run_id'], o.runs_dir)\n"
-        "v = compile_graph(store.checkpointer()).get_state(graph_config(store.run_id)).values\n"
+        "g = compile_graph(store.checkpointer())\n"
+        "v = g.get_state(graph_config(store.run_id)).values\n"
+        "active = [h.values['active'] for h in g.get_state_history(graph_config(store.run_id)) if h.values.get('active')]\n"
         "print(json.dumps([type(v['baseline']['system']).__name__, type(v['profiles']['system']).__name__,"
-        " type(v['selected']).__name__]))\n"
+        " type(v['selected']).__name__, sorted({type(a).__name__ for a in active})]))\n"
     )
     env = {**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["TrialRecord", "Profile", "Candidate"]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["TrialRecord", "Profile", "Candidate", ["TrialHandle"]]
 
 
 def test_oom_and_margin_keep_best_feasible(tmp_path):

@@ -115,7 +115,7 @@ def test_two_trials_complete_with_verl_metrics_and_equal_seeds_give_equal_metric
     cfg = json.loads(Path(handles[0].trial_dir, "config.json").read_text())
     assert cfg["trainer.total_training_steps"] == steps and cfg["seed"] == 3
     # no zombies left behind
-    assert runner._procs == {}
+    assert runner._groups == {}
 
 
 def test_sigterm_stops_within_two_seconds(tmp_path, local_tiny_config):

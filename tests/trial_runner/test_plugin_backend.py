@@ -49,6 +49,27 @@ def test_example_plugin_runs_a_trial_and_stops_one(repo_on_path, tmp_path: Path)
     assert p.status is TrialStatus.OOM
 
 
+def test_example_plugin_passes_the_shipped_conformance_suite(repo_on_path, tmp_path: Path) -> None:
+    from examples.plugin_backend.test_conformance import test_toy_job_backend_conforms
+
+    test_toy_job_backend_conforms(tmp_path)
+
+
+def test_conformance_cli_runs_on_a_plugin(tmp_path: Path) -> None:
+    """``python -m mart.trial_runner.testing SPEC``: what a plugin author runs without writing a test."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "mart.trial_runner.testing", "examples.plugin_backend.backend:make_backend",
+                          "--short-steps", "3", "--long-steps", "100000", "--workdir", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "backend", "ok", "completes", "ok", "stop"]
+    bad = subprocess.run([sys.executable, "-m", "mart.trial_runner.testing", "no_such_pkg.mod:make"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "FAIL backend" in bad.stderr and "cannot import" in bad.stderr
+
+
 def test_plugin_from_a_package_of_ones_own(tmp_path: Path, monkeypatch) -> None:
     pkg = tmp_path / "acme_backends"
     pkg.mkdir()

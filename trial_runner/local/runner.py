@@ -1,9 +1,9 @@
 """Runs each local trial as its own OS process (own process group), watched through a serialisable handle.
 
 Ownership: the process belongs to the trial. ``launch`` starts it and returns; ``poll`` and ``stop``
-work on any ``TrialHandle`` (also one made by another, perhaps crashed, tuner process): liveness is
-the pid *and* its creation time, so a recycled pid is never mistaken for the trial. Children this
-runner started are reaped here, so they never linger as zombies.
+work on any ``TrialHandle`` (also one made by another, perhaps crashed, tuner process). Launching,
+liveness (pid + create time) and stopping are ``mart.trial_runner.process.ProcessGroup``'s. Children
+this runner started are reaped here, so they never linger as zombies.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-import psutil
 
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import MetricsTail
+from mart.trial_runner.process import ProcessGroup
 
 CONFIG_FILE = "config.json"
 
@@ -39,7 +36,7 @@ class LocalRunner(TrialRunner):
     def __init__(self, memory_capacity_gb: float | None = None, python: str = sys.executable) -> None:
         self.memory_capacity_gb = memory_capacity_gb
         self.python = python
-        self._procs: dict[int, subprocess.Popen] = {}  # children not yet reaped
+        self._groups: dict[int, ProcessGroup] = {}  # trials launched here, not yet reaped
         self._exit_codes: dict[int, int] = {}  # pid -> exit code of children reaped here
         self._tails: dict[str, tuple[MetricsTail, int | None]] = {}  # trial dir -> (tail, last step)
 
@@ -77,43 +74,29 @@ class LocalRunner(TrialRunner):
         self._tails.pop(str(trial_dir), None)
         env = {**os.environ, **self.build_env(spec)}
         with open(trial_dir / LOG_FILE, "wb") as log:
-            proc = subprocess.Popen(self.build_command(spec), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self._procs[proc.pid] = proc
-        try:
-            created = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            created = None
-        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=proc.pid,
-                           pid_create_time=created)
+            group = ProcessGroup.spawn(self.build_command(spec), env=env, output=log)
+        self._groups[group.pid] = group
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
+                           pid_create_time=group.created)
 
     # --- watching --------------------------------------------------------------------------------------
     def _reap(self) -> None:
-        for pid, proc in list(self._procs.items()):
-            if proc.poll() is not None:
-                del self._procs[pid]
-                self._exit_codes[pid] = proc.returncode
+        for pid, group in list(self._groups.items()):
+            if group.returncode is not None:
+                del self._groups[pid]
+                self._exit_codes[pid] = group.returncode
+
+    def _group(self, handle: TrialHandle) -> ProcessGroup | None:
+        """The trial's process group: the one launched here (reaps it), else attached through the handle."""
+        if handle.pid is None:
+            return None
+        return self._groups.get(handle.pid) or ProcessGroup(handle.pid, handle.pid_create_time)
 
     def _alive(self, handle: TrialHandle) -> bool:
-        if handle.pid is None:
-            return False
-        proc = self._procs.get(handle.pid)
-        if proc is not None:
-            if proc.poll() is None and not _is_zombie(handle.pid):
-                return True
-            try:  # an exiting thread group shows as a zombie a few ms before it can be reaped
-                proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            self._reap()
-            return False
-        try:
-            p = psutil.Process(handle.pid)
-            if handle.pid_create_time is not None and abs(p.create_time() - handle.pid_create_time) > 0.05:
-                return False  # the pid was recycled: our trial is gone
-            return p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        group = self._group(handle)
+        alive = group is not None and group.leader_alive()
+        self._reap()
+        return alive
 
     def _ended_without_status(self, handle: TrialHandle) -> TrialPoll:
         code = self._exit_codes.get(handle.pid) if handle.pid is not None else None
@@ -139,43 +122,15 @@ class LocalRunner(TrialRunner):
         return status if status is not None else self._ended_without_status(handle)
 
     def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
-        if self._alive(handle):
-            assert handle.pid is not None
-            self._signal(handle.pid, signal.SIGTERM)
-            if not self._wait_gone(handle, grace_s):
-                self._signal(handle.pid, signal.SIGKILL)
-                self._wait_gone(handle, 5.0)
+        group = self._group(handle)
+        if group is not None:
+            group.terminate(grace_s)
         self._reap()
         status = read_status(handle.trial_dir)
         if status is None or status.status is TrialStatus.STOPPED:
             last = status.last_step if status is not None and status.last_step is not None else _last_step(handle.trial_dir)
             write_status(handle.trial_dir, TrialStatus.STOPPED, reason, last or 0)
         return read_status(handle.trial_dir) or TrialPoll(status=TrialStatus.STOPPED, reason=reason)
-
-    @staticmethod
-    def _signal(pid: int, sig: int) -> None:
-        try:
-            if os.getpgid(pid) == pid:  # the trial leads its own group (start_new_session)
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _wait_gone(self, handle: TrialHandle, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._alive(handle):
-                return True
-            time.sleep(0.02)
-        return not self._alive(handle)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
 
 
 def _last_step(trial_dir: str) -> int | None:

@@ -13,7 +13,8 @@ Per trial directory ``D`` and attempt ``k`` (1, 2, ... for relaunches of the sam
     D/status.json               written by this runner once the attempt ends (verl does not write one)
 
 Ownership: the process group belongs to the trial. ``poll``/``stop`` work from any process that holds the
-handle (psutil + the leader's create time guard against pid reuse); the exit code comes from exit.json.
+handle (``mart.trial_runner.process.ProcessGroup``: pid + the leader's create time, SIGTERM -> grace ->
+SIGKILL of the group); the exit code comes from exit.json.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import json
 import math
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -31,13 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, write_status
+from mart.trial_runner.process import ProcessGroup
 from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
 
@@ -197,7 +195,7 @@ class VerlRunner(TrialRunner):
         self.gpu_free_timeout_s = gpu_free_timeout_s
         self.sample_gpu = sample_gpu
         self.kill_grace_s = kill_grace_s
-        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self._groups: dict[tuple[str, int], ProcessGroup] = {}  # attempts launched here (reaped here)
         self._follow: dict[tuple[str, int], _Follow] = {}
 
     # ------------------------------------------------------------------------------------ the command
@@ -339,21 +337,16 @@ class VerlRunner(TrialRunner):
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
             env = {**os.environ, **env_add}
-            proc = subprocess.Popen(sup + ["--"] + argv, cwd=trial_dir, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            create_time = None
-        launch_info.update(pid=proc.pid, pid_create_time=create_time, log_offset=log_offset)
+            group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=trial_dir, env=env, output=log)
+        launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
         (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
         handle = TrialHandle(
-            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=proc.pid,
-            pid_create_time=create_time, started_at=launch_info["at"],
+            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
+            pid_create_time=group.created, started_at=launch_info["at"],
             extra={"attempt": k, "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
                    "steps": spec.steps, "log_offset": log_offset},
         )
-        self._procs[(spec.trial_id, k)] = proc
+        self._groups[(spec.trial_id, k)] = group
         return handle
 
     def _key(self, handle: TrialHandle) -> tuple[str, int]:
@@ -372,78 +365,37 @@ class VerlRunner(TrialRunner):
         path = handle.extra.get("metrics_path") or str(Path(handle.trial_dir) / METRICS_FILE)
         return FallbackMetricsTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
 
-    def _leader(self, handle: TrialHandle) -> psutil.Process | None:
-        """The attempt's process-group leader if it is still this trial's process (pid-reuse safe)."""
-        proc = self._procs.get(self._key(handle))
-        if proc is not None and proc.poll() is not None:
-            return None
+    def _group(self, handle: TrialHandle) -> ProcessGroup | None:
+        """The attempt's process group: the one launched here, else attached through the handle."""
         if handle.pid is None:
             return None
-        try:
-            p = psutil.Process(handle.pid)
-            if handle.pid_create_time is not None and abs(p.create_time() - handle.pid_create_time) > 1.0:
-                return None
-            if p.status() == psutil.STATUS_ZOMBIE:
-                return None
-            return p
-        except psutil.Error:
-            return None
+        return self._groups.get(self._key(handle)) or ProcessGroup(handle.pid, handle.pid_create_time)
 
-    def _group_alive(self, pgid: int) -> bool:
-        """Does any live (non-zombie) process remain in the process group ``pgid``?"""
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        for p in psutil.process_iter(["status"]):
-            try:
-                if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                    return True
-            except (ProcessLookupError, psutil.Error):
-                continue
-        return False
+    def _leader(self, handle: TrialHandle) -> ProcessGroup | None:
+        """The attempt's process group while its leader (the supervisor) still runs, else None."""
+        group = self._group(handle)
+        return group if group is not None and group.leader_alive() else None
 
-    def _signal_group(self, handle: TrialHandle, sig: int) -> None:
-        if handle.pid is None:
-            return
-        try:
-            os.killpg(handle.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def _group_alive(self, handle: TrialHandle) -> bool:
+        """Does any process of the attempt's group still run (workers may outlive the supervisor)?"""
+        group = self._group(handle)
+        return group is not None and group.alive()
 
     def _kill(self, handle: TrialHandle, grace_s: float) -> None:
         """SIGTERM to the process group, up to ``grace_s`` to exit, then SIGKILL; returns once it is gone."""
-        if self._leader(handle) is None and not (handle.pid and self._group_alive(handle.pid)):
-            return
-        self._signal_group(handle, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            self._reap(handle)
-            if not self._group_alive(handle.pid):
-                return
-            time.sleep(0.1)
-        self._signal_group(handle, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and self._group_alive(handle.pid):
-            self._reap(handle)
-            time.sleep(0.05)
-        self._reap(handle)
-
-    def _reap(self, handle: TrialHandle) -> None:
-        proc = self._procs.get(self._key(handle))
-        if proc is not None:
-            proc.poll()
+        group = self._group(handle)
+        if group is not None:
+            group.terminate(grace_s, kill_wait_s=10.0)
 
     def _returncode(self, handle: TrialHandle) -> int | None:
-        proc = self._procs.get(self._key(handle))
+        group = self._groups.get(self._key(handle))
         exit_file = Path(handle.extra.get("attempt_dir", handle.trial_dir)) / "exit.json"
         try:
             return int(json.loads(exit_file.read_text())["returncode"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        if proc is not None and proc.returncode is not None:
-            rc = proc.returncode  # the supervisor itself was killed (SIGKILL) or failed
-            return rc
+        if group is not None and group.returncode is not None:
+            return group.returncode  # the supervisor itself was killed (SIGKILL) or failed
         return None
 
     def _update(self, handle: TrialHandle, st: _Follow) -> list[StepRecord]:
@@ -486,7 +438,7 @@ class VerlRunner(TrialRunner):
                 return self._finish(handle, st, TrialStatus.STOPPED, hung)
             return TrialPoll(status=TrialStatus.RUNNING, last_step=st.progress.last_step)
         # the leader is gone: clean up what is left of its group, read the rest, classify
-        if handle.pid and self._group_alive(handle.pid):
+        if self._group_alive(handle):
             self._kill(handle, grace_s=2.0)
         self._update(handle, st)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))

@@ -1,0 +1,108 @@
+"""Typed progress events: one model per kind, JSON on LangGraph's custom stream, one console formatter per kind."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from pydantic import ValidationError
+
+from mart.graph.session import FORMATTERS, ConsoleProgress, format_event
+from mart.nodes import progress
+from mart.nodes.progress import (
+    EVENT_TYPES,
+    CritiqueDone,
+    HealthNotice,
+    Proposed,
+    ProposedCandidate,
+    TrialDone,
+    TrialFailed,
+    TrialLaunched,
+    TrialReattached,
+    TrialStep,
+    TrialStopped,
+    emit,
+    parse_event,
+)
+
+SAMPLES = [
+    TrialLaunched(trial_id="sys-01-baseline", stage="system", kind="baseline", horizon=6),
+    TrialReattached(trial_id="sys-02-abc"),
+    TrialFailed(trial_id="sys-03-abc", reason="launch failed: no GPU"),
+    TrialStep(trial_id="sys-01-baseline", stage="system", step=3, throughput=1234.4, memory_gb=1.5, reward=0.25),
+    HealthNotice(trial_id="lea-04-x", rule="entropy_collapse", severity="stop", message="entropy 0.01 < 0.05"),
+    TrialStopped(trial_id="lea-04-x", reason="health: entropy_collapse", status="stopped"),
+    TrialDone(trial_id="sys-01-baseline", status="completed", throughput=1234.44, peak_memory_gb=1.5, eligible=True),
+    Proposed(stage="system", round=0, candidates=[ProposedCandidate(id="sys-01-r0-c0", overrides={"a.b": 2})]),
+    CritiqueDone(pick=None, feedback="all over the memory margin", accepted=[]),
+]
+
+
+def test_every_kind_has_a_sample_and_a_formatter() -> None:
+    assert {type(e) for e in SAMPLES} == set(EVENT_TYPES) == set(FORMATTERS)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.event)
+def test_json_form_round_trips(event) -> None:
+    data = event.model_dump(mode="json")
+    assert data["event"] == event.event
+    assert parse_event(data) == event
+    assert format_event(data) == format_event(event)  # a consumer of the custom stream formats the same
+
+
+def test_lines_say_what_happened() -> None:
+    lines = {type(e): format_event(e) for e in SAMPLES}
+    assert lines[TrialLaunched] == ("[bold]▶ sys-01-baseline[/] baseline (system stage, 6 steps)", None)
+    assert lines[TrialStep] == ("  step   3  1234 tok/s  1.50 GB  reward 0.250", "dim")  # absent metrics left out
+    assert lines[HealthNotice] == ("  health stop: entropy_collapse: entropy 0.01 < 0.05", "red")
+    assert lines[TrialDone] == ("  ✓ sys-01-baseline: completed, objective 1234, peak 1.50 GB", None)
+    assert lines[CritiqueDone] == ("[cyan]critic[/] all over the memory margin", None)
+    not_eligible = TrialDone(trial_id="t", status="oom", reason="out of memory", eligible=False)
+    assert format_event(not_eligible)[0] == "  ✓ t: oom (not eligible: out of memory)"
+
+
+def test_bad_events_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        parse_event({"event": "no_such_kind", "trial_id": "t"})
+    with pytest.raises(ValidationError):
+        parse_event({"event": "health", "trial_id": "t", "rule": "r", "severity": "panic", "message": "m"})
+    with pytest.raises(ValidationError):
+        TrialReattached(trial_id="t", unexpected=1)
+
+
+def test_emit_writes_json_to_the_stream_and_the_typed_event_to_the_sink(monkeypatch) -> None:
+    streamed, sunk = [], []
+    monkeypatch.setattr("langgraph.config.get_stream_writer", lambda: streamed.append)
+
+    class Services:
+        progress = staticmethod(sunk.append)
+
+    event = SAMPLES[3]
+    emit(Services, event)
+    assert streamed == [event.model_dump(mode="json")] and isinstance(streamed[0], dict)
+    assert sunk == [event]
+
+
+def test_emit_outside_a_run_still_reaches_the_sink() -> None:
+    sunk = []
+
+    class Services:
+        progress = staticmethod(sunk.append)
+
+    progress.emit(Services, SAMPLES[0])  # no graph run: no stream writer, no error
+    assert sunk == [SAMPLES[0]]
+
+
+def test_console_prints_each_kind_and_is_silent_when_quiet() -> None:
+    from rich.console import Console
+
+    console = ConsoleProgress(quiet=False)
+    console.console = Console(file=io.StringIO(), width=200, highlight=False, color_system=None)
+    for event in SAMPLES:
+        console(event)
+    text = console.console.file.getvalue()
+    assert text.count("\n") == len(SAMPLES)
+    assert "▶ sys-01-baseline baseline (system stage, 6 steps)" in text and "■ stopped" in text
+    quiet = ConsoleProgress(quiet=True)
+    quiet(SAMPLES[0])  # prints nothing and needs no console
+    assert not hasattr(quiet, "console")

@@ -1,0 +1,188 @@
+"""One supervisor for a trial that runs as a detached process group: launch, liveness, SIGTERM -> grace -> SIGKILL.
+
+A trial's processes belong to the trial, not to the tuner: ``ProcessGroup.spawn`` starts the command as
+the leader of a new session (``start_new_session=True``, so a Ctrl-C or the tuner's death does not reach
+it), and anyone holding its ``pid`` and create time - the runner that launched it, or a resumed tuner in
+another process - can ask whether it still runs and stop it, children and grandchildren included.
+
+Liveness follows one pid-reuse rule: a pid is the trial's only while the process holding it was created
+within ``PID_REUSE_TOLERANCE_S`` of the recorded create time. psutil derives a create time from the boot
+time plus the process's start ticks (https://psutil.readthedocs.io/en/latest/#psutil.Process.create_time),
+and the boot time it reads moves when the wall clock is adjusted, so two readings of the same process in
+different tuner processes can differ by up to about a second; a recycled pid within a second is not a
+realistic case. Zombies count as gone (they have exited; only their exit status is left to reap).
+
+The group outlives its leader when children keep running; ``alive`` and ``terminate`` cover the whole
+group. Linux does not hand out a pid again while a process group still carries it as its id, so a live
+process with the leader's pid and another create time proves that the trial's whole group is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+import psutil
+
+#: How far two readings of one process's create time may differ (see the module docstring).
+PID_REUSE_TOLERANCE_S = 1.0
+
+
+def create_time(pid: int) -> float | None:
+    """The create time of ``pid`` as psutil reports it (None when there is no such process)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def same_process(proc: psutil.Process, created: float | None) -> bool:
+    """Whether ``proc`` is the process recorded with create time ``created`` (None: no guard recorded)."""
+    if created is None:
+        return True
+    try:
+        return abs(proc.create_time() - created) <= PID_REUSE_TOLERANCE_S
+    except psutil.Error:
+        return False
+
+
+class ProcessGroup:
+    """A trial's process group, led by ``pid`` (created at ``created``).
+
+    Args:
+        pid: the group leader's pid (also the group id when it was started by ``spawn``).
+        created: the leader's create time, recorded at launch (``TrialHandle.pid_create_time``).
+        popen: the ``Popen`` when this process started it: lets it reap the leader and read its exit code.
+    """
+
+    def __init__(self, pid: int, created: float | None = None, popen: subprocess.Popen | None = None) -> None:
+        self.pid = pid
+        self.created = created
+        self.popen = popen
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(pid={self.pid}, created={self.created})"
+
+    @classmethod
+    def spawn(cls, argv: Sequence[str], *, cwd: str | os.PathLike | None = None,
+              env: Mapping[str, str] | None = None, output: IO[bytes] | int | None = None) -> ProcessGroup:
+        """Start ``argv`` as the leader of a new session, stdin closed, stdout+stderr to ``output``.
+
+        Raises:
+            OSError: the command cannot be started (not found, not executable).
+        """
+        popen = subprocess.Popen(list(argv), cwd=cwd, env=None if env is None else dict(env),
+                                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        return cls(popen.pid, create_time(popen.pid), popen)
+
+    # --- watching --------------------------------------------------------------------------------------
+    @property
+    def returncode(self) -> int | None:
+        """The leader's exit code when this process started and reaped it (negative: killed by that signal)."""
+        return None if self.popen is None else self.popen.poll()
+
+    def _leader(self) -> psutil.Process | None:
+        """The leader as a psutil process if the pid is still ours (dead or alive), else None."""
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.Error:
+            return None
+        return proc if same_process(proc, self.created) else None
+
+    def leader_alive(self) -> bool:
+        """Is the leader itself still running (not exited, not a zombie, pid not recycled)?"""
+        if self.popen is not None:
+            if self.popen.poll() is not None:
+                return False
+            if not _is_zombie(self.pid):
+                return True
+            try:  # an exiting thread group shows as a zombie a few ms before it can be reaped
+                self.popen.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            return False
+        leader = self._leader()
+        return leader is not None and not _is_zombie(leader.pid)
+
+    def _leads_group(self) -> bool:
+        try:
+            return os.getpgid(self.pid) == self.pid
+        except OSError:
+            return False
+
+    def members(self) -> list[psutil.Process]:
+        """The live (non-zombie) processes of the trial's group, the leader included while it runs."""
+        try:
+            psutil.Process(self.pid)
+            holder_exists = True
+        except psutil.Error:
+            holder_exists = False
+        if holder_exists and self._leader() is None:
+            return []  # the pid was handed out again, so the group it named is gone
+        if holder_exists and not self._leads_group():
+            return [psutil.Process(self.pid)] if self.leader_alive() else []  # not a group leader: itself only
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        out = []
+        for proc in psutil.process_iter(["status"]):
+            try:
+                if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == self.pid:
+                    out.append(proc)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+    def alive(self) -> bool:
+        """Does any process of the trial's group still run?"""
+        return self.leader_alive() or bool(self.members())
+
+    # --- stopping --------------------------------------------------------------------------------------
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole group (only to the leader if it leads no group); never to a recycled pid."""
+        if self._leader() is None:
+            if not self.members():
+                return  # gone, or the pid now belongs to another process
+        elif not self._leads_group():
+            try:
+                os.kill(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self, timeout_s: float, interval_s: float = 0.05) -> bool:
+        """Wait up to ``timeout_s`` for the whole group to end; True when it has."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval_s)
+
+    def terminate(self, grace_s: float = 5.0, kill_wait_s: float = 5.0) -> bool:
+        """SIGTERM to the group, up to ``grace_s`` to exit, then SIGKILL; True once every process has ended."""
+        if not self.alive():
+            return True
+        self.signal(signal.SIGTERM)
+        if self.wait(grace_s):
+            return True
+        self.signal(signal.SIGKILL)
+        return self.wait(kill_wait_s)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
