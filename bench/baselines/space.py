@@ -99,6 +99,10 @@ def repair(space: SearchSpace, base: dict[str, Any], overrides: dict[str, Any]) 
     micro = int(_get(cfg, micro_key, 1)) if not dyn else 1
     if mini_key in over:  # mini <= train, and mini x n a multiple of dp x micro (micro is stage 1's)
         need = dp * micro // math.gcd(n, dp * micro)
+        if need > train and train_key in over:  # the smallest legal mini batch needs a larger train batch
+            unit = n_gpus // math.gcd(n, n_gpus)
+            fit(train_key, -(-need // unit) * unit)
+            train = int(_get(cfg, train_key, 1024))
         fit(mini_key, max(need, min(int(over[mini_key]), train) // need * need))
     per_gpu_mini = int(_get(cfg, mini_key, 256)) * n // dp
     if not dyn and per_gpu_mini >= 1 and micro_key in over:

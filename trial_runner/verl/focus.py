@@ -28,6 +28,7 @@ FOCUS: dict[str, tuple[float, float] | None] = {
     f"{ARR}.actor.use_dynamic_bsz": None,
     f"{ARR}.actor.ppo_max_token_len_per_gpu": (4096, 65536),
     f"{ARR}.model.enable_gradient_checkpointing": None,
+    f"{ARR}.actor.strategy": None,
     # stage 2 (learning)
     f"{ARR}.actor.optim.lr": (1e-7, 1e-5),
     f"{ARR}.actor.use_kl_loss": None,
