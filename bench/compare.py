@@ -407,6 +407,10 @@ def render_table(report: dict[str, Any]) -> str:
     if report.get("perturb") is not None:
         lines.append(f"Simulator perturbed (model mismatch) with seed {report['perturb']}.")
     lines.append("")
+    if report["workload"] != "sim":
+        lines.append("Measured on the real workload: no noise-free values, no optimum; trials run one at a time and "
+                     "each winner is re-measured (the spreads under each table say what a difference is worth).")
+        lines.append("")
     lines.append("Measured values carry the simulator's noise (the best of several noisy trials is biased upward); "
                  "the noise-free columns re-evaluate the config each method chose without noise (learning: the "
                  "expected score over the collapse draw). Stage 2 picks by the measured score; a pick whose "
