@@ -69,16 +69,16 @@ def make_backend(workload: str, scenario: str, seed: int, scenario_file: str | N
     return load_backend(workload, **backend_options(workload, scenario, seed, scenario_file, perturb))
 
 
-def sim_scenario(scenario: str, scenario_file: str | None = None):
-    """The simulator's scenario object: a shipped name, or a user's YAML file (``sim.load_scenario``)."""
+def sim_scenario(scenario: str, scenario_file: str | None = None, perturb: int | None = None):
+    """The simulator's scenario object: a shipped name or a user's YAML file (``sim.load_scenario``), with
+    its hidden constants redrawn from ``perturb`` when given (the ground truth is the perturbed model's)."""
     from mart.trial_runner import sim
 
-    if scenario_file:
-        if not hasattr(sim, "load_scenario"):
-            raise SystemExit("--scenario-file needs mart.trial_runner.sim.load_scenario (scenario files), "
-                             "which this build lacks")
-        return sim.load_scenario(scenario_file)
-    return sim.get_scenario(scenario)
+    if not hasattr(sim, "load_scenario"):
+        if scenario_file or perturb is not None:
+            raise SystemExit("--scenario-file/--perturb need mart.trial_runner.sim.load_scenario, which this build lacks")
+        return sim.get_scenario(scenario)
+    return sim.load_scenario(scenario_file or scenario, perturb)
 
 
 def check_perturb_supported() -> None:
@@ -243,7 +243,7 @@ def _noise_free_scores(task: dict[str, Any], res: MethodResult, budget: Budget) 
     from mart.trial_runner.sim import model
     from mart.trial_runner.sim.learning import final_score_noise_free
 
-    sc = sim_scenario(task["scenario"], task.get("scenario_file"))
+    sc = sim_scenario(task["scenario"], task.get("scenario_file"), task.get("perturb"))
     base = model.base_config(sc)
     system = {**base, **res.best_system}
     thr, peak = model.expected_throughput(system, sc, budget.system_horizon)
@@ -475,7 +475,7 @@ def render_table(report: dict[str, Any]) -> str:
 
 def optimum_config(gt: dict[str, Any]) -> dict[str, Any]:
     """The optimum's config as the ground truth reports it (its overrides of the scenario's base config)."""
-    return gt.get("optimum_config") or gt.get("overrides") or {}
+    return gt.get("overrides") or {}
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
@@ -694,7 +694,8 @@ def sim_ground_truths(scenario: str, scenario_file: str | None, budget: Budget,
     """The simulator's stage-1 optimum (exhaustive) and stage-2 best grid score for one scenario."""
     from mart.trial_runner.sim.model import ground_truth, ground_truth_learning
 
-    sc = scenario if scenario_file is None else sim_scenario(scenario, scenario_file)
+    # a shipped name as such (cached by name); a file or a perturbed model as its scenario object
+    sc = scenario if scenario_file is None and perturb is None else sim_scenario(scenario, scenario_file, perturb)
     return (ground_truth(sc, budget.memory_margin, budget.system_horizon),
             ground_truth_learning(sc, budget.learning_horizon))
 
