@@ -181,3 +181,24 @@ def test_method_without_valid_candidates_says_so(compare, tmp_path: Path, method
     table = compare.render_table(rep)
     assert f"| {method} ✗ |" in table and "learning trial 2" in table
     assert compare.verdict(rep)["runs"][0]["no_valid_candidate"] == {"learning": 2}
+
+
+def test_scenario_file_and_perturb_reach_the_simulator(compare, tmp_path: Path, capsys) -> None:
+    from mart.trial_runner import sim
+
+    files = sorted((ROOT / "examples" / "scenarios").glob("*.yaml"))
+    if not hasattr(sim, "load_scenario") or not files:
+        pytest.skip("this build has no sim scenario files")
+    name = sim.load_scenario(str(files[0])).name
+    verdicts = []
+    for extra in ([], ["--perturb", "3"]):
+        compare.main(["--scenario-file", str(files[0]), "--seeds", "1", "--methods", "default,tpe-restricted",
+                      "--system-trials", "2", "--learning-trials", "1", "--learning-horizon", "6", "--jobs", "1",
+                      "--out", str(tmp_path), "--json", *extra])
+        verdicts.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    for v in verdicts:
+        assert list(v["scenarios"]) == [name] and v["scenarios"][name]["optimum"] > 0
+        assert {r["method"] for r in v["runs"]} == {"default", "tpe-restricted"}
+        assert all(r["error"] is None and r["scenario"] == name for r in v["runs"])
+    # the perturbed simulator has other hidden constants, so another optimum
+    assert verdicts[0]["scenarios"][name]["optimum"] != verdicts[1]["scenarios"][name]["optimum"]
