@@ -1,16 +1,22 @@
-"""Benchmark mart against verl's defaults, random search, grid search and Optuna (TPE) on the simulator.
+"""Benchmark mart against verl's defaults, random search, grid search, TPE and CMA-ES on the simulator.
 
 For each scenario x seed, every method gets the same budget of stage-1 (system) and stage-2 (learning)
 trials and the same horizons; the default config is each method's first trial of each stage (mart's
-baseline counts in its budget). Reported per method: best throughput found, % of the simulator's optimum
-(exhaustive search), trials to reach 95% of it, OOM/failed trials paid for, the learning stage's final
-score, GPU-hours spent and GPU-hours saved by early termination.
+baseline counts in its budget). TPE and CMA-ES (Optuna) run twice: on the full catalogue and on the
+focused space mart's agents search (``mart.trial_runner.verl.focus``). Every method's draws go through
+the same repair and redraw budget (``bench.baselines.space``). Reported per method: every trial spent,
+OOM / over-margin / failed trials, best throughput (measured and noise-free, % of the simulator's
+optimum), the stage-2 choice's noise-free score against the defaults' (a regression when worse),
+GPU-hours spent and saved by early termination.
 
     python bench/compare.py --quick                 # <= 10 min on 2 cores
+    python bench/compare.py --quick --json          # ... and one JSON verdict object on stdout
     python bench/compare.py                         # 4 scenarios x 5 seeds
+    python bench/compare.py --scenario-file job.yaml --perturb 7   # a user's scenario, a perturbed simulator
     python bench/compare.py --workload local        # the unsimulated check on the CPU workload
 
-Writes ``bench/results/<timestamp>/{table.md, best_so_far.png, raw.json}`` and prints the table.
+Writes ``bench/results/<timestamp>/{table.md, best_so_far.png, raw.json, verdict.json}`` and prints the
+table (to stderr with ``--json``, so stdout holds only the verdict).
 """
 
 from __future__ import annotations
@@ -34,26 +40,54 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.baselines import Budget, MethodResult, TrialOutcome, run_method
+from bench.baselines import Budget, MethodResult, TrialOutcome, run_method, run_trial
 
-ALL_METHODS = ["mart", "default", "random", "grid", "optuna"]
+ALL_METHODS = ["mart", "default", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
 SCENARIOS = ["qwen3-8b-1x8", "qwen3-8b-2x8", "qwen3-0.6b-1x8", "qwen3-0.6b-2x8"]
 QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
 
 
 # ---------------------------------------------------------------------------------------------- backends
-def backend_options(workload: str, scenario: str, seed: int) -> dict[str, Any]:
+# The sim integration points: a shipped scenario name or a user's scenario file, and the model-mismatch
+# seed, both passed to the sim backend as options (``scenario_file=PATH``, ``perturb=SEED``).
+def backend_options(workload: str, scenario: str, seed: int, scenario_file: str | None = None,
+                    perturb: int | None = None) -> dict[str, Any]:
     """Options of the backend a run uses. The sim runs on its poll clock: one metric line per poll, so a
     trial's wall time does not depend on machine load and a health monitor can stop it at any step."""
-    if workload == "sim":
-        return {"scenario": scenario, "seed": seed, "clock": "poll"}
-    return {}
+    if workload != "sim":
+        return {}
+    opts: dict[str, Any] = {"seed": seed, "clock": "poll"}
+    opts.update({"scenario_file": scenario_file} if scenario_file else {"scenario": scenario})
+    if perturb is not None:
+        opts["perturb"] = perturb
+    return opts
 
 
-def make_backend(workload: str, scenario: str, seed: int):
+def make_backend(workload: str, scenario: str, seed: int, scenario_file: str | None = None, perturb: int | None = None):
     from mart.trial_runner.registry import load_backend
 
-    return load_backend(workload, **backend_options(workload, scenario, seed))
+    return load_backend(workload, **backend_options(workload, scenario, seed, scenario_file, perturb))
+
+
+def sim_scenario(scenario: str, scenario_file: str | None = None, perturb: int | None = None):
+    """The simulator's scenario object: a shipped name or a user's YAML file (``sim.load_scenario``), with
+    its hidden constants redrawn from ``perturb`` when given (the ground truth is the perturbed model's)."""
+    from mart.trial_runner import sim
+
+    if not hasattr(sim, "load_scenario"):
+        if scenario_file or perturb is not None:
+            raise SystemExit("--scenario-file/--perturb need mart.trial_runner.sim.load_scenario, which this build lacks")
+        return sim.get_scenario(scenario)
+    return sim.load_scenario(scenario_file or scenario, perturb)
+
+
+def check_perturb_supported() -> None:
+    import inspect
+
+    from mart.trial_runner.sim.backend import SimBackend
+
+    if "perturb" not in inspect.signature(SimBackend.__init__).parameters:
+        raise SystemExit("--perturb needs the sim backend's `perturb` option (model mismatch), which this build lacks")
 
 
 def local_available() -> bool:
@@ -72,15 +106,17 @@ def mart_available() -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- mart
-def run_mart(workload: str, scenario: str, seed: int, budget: Budget, workdir: Path) -> MethodResult:
+def run_mart(task: dict[str, Any], budget: Budget, workdir: Path) -> MethodResult:
     """mart with the rules agents and auto-approval, through its session API; trials read from the ledger."""
     from mart.graph.session import TuneOptions, tune
     from mart.state.ledger import Ledger
 
+    workload, scenario, seed = task["workload"], task["scenario"], task["seed"]
+    where = (task.get("scenario_file"), task.get("perturb"))
     result = MethodResult(method="mart", scenario=scenario, seed=seed)
     t0 = time.monotonic()
     opts = TuneOptions(
-        backend=workload, backend_options=backend_options(workload, scenario, seed), approve="auto", agents="rules",
+        backend=workload, backend_options=backend_options(workload, scenario, seed, *where), approve="auto", agents="rules",
         runs_dir=str(workdir), seed=seed, system_trials=budget.system_trials, learning_trials=budget.learning_trials,
         system_horizon=budget.system_horizon, learning_horizon=budget.learning_horizon,
         memory_margin=budget.memory_margin, quiet=True, watch_interval_s=0.01 if workload == "sim" else 0.5,
@@ -94,7 +130,7 @@ def run_mart(workload: str, scenario: str, seed: int, budget: Budget, workdir: P
         return result
     result.extra["summary"] = summary
     run_dir = Path(summary.get("run_dir") or Path(workdir) / summary["run_id"])
-    backend = make_backend(workload, scenario, seed)
+    backend = make_backend(workload, scenario, seed, *where)
     capacity = backend.memory_capacity_gb()
     limit = None if capacity is None else (1 - budget.memory_margin) * capacity
     ledger = Ledger.open(run_dir)
@@ -156,38 +192,64 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """One (workload, scenario, seed, method) run in a worker process; returns a JSON-able dict."""
     budget = Budget(**task["budget"])
     workdir = Path(tempfile.mkdtemp(prefix=f"mart-bench-{task['method']}-", dir=task.get("tmp")))
+    where = (task.get("scenario_file"), task.get("perturb"))
     t0 = time.monotonic()
     try:
         if task["method"] == "mart":
-            res = run_mart(task["workload"], task["scenario"], task["seed"], budget, workdir)
+            res = run_mart(task, budget, workdir)
         else:
-            backend = make_backend(task["workload"], task["scenario"], task["seed"])
+            backend = make_backend(task["workload"], task["scenario"], task["seed"], *where)
             res = run_method(task["method"], backend, scenario=task["scenario"], seed=task["seed"], budget=budget,
                              workdir=workdir)
     except Exception as e:  # noqa: BLE001 - one failing run must not lose the others
         res = MethodResult(method=task["method"], scenario=task["scenario"], seed=task["seed"],
                            error=f"{type(e).__name__}: {e}", extra={"traceback": traceback.format_exc(limit=8)})
     res.wall_s = res.wall_s or time.monotonic() - t0
+    if task.get("remeasure") and not res.error:
+        res.extra["remeasured"] = remeasure(task, res, budget, workdir / "remeasure")
     d = res.to_dict()
     d["workload"] = task["workload"]
+    d["scenario_file"] = task.get("scenario_file")
     if task["workload"] == "sim":
-        d["noise_free"] = _noise_free_scores(task["scenario"], res, budget)
+        d["noise_free"] = _noise_free_scores(task, res, budget)
     if not task.get("keep"):
         _rmtree(workdir)
     return d
 
 
-def _noise_free_scores(scenario: str, res: MethodResult, budget: Budget) -> dict[str, Any]:
-    """The simulator's noise-free value of the configs a method chose (what it would really get)."""
+def remeasure(task: dict[str, Any], res: MethodResult, budget: Budget, workdir: Path) -> list[float | None]:
+    """Throughput of the method's chosen system config measured ``task['remeasure']`` more times (the
+    spread says how much of a difference between methods is measurement noise)."""
+    backend = make_backend(task["workload"], task["scenario"], task["seed"], task.get("scenario_file"), task.get("perturb"))
+    base = dict(backend.base_config())
+    capacity = backend.memory_capacity_gb()
+    limit = None if capacity is None else (1 - budget.memory_margin) * capacity
+    runner = backend.make_runner()
+    out: list[float | None] = []
+    try:
+        for k in range(int(task["remeasure"])):
+            t = run_trial(backend, runner, trial_id=f"remeasure-{k + 1}", stage="system", seq=k + 1, base=base,
+                          overrides=res.best_system, steps=budget.system_horizon, workdir=workdir, seed=task["seed"],
+                          limit_gb=limit, poll_sleep_s=budget.poll_sleep_s)
+            out.append(t.throughput if t.status == "completed" else None)
+    finally:
+        runner.close()
+    return out
+
+
+def _noise_free_scores(task: dict[str, Any], res: MethodResult, budget: Budget) -> dict[str, Any]:
+    """The simulator's noise-free value of the configs a method chose (what it would really get), and of
+    the default learning knobs on the same system config (a stage-2 choice below it is a regression)."""
     from mart.trial_runner.sim import model
     from mart.trial_runner.sim.learning import final_score_noise_free
 
-    base = model.base_config(scenario)
+    sc = sim_scenario(task["scenario"], task.get("scenario_file"), task.get("perturb"))
+    base = model.base_config(sc)
     system = {**base, **res.best_system}
-    thr, peak = model.expected_throughput(system, scenario, budget.system_horizon)
-    full = {**system, **res.best_learning}
-    score = final_score_noise_free(full, model.get_scenario(scenario), budget.learning_horizon)
-    return {"throughput": thr, "peak_memory_gb": peak, "score": score}
+    thr, peak = model.expected_throughput(system, sc, budget.system_horizon)
+    score = final_score_noise_free({**system, **res.best_learning}, sc, budget.learning_horizon)
+    default = final_score_noise_free(system, sc, budget.learning_horizon)
+    return {"throughput": thr, "peak_memory_gb": peak, "score": score, "default_score": default}
 
 
 def _rmtree(path: Path) -> None:
@@ -197,8 +259,25 @@ def _rmtree(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- metrics
-def summarize(run: dict[str, Any], optimum: float | None, budget: Budget) -> dict[str, Any]:
-    """The table's figures for one run."""
+#: a stage-2 choice this much below the defaults' noise-free score counts as a regression
+REGRESSION_EPS = 1e-4
+
+
+def over_margin(t: dict[str, Any], limit_gb: float | None) -> bool:
+    """A stage-1 trial over the memory margin: completed above the limit, or stopped for it (mart's health
+    monitor stops such trials: status ``stopped``, reason naming the ``memory_margin`` rule)."""
+    if t["stage"] != "system" or t["status"] == "oom":
+        return False
+    if t["status"] == "stopped" and "memory_margin" in str(t.get("reason") or ""):
+        return True
+    if limit_gb is not None and t.get("peak_memory_gb") is not None and t["peak_memory_gb"] > limit_gb:
+        return True
+    return t["status"] == "completed" and t["throughput"] is not None and not t["feasible"]
+
+
+def summarize(run: dict[str, Any], optimum: float | None, budget: Budget, limit_gb: float | None = None) -> dict[str, Any]:
+    """The table's figures for one run. Every trial spent is counted once in ``trials`` and, when it did not
+    complete within the margin, in exactly one of ``oom``, ``over_margin``, ``failed``, ``stopped``."""
     sys_trials = [t for t in run["trials"] if t["stage"] == "system"]
     learn = [t for t in run["trials"] if t["stage"] == "learning"]
     curve, best = [], None
@@ -217,15 +296,25 @@ def summarize(run: dict[str, Any], optimum: float | None, budget: Budget) -> dic
     spent = sum(t["gpu_hours"] for t in run["trials"])
     saved = sum(max(0.0, t["planned_gpu_hours"] - t["gpu_hours"]) for t in run["trials"] if t["early_stopped"])
     nf = run.get("noise_free") or {}
+    margin = [over_margin(t, limit_gb) for t in run["trials"]]
+    chosen, default = nf.get("score"), nf.get("default_score")
+    remeasured = [v for v in (run.get("extra") or {}).get("remeasured") or [] if v is not None]
     return {
         "best_throughput": best_thr,
         "pct_of_optimum": None if (best_thr is None or not optimum) else 100 * best_thr / optimum,
         "trials_to_95": to95,
-        "oom_failed": sum(t["status"] in ("oom", "failed") for t in run["trials"]),
-        "over_margin": sum(t["stage"] == "system" and t["status"] == "completed" and not t["feasible"] for t in run["trials"]),
+        "trials": len(run["trials"]),
+        "oom": sum(t["status"] == "oom" for t in run["trials"]),
+        "over_margin": sum(margin),
+        "failed": sum(t["status"] == "failed" for t in run["trials"]),
+        "stopped": sum(t["status"] == "stopped" and not m for t, m in zip(run["trials"], margin)),
         "learning_score": max(scores) if scores else None,
-        "learning_score_noise_free": nf.get("score"),
+        "learning_score_noise_free": chosen,
+        "learning_default_noise_free": default,
+        "stage2_regression": None if chosen is None or default is None else chosen < default - REGRESSION_EPS,
         "chosen_pct_noise_free": None if not (optimum and nf.get("throughput")) else 100 * nf["throughput"] / optimum,
+        "no_valid_candidate": (run.get("extra") or {}).get("no_valid_candidate") or {},
+        "remeasured": remeasured,
         "gpu_hours": spent,
         "gpu_hours_saved": saved,
         "early_stopped": sum(bool(t["early_stopped"]) for t in run["trials"]),
@@ -260,16 +349,75 @@ def _fmt_to95(vals: list[int | None], n: int) -> str:
     return s + f" ({len(reached)}/{len(vals)} reached)"
 
 
+def _fmt_count(rows: list[dict[str, Any]], key: str) -> str:
+    vals = [r[key] for r in rows]
+    return f"{sum(vals)} ({_fmt(vals, '{:g}')})" if any(vals) else "0"
+
+
+def _fmt_regressions(rows: list[dict[str, Any]]) -> str:
+    known = [r["stage2_regression"] for r in rows if r["stage2_regression"] is not None]
+    return f"{sum(known)}/{len(known)}" if known else "—"
+
+
+def _fmt_no_valid(rows: list[dict[str, Any]]) -> str:
+    hits = [f"{st} trial {i}" for r in rows for st, i in sorted(r["no_valid_candidate"].items())]
+    if not hits:
+        return "—"
+    return f"**{len(hits)} stage(s) in {sum(bool(r['no_valid_candidate']) for r in rows)}/{len(rows)} runs** " \
+           f"(e.g. {hits[0]})"
+
+
+def _spread_pct(vals: list[float]) -> float | None:
+    return None if len(vals) < 2 else 100 * (max(vals) - min(vals)) / statistics.median(vals)
+
+
+def render_local_noise(sc_rep: dict[str, Any], runs: list[dict[str, Any]], scenario: str) -> list[str]:
+    """Measurement noise on the CPU workload next to the differences the table ranks."""
+    lines = []
+    by_seed: dict[int, list[float]] = {}
+    for r in runs:
+        t1 = next((t for t in r["trials"] if r["scenario"] == scenario and t["stage"] == "system" and t["seq"] == 1
+                   and t["status"] == "completed" and t["throughput"] is not None), None)
+        if t1 is not None:
+            by_seed.setdefault(r["seed"], []).append(t1["throughput"])
+    spreads = [x for x in (_spread_pct(v) for v in by_seed.values()) if x is not None]
+    if spreads:
+        lines.append(f"- The defaults, measured once per method (same config, same seed): spread (max−min)/median "
+                     f"{statistics.median(spreads):.1f}% (median over seeds; max {max(spreads):.1f}%).")
+    win = [x for rows in sc_rep["methods"].values() for r in rows
+           if (x := _spread_pct([v for v in [r["best_throughput"], *r["remeasured"]] if v is not None])) is not None]
+    if win:
+        lines.append(f"- Each winner re-measured: spread {statistics.median(win):.1f}% (median; max {max(win):.1f}%).")
+    bests = [statistics.median(xs) for rows in sc_rep["methods"].values()
+             if (xs := [r["best_throughput"] for r in rows if r["best_throughput"] is not None])]
+    if len(bests) > 1:
+        lines.append(f"- Differences ranked: methods' median best throughputs span "
+                     f"{100 * (max(bests) - min(bests)) / statistics.median(bests):.1f}%; a gap below the spreads "
+                     f"above is noise.")
+    return lines
+
+
 def render_table(report: dict[str, Any]) -> str:
     lines = [f"# mart vs baselines ({report['workload']})", ""]
     b = report["budget"]
     lines.append(f"Budget per method: {b['system_trials']} stage-1 trials x {b['system_horizon']} steps, "
                  f"{b['learning_trials']} stage-2 trials x {b['learning_horizon']} steps, memory margin "
-                 f"{b['memory_margin']:.0%}; seeds {report['seeds']}. Cells: median [min–max] over seeds.")
+                 f"{b['memory_margin']:.0%}; seeds {report['seeds']}. Cells: median [min–max] over seeds; counts: "
+                 f"total (per-seed median [min–max]).")
+    if report.get("perturb") is not None:
+        lines.append(f"Simulator perturbed (model mismatch) with seed {report['perturb']}.")
     lines.append("")
+    if report["workload"] != "sim":
+        lines.append("Measured on the real workload: no noise-free values, no optimum; trials run one at a time and "
+                     "each winner is re-measured (the spreads under each table say what a difference is worth).")
+        lines.append("")
     lines.append("Measured values carry the simulator's noise (the best of several noisy trials is biased upward); "
                  "the noise-free columns re-evaluate the config each method chose without noise (learning: the "
-                 "expected score over the collapse draw). GPU-hours are simulated (trial time x GPUs), both stages.")
+                 "expected score over the collapse draw). Stage 2 picks by the measured score; a pick whose "
+                 "noise-free score is below the defaults' (same system config) is a regression. GPU-hours are "
+                 "simulated (trial time x GPUs), both stages. `-restricted` = the focused space mart's agents "
+                 "search; a method that could not draw a valid candidate within the shared redraw budget says so "
+                 "(its stage stops; it does not rerun the defaults).")
     lines.append("")
     for sc, sc_rep in report["scenarios"].items():
         gt = sc_rep.get("ground_truth") or {}
@@ -281,28 +429,41 @@ def render_table(report: dict[str, Any]) -> str:
                 f"{gt['baseline_throughput']:.0f} → optimum is **+{gt['gain_pct']:.1f}%**. "
                 f"Best learning score on its grid: {sc_rep['ground_truth_learning']['score']:.4f} "
                 f"(defaults {sc_rep['ground_truth_learning']['baseline_score']:.4f}).")
+            lines.append(f"Optimum's config: `{json.dumps(optimum_config(gt), sort_keys=True)}`")
         else:
             lines.append("No ground truth on this workload: % of optimum is relative to the best throughput any "
                          "method found for the same seed.")
         lines.append("")
-        lines.append("| method | best throughput (tok/s/GPU) | % of optimum | chosen config, noise-free % | trials to 95% | "
-                     "OOM/failed trials | over-margin trials | learning score (measured) | learning score (noise-free) | "
-                     "GPU-h spent | GPU-h saved (early stop) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        local = report["workload"] != "sim"
+        head = ("| method | trials | OOM | over-margin | failed | stopped | best throughput (tok/s/GPU) | % of optimum | "
+                "chosen config, noise-free % | trials to 95% | stage-2 score (measured) | stage-2 pick, noise-free | "
+                "stage-2 defaults, noise-free | stage-2 regressions | GPU-h spent | GPU-h saved (early stop) | "
+                "no valid candidate |")
+        if local:
+            head += " winner re-measured |"
+        lines.append(head)
+        lines.append("|" + "---|" * (head.count("|") - 1))
         for method, rows in sc_rep["methods"].items():
             errs = [r["error"] for r in rows if r.get("error")]
-            name = method + (" ⚠" if errs else "")
-            lines.append(
-                f"| {name} | {_fmt([r['best_throughput'] for r in rows], '{:.0f}')} "
-                f"| {_fmt([r['pct_of_optimum'] for r in rows], '{:.1f}')} "
-                f"| {_fmt([r['chosen_pct_noise_free'] for r in rows], '{:.1f}')} "
-                f"| {_fmt_to95([r['trials_to_95'] for r in rows], b['system_trials'])} "
-                f"| {_fmt([r['oom_failed'] for r in rows], '{:g}')} "
-                f"| {_fmt([r['over_margin'] for r in rows], '{:g}')} "
-                f"| {_fmt([r['learning_score'] for r in rows], '{:.4f}')} "
-                f"| {_fmt([r['learning_score_noise_free'] for r in rows], '{:.4f}')} "
-                f"| {_fmt([r['gpu_hours'] for r in rows], '{:.0f}')} "
-                f"| {_fmt([r['gpu_hours_saved'] for r in rows], '{:.0f}')} |")
+            name = method + (" ⚠" if errs else "") + (" ✗" if any(r["no_valid_candidate"] for r in rows) else "")
+            row = (f"| {name} | {_fmt_count(rows, 'trials')} | {_fmt_count(rows, 'oom')} "
+                   f"| {_fmt_count(rows, 'over_margin')} | {_fmt_count(rows, 'failed')} | {_fmt_count(rows, 'stopped')} "
+                   f"| {_fmt([r['best_throughput'] for r in rows], '{:.0f}')} "
+                   f"| {_fmt([r['pct_of_optimum'] for r in rows], '{:.1f}')} "
+                   f"| {_fmt([r['chosen_pct_noise_free'] for r in rows], '{:.1f}')} "
+                   f"| {_fmt_to95([r['trials_to_95'] for r in rows], b['system_trials'])} "
+                   f"| {_fmt([r['learning_score'] for r in rows], '{:.4f}')} "
+                   f"| {_fmt([r['learning_score_noise_free'] for r in rows], '{:.4f}')} "
+                   f"| {_fmt([r['learning_default_noise_free'] for r in rows], '{:.4f}')} "
+                   f"| {_fmt_regressions(rows)} "
+                   f"| {_fmt([r['gpu_hours'] for r in rows], '{:.0f}')} "
+                   f"| {_fmt([r['gpu_hours_saved'] for r in rows], '{:.0f}')} | {_fmt_no_valid(rows)} |")
+            if local:
+                row += f" {_fmt([statistics.median(r['remeasured']) if r['remeasured'] else None for r in rows], '{:.0f}')} |"
+            lines.append(row)
+        if local:
+            lines.append("")
+            lines += render_local_noise(sc_rep, report["runs"], sc)
         errors = [(m, r["error"]) for m, rows in sc_rep["methods"].items() for r in rows if r.get("error")]
         if errors:
             lines.append("")
@@ -310,6 +471,33 @@ def render_table(report: dict[str, Any]) -> str:
                 lines.append(f"- ⚠ {m}: {e}")
         lines.append("")
     return "\n".join(lines)
+
+
+def optimum_config(gt: dict[str, Any]) -> dict[str, Any]:
+    """The optimum's config as the ground truth reports it (its overrides of the scenario's base config)."""
+    return gt.get("overrides") or {}
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """The machine-readable verdict (``--json``): per scenario the optimum, per run the figures."""
+    scenarios = {}
+    for sc, sc_rep in report["scenarios"].items():
+        gt = sc_rep.get("ground_truth") or {}
+        scenarios[sc] = {"optimum": gt.get("throughput"), "optimum_config": optimum_config(gt)}
+    runs = []
+    for sc, sc_rep in report["scenarios"].items():
+        for method, rows in sc_rep["methods"].items():
+            for r in rows:
+                runs.append({
+                    "scenario": sc, "seed": r["seed"], "method": method,
+                    "best_so_far_pct": r["curve"],
+                    "chosen_noise_free_pct": r["chosen_pct_noise_free"],
+                    "trials": r["trials"], "oom": r["oom"], "over_margin": r["over_margin"], "failed": r["failed"],
+                    "stage2_chosen_noise_free": r["learning_score_noise_free"],
+                    "stage2_default_noise_free": r["learning_default_noise_free"],
+                    "no_valid_candidate": r["no_valid_candidate"], "error": r["error"],
+                })
+    return {"scenarios": scenarios, "runs": runs}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -356,7 +544,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 scenarios x 3 seeds, smaller budgets (<= 10 min on 2 cores)")
     p.add_argument("--workload", choices=["sim", "local"], default="sim", help="simulator (default) or the CPU workload")
-    p.add_argument("--scenarios", nargs="+", default=None, help=f"sim scenarios (default: all {len(SCENARIOS)})")
+    p.add_argument("--scenarios", nargs="+", default=None, help=f"shipped sim scenarios (default: all {len(SCENARIOS)})")
+    p.add_argument("--scenario-file", action="append", default=[], metavar="FILE",
+                   help="a scenario YAML file describing your job (repeatable; replaces the default scenarios "
+                        "unless --scenarios is also given)")
+    p.add_argument("--perturb", type=int, default=None, metavar="SEED",
+                   help="perturb the simulator's hidden constants with this seed (model mismatch)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 3; local 2)")
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
     p.add_argument("--system-trials", type=int, default=None)
@@ -364,7 +557,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-horizon", type=int, default=6)
     p.add_argument("--learning-horizon", type=int, default=None)
     p.add_argument("--memory-margin", type=float, default=0.1)
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--remeasure", type=int, default=None,
+                   help="re-measure each method's winner this many times (default: 2 on local, 0 on sim)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes (sim only: the local workload runs one measurement at a time)")
+    p.add_argument("--json", action="store_true", help="print one JSON verdict object on stdout (table to stderr)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results root folder")
     p.add_argument("--keep", action="store_true", help="keep the runs' trial directories")
     return p.parse_args(argv)
@@ -389,36 +586,57 @@ def build_plan(args: argparse.Namespace) -> tuple[Budget, list[str], list[int], 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
-        raise SystemExit(f"unknown method(s) {unknown}: choose from {ALL_METHODS}")
-    scenarios = args.scenarios or scs
+        raise SystemExit(f"--methods: unknown method(s) {unknown}: choose from {ALL_METHODS}")
+    if local and (args.scenario_file or args.perturb is not None):
+        raise SystemExit("--scenario-file and --perturb describe the simulator: use them with --workload sim")
+    scenarios = args.scenarios or ([] if args.scenario_file else scs)
     return budget, scenarios, list(range(args.seeds or seeds)), methods
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     budget, scenarios, seeds, methods = build_plan(args)
+    log = sys.stderr if args.json else sys.stdout
     if args.workload == "local" and not local_available():
         raise SystemExit("--workload local needs mart.trial_runner.local.backend (the CPU workload), which is missing")
+    if args.perturb is not None:
+        check_perturb_supported()
     if "mart" in methods:
         why = mart_available()
         if why:
             print(f"[compare] skipping mart: {why}", file=sys.stderr)
             methods = [m for m in methods if m != "mart"]
+    local = args.workload == "local"
+    jobs = 1 if local else args.jobs  # no two CPU-workload measurements share the cores
+    if local and args.jobs > 1:
+        print("[compare] --workload local runs one trial at a time (--jobs ignored)", file=sys.stderr)
+    remeasure_n = args.remeasure if args.remeasure is not None else (2 if local else 0)
+    # scenario name -> its file (None for shipped scenarios)
+    files: dict[str, str | None] = {sc: None for sc in scenarios}
+    for f in args.scenario_file:
+        name = sim_scenario("", f).name
+        if name in files:
+            raise SystemExit(f"--scenario-file {f}: scenario name {name!r} is already used; names must be unique")
+        files[name] = str(Path(f).resolve())
     t0 = time.monotonic()
     report: dict[str, Any] = {"workload": args.workload, "budget": asdict(budget), "seeds": seeds, "methods": methods,
+                              "perturb": args.perturb, "scenario_files": {k: v for k, v in files.items() if v},
                               "scenarios": {}, "runs": []}
     optimum: dict[str, float | None] = {}
-    for sc in scenarios:
+    limits: dict[str, float | None] = {}
+    for sc, path in files.items():
         report["scenarios"][sc] = {"methods": {m: [] for m in methods}}
         if args.workload == "sim":
-            from mart.trial_runner.sim.model import ground_truth, ground_truth_learning
-
-            gt = ground_truth(sc, budget.memory_margin, budget.system_horizon)
+            gt, gtl = sim_ground_truths(sc, path, budget, args.perturb)
             report["scenarios"][sc]["ground_truth"] = gt
-            report["scenarios"][sc]["ground_truth_learning"] = ground_truth_learning(sc, budget.learning_horizon)
-            optimum[sc] = gt["throughput"]
-    tasks = [{"workload": args.workload, "scenario": sc, "seed": s, "method": m, "budget": asdict(budget), "keep": args.keep}
-             for sc in scenarios for s in seeds for m in methods]
+            report["scenarios"][sc]["ground_truth_learning"] = gtl
+            optimum[sc], limits[sc] = gt["throughput"], gt["limit_gb"]
+        else:
+            cap = make_backend(args.workload, sc, 0).memory_capacity_gb()
+            limits[sc] = None if cap is None else (1 - budget.memory_margin) * cap
+    tasks = [{"workload": args.workload, "scenario": sc, "scenario_file": path, "perturb": args.perturb, "seed": s,
+              "method": m, "budget": asdict(budget), "keep": args.keep, "remeasure": remeasure_n}
+             for sc, path in files.items() for s in seeds for m in methods]
     # the slowest (mart) first, so the pool stays busy
     tasks.sort(key=lambda t: t["method"] != "mart")
     runs: list[dict[str, Any]] = []
@@ -429,11 +647,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[compare] {t['scenario']} seed {t['seed']} {t['method']}: {len(run['trials'])} trials, "
               f"{run['wall_s']:.1f}s{err}", file=sys.stderr, flush=True)
 
-    if args.jobs <= 1:
+    if jobs <= 1:
         for t in tasks:
             done(t, run_task(t))
     else:
-        with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(run_task, t): t for t in tasks}
             for fut in cf.as_completed(futures):
                 done(futures[fut], fut.result())
@@ -444,7 +662,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             same = [r for r in runs if r["scenario"] == sc and r["seed"] == run["seed"]]
             opt = max((t["throughput"] for r in same for t in r["trials"] if t["stage"] == "system" and t["feasible"]
                        and t["throughput"] is not None), default=None)
-        s = summarize(run, opt, budget)
+        s = summarize(run, opt, budget, limits.get(sc))
         s["seed"] = run["seed"]
         report["scenarios"][sc]["methods"][run["method"]].append(s)
     for sc_rep in report["scenarios"].values():
@@ -454,17 +672,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["wall_s"] = time.monotonic() - t0
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    table = render_table(report) + f"\nWall time: {report['wall_s']:.0f} s with {args.jobs} worker(s).\n"
+    table = render_table(report) + f"\nWall time: {report['wall_s']:.0f} s with {jobs} worker(s).\n"
+    report["verdict"] = verdict(report)
     (out / "table.md").write_text(table)
     (out / "raw.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "verdict.json").write_text(json.dumps(report["verdict"], indent=1, default=str))
     try:
         plot(report, out / "best_so_far.png")
     except Exception as e:  # noqa: BLE001 - a plotting problem must not lose the table
         print(f"[compare] plot failed: {e}", file=sys.stderr)
-    print(table)
+    print(table, file=log)
     print(f"[compare] results in {out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report["verdict"], default=str), flush=True)
     report["out_dir"] = str(out)
     return report
+
+
+def sim_ground_truths(scenario: str, scenario_file: str | None, budget: Budget,
+                      perturb: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The simulator's stage-1 optimum (exhaustive) and stage-2 best grid score for one scenario."""
+    from mart.trial_runner.sim.model import ground_truth, ground_truth_learning
+
+    # a shipped name as such (cached by name); a file or a perturbed model as its scenario object
+    sc = scenario if scenario_file is None and perturb is None else sim_scenario(scenario, scenario_file, perturb)
+    return (ground_truth(sc, budget.memory_margin, budget.system_horizon),
+            ground_truth_learning(sc, budget.learning_horizon))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Baseline tuners for ``bench/compare.py``: verl defaults, random search, grid search, Optuna (TPE).
+"""Baseline tuners for ``bench/compare.py``: verl defaults, random, grid, TPE and CMA-ES (full and focused space).
 
 Every baseline runs trials through mart's own ``Backend``/``TrialRunner`` interfaces, pays for its OOM and
 failed trials, and follows the same two-stage protocol as mart: stage 1 picks a system config by

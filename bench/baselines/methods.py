@@ -10,12 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.baselines.common import Budget, MethodResult, TrialOutcome, run_trial
-from bench.baselines.space import defaults_params, grid_points, optuna_suggest, random_overrides, valid
+from bench.baselines.space import (
+    REDRAWS,
+    config_key,
+    defaults_params,
+    grid_points,
+    optuna_suggest,
+    random_overrides,
+    repair,
+    valid,
+)
 from mart.state.metrics import StepRecord
+from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend
-
-Propose = Callable[[int], "dict[str, Any] | None"]
-Tell = Callable[[dict[str, Any], TrialOutcome], None]
+from mart.trial_runner.verl.focus import focus_space
 
 
 def _n_devices(base: dict[str, Any]) -> int:
@@ -26,29 +34,42 @@ def _n_devices(base: dict[str, Any]) -> int:
 
 
 class Strategy:
-    """Proposes overrides for trial ``i`` of a stage (0 is always the defaults) and learns from outcomes."""
+    """Draws overrides for trial ``i`` of a stage (0 is always the defaults) and learns from outcomes.
 
-    def system(self, i: int) -> dict[str, Any] | None:
+    ``draw`` makes one raw proposal; the shared driver (``run_method``) repairs it onto verl's constraints,
+    drops it when it is still invalid or a config already run, and asks again, up to ``REDRAWS`` draws
+    per trial for every method. ``commit``/``discard`` tell the strategy which draws were kept.
+    """
+
+    restricted = False
+
+    def bind(self, backend: Backend, base: dict[str, Any], budget: Budget, seed: int, limit_gb: float | None) -> None:
+        full = backend.search_space()
+        self.backend, self.base, self.budget, self.seed, self.limit_gb = backend, base, budget, seed, limit_gb
+        self.space: SearchSpace = focus_space(full) if self.restricted else full
+
+    def start_learning(self, base: dict[str, Any]) -> None:
+        self.base = base
+
+    def first(self, stage: str) -> dict[str, Any]:
+        """Trial 1 of a stage: the defaults."""
+        return {}
+
+    def draw(self, stage: str, i: int) -> dict[str, Any] | None:
+        """One raw proposal; None when the method has nothing more to propose (a finished grid)."""
         return None
 
-    def tell_system(self, overrides: dict[str, Any], outcome: TrialOutcome) -> None:
-        pass
+    def commit(self, stage: str, raw: dict[str, Any], overrides: dict[str, Any]) -> None:
+        """``raw`` was kept as ``overrides`` (after repair) and will run."""
 
-    def learning(self, i: int) -> dict[str, Any] | None:
-        return None
+    def discard(self, stage: str, raw: dict[str, Any], previous: TrialOutcome | None) -> None:
+        """``raw`` will not run: invalid after repair (``previous`` None) or a config that already ran."""
 
-    def tell_learning(self, overrides: dict[str, Any], outcome: TrialOutcome) -> None:
+    def tell(self, stage: str, overrides: dict[str, Any], outcome: TrialOutcome) -> None:
         pass
 
     def pruner(self) -> Callable[[list[StepRecord]], bool] | None:
         return None
-
-    def bind(self, backend: Backend, base: dict[str, Any], budget: Budget, seed: int, limit_gb: float | None) -> None:
-        self.backend, self.space, self.base, self.budget, self.seed, self.limit_gb = (
-            backend, backend.search_space(), base, budget, seed, limit_gb)
-
-    def start_learning(self, base: dict[str, Any]) -> None:
-        self.base = base
 
 
 class DefaultOnly(Strategy):
@@ -60,11 +81,8 @@ class RandomSearch(Strategy):
         super().bind(*a)
         self.rng = random.Random(self.seed)
 
-    def system(self, i: int) -> dict[str, Any] | None:
-        return random_overrides(self.space, "system", self.base, self.rng)
-
-    def learning(self, i: int) -> dict[str, Any] | None:
-        return random_overrides(self.space, "learning", self.base, self.rng)
+    def draw(self, stage: str, i: int) -> dict[str, Any] | None:
+        return random_overrides(self.space, stage, self.base, self.rng)
 
 
 class GridSearch(Strategy):
@@ -72,79 +90,104 @@ class GridSearch(Strategy):
 
     def bind(self, *a: Any) -> None:
         super().bind(*a)
-        self.points = grid_points(self.space, "system", self.base, self.budget.system_trials)
-
-    def system(self, i: int) -> dict[str, Any] | None:
-        return self.points[i] if i < len(self.points) else None
+        self.points = iter(grid_points(self.space, "system", self.base, self.budget.system_trials))
 
     def start_learning(self, base: dict[str, Any]) -> None:
         super().start_learning(base)
-        self.points = grid_points(self.space, "learning", base, self.budget.learning_trials)
+        self.points = iter(grid_points(self.space, "learning", base, self.budget.learning_trials))
 
-    def learning(self, i: int) -> dict[str, Any] | None:
-        return self.points[i] if i < len(self.points) else None
+    def draw(self, stage: str, i: int) -> dict[str, Any] | None:
+        return next(self.points, None)
 
 
-class OptunaTPE(Strategy):
-    """Optuna's TPE through ask-and-tell over the same knobs; constrained TPE for the memory margin in
-    stage 1 (OOM = worst value, infeasible); a median pruner on the intermediate validation scores in
-    stage 2. The defaults are enqueued as the first trial of each stage."""
+class OptunaSampler(Strategy):
+    """An Optuna sampler through ask-and-tell; the defaults are enqueued as the first trial of each stage.
+
+    Stage 1: OOM, failure and a peak over the margin are constraint violations (``Trial.set_constraint``,
+    which TPE reads; it replaced ``constraints_func`` in Optuna 5) with the throughput measured or 0; for
+    samplers without constraint support (CMA-ES) an infeasible trial is told 0. Stage 2: a median pruner
+    on the intermediate validation scores. A repaired draw is told FAIL and its repaired config enqueued,
+    so the sampler learns from the config that ran; a draw that repeats a config already run is told that
+    run's result instead of running it again (optuna#3472).
+    """
+
+    uses_constraints = True
+
+    def make_sampler(self, seed: int, n_trials: int):
+        raise NotImplementedError
 
     def bind(self, *a: Any) -> None:
         super().bind(*a)
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.optuna = optuna
-        n1 = self.budget.system_trials
-        # constrained TPE: optuna 5 reads constraints set with Trial.set_constraint (feasible when <= 0)
-        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=max(3, n1 // 3), multivariate=True)
-        self.study = optuna.create_study(direction="maximize", sampler=sampler)
-        self.study.enqueue_trial(defaults_params(self.space, "system", self.base))
+        self.study = self._study("system", self.seed, self.budget.system_trials, self.base)
         self.current = None
 
-    def _ask(self, study, stage: str) -> dict[str, Any] | None:
-        for _ in range(50):  # configs verl refuses are told FAIL and never launched (no budget spent)
-            trial = study.ask()
-            over = optuna_suggest(trial, self.space, stage)
-            if valid(self.space, self.base, over):
-                self.current = trial
-                return over
-            study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
-        return None
+    def _study(self, stage: str, seed: int, n: int, base: dict[str, Any], pruner=None):
+        import warnings
 
-    def system(self, i: int) -> dict[str, Any] | None:
-        return self._ask(self.study, "system")
-
-    def tell_system(self, overrides: dict[str, Any], outcome: TrialOutcome) -> None:
-        if self.current is None:
-            return
-        thr = outcome.throughput if outcome.status == "completed" and outcome.throughput is not None else 0.0
-        if outcome.status != "completed":
-            violation = 1e3
-        elif self.limit_gb is not None and outcome.peak_memory_gb is not None:
-            violation = outcome.peak_memory_gb - self.limit_gb
-        else:
-            violation = 0.0
-        self.current.set_constraint("memory_margin", violation)
-        self.study.tell(self.current, thr)
-        self.current = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental-feature warnings of the samplers
+            study = self.optuna.create_study(direction="maximize", sampler=self.make_sampler(seed, n), pruner=pruner)
+        study.enqueue_trial(defaults_params(self.space, stage, base))
+        return study
 
     def start_learning(self, base: dict[str, Any]) -> None:
         super().start_learning(base)
-        n2 = self.budget.learning_trials
-        sampler = self.optuna.samplers.TPESampler(seed=self.seed + 1, n_startup_trials=max(2, n2 // 3), multivariate=True)
         test_freq = int(base.get("trainer.test_freq", 5) or 5)
         pruner = self.optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=max(1, test_freq))
-        self.lstudy = self.optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
-        self.lstudy.enqueue_trial(defaults_params(self.space, "learning", base))
+        self.study = self._study("learning", self.seed + 1, self.budget.learning_trials, base, pruner)
 
-    def learning(self, i: int) -> dict[str, Any] | None:
-        return self._ask(self.lstudy, "learning")
+    def first(self, stage: str) -> dict[str, Any]:
+        return self.draw(stage, 0)  # the enqueued defaults, so the sampler sees that trial
+
+    def draw(self, stage: str, i: int) -> dict[str, Any] | None:
+        self.current = self.study.ask()
+        return optuna_suggest(self.current, self.space, stage)
+
+    def commit(self, stage: str, raw: dict[str, Any], overrides: dict[str, Any]) -> None:
+        if overrides != raw:  # tell the sampler the config that runs, not the draw
+            self.study.tell(self.current, state=self.optuna.trial.TrialState.FAIL)
+            self.study.enqueue_trial({**raw, **overrides})
+            self.current = self.study.ask()
+            optuna_suggest(self.current, self.space, stage)
+
+    def discard(self, stage: str, raw: dict[str, Any], previous: TrialOutcome | None) -> None:
+        if previous is None:
+            self.study.tell(self.current, state=self.optuna.trial.TrialState.FAIL)
+        else:
+            self.tell(stage, raw, previous, pruned_ok=False)
+        self.current = None
+
+    def tell(self, stage: str, overrides: dict[str, Any], outcome: TrialOutcome, pruned_ok: bool = True) -> None:
+        if self.current is None:
+            return
+        states = self.optuna.trial.TrialState
+        if stage == "system":
+            thr = outcome.throughput if outcome.status == "completed" and outcome.throughput is not None else 0.0
+            if outcome.status != "completed":
+                violation = 1e3
+            elif self.limit_gb is not None and outcome.peak_memory_gb is not None:
+                violation = outcome.peak_memory_gb - self.limit_gb
+            else:
+                violation = 0.0
+            if self.uses_constraints:
+                self.current.set_constraint("memory_margin", violation)
+            elif violation > 0:
+                thr = 0.0
+            self.study.tell(self.current, thr)
+        elif outcome.early_stopped and pruned_ok:
+            self.study.tell(self.current, state=states.PRUNED)
+        elif outcome.score is not None and (outcome.status == "completed" or outcome.early_stopped):
+            self.study.tell(self.current, outcome.score)
+        else:
+            self.study.tell(self.current, state=states.FAIL)
+        self.current = None
 
     def pruner(self) -> Callable[[list[StepRecord]], bool] | None:
         prefix = self.backend.score_metric_prefix
-
         reported: dict[int, set[int]] = {}
 
         def should_stop(records: list[StepRecord]) -> bool:
@@ -161,29 +204,52 @@ class OptunaTPE(Strategy):
 
         return should_stop
 
-    def tell_learning(self, overrides: dict[str, Any], outcome: TrialOutcome) -> None:
-        if self.current is None:
-            return
-        states = self.optuna.trial.TrialState
-        if outcome.early_stopped:
-            self.lstudy.tell(self.current, state=states.PRUNED)
-        elif outcome.status == "completed" and outcome.score is not None:
-            self.lstudy.tell(self.current, outcome.score)
-        else:
-            self.lstudy.tell(self.current, state=states.FAIL)
-        self.current = None
+
+class TPE(OptunaSampler):
+    """Multivariate TPE (Optuna 5's default flavour), a third of the budget as random start-up trials."""
+
+    def make_sampler(self, seed: int, n_trials: int):
+        return self.optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, n_trials // 3), multivariate=True)
+
+
+class TPERestricted(TPE):
+    restricted = True
+
+
+class CMAES(OptunaSampler):
+    """Optuna's CMA-ES (the ``cmaes`` package). Categorical knobs fall back to its independent (random)
+    sampler, as Optuna documents. Its default population (4 + 3 ln d, 12-14 here) would not finish one
+    generation within a 10-trial budget, so the population is 4 (a common small-budget setting)."""
+
+    uses_constraints = False
+
+    def make_sampler(self, seed: int, n_trials: int):
+        return self.optuna.samplers.CmaEsSampler(seed=seed, popsize=4, n_startup_trials=1,
+                                                 warn_independent_sampling=False)
+
+
+class CMAESRestricted(CMAES):
+    restricted = True
 
 
 METHODS: dict[str, Callable[[], Strategy]] = {
     "default": DefaultOnly,
     "random": RandomSearch,
     "grid": GridSearch,
-    "optuna": OptunaTPE,
+    "tpe": TPE,
+    "tpe-restricted": TPERestricted,
+    "cmaes": CMAES,
+    "cmaes-restricted": CMAESRestricted,
 }
 
 
 def run_method(method: str, backend: Backend, *, scenario: str, seed: int, budget: Budget, workdir: Path) -> MethodResult:
-    """Run one baseline's two stages on ``backend`` and return every trial it paid for."""
+    """Run one baseline's two stages on ``backend`` and return every trial it paid for.
+
+    ``result.extra``: ``draws`` (raw proposals per stage), ``invalid_draws`` (still invalid after repair),
+    ``duplicate_draws`` (configs already run), ``no_valid_candidate`` (stage -> the trial number for which
+    ``REDRAWS`` draws produced nothing valid; the stage stops there instead of running the defaults again).
+    """
     strategy = METHODS[method]()
     t0 = time.monotonic()
     base = dict(backend.base_config())
@@ -192,27 +258,53 @@ def run_method(method: str, backend: Backend, *, scenario: str, seed: int, budge
     strategy.bind(backend, base, budget, seed, limit)
     runner = backend.make_runner()
     result = MethodResult(method=method, scenario=scenario, seed=seed)
+    counts = {k: {"system": 0, "learning": 0} for k in ("draws", "invalid_draws", "duplicate_draws")}
+    result.extra.update(counts)
+    result.extra["no_valid_candidate"] = {}
     n_dev = _n_devices(base)
     workdir.mkdir(parents=True, exist_ok=True)
 
-    def stage(name: str, n: int, horizon: int, stage_base: dict[str, Any], propose: Propose, tell: Tell,
+    def propose(name: str, i: int, stage_base: dict[str, Any], ran: dict[str, TrialOutcome]) -> dict[str, Any] | None:
+        for _ in range(REDRAWS):
+            raw = strategy.draw(name, i)
+            if raw is None:
+                return None
+            counts["draws"][name] += 1
+            over = repair(strategy.space, stage_base, raw)
+            key = config_key(stage_base, over)
+            if key in ran:
+                counts["duplicate_draws"][name] += 1
+                strategy.discard(name, raw, ran[key])
+            elif not valid(strategy.space, stage_base, over):
+                counts["invalid_draws"][name] += 1
+                strategy.discard(name, raw, None)
+            else:
+                strategy.commit(name, raw, over)
+                return over
+        result.extra["no_valid_candidate"][name] = i + 1
+        return None
+
+    def stage(name: str, n: int, horizon: int, stage_base: dict[str, Any],
               prune: Callable[[list[StepRecord]], bool] | None) -> None:
+        ran: dict[str, TrialOutcome] = {}
         for i in range(n):
-            over = {} if i == 0 else propose(i)
-            if i == 0 and method == "optuna":
-                over = propose(i) or {}  # optuna's enqueued defaults (so TPE sees the trial)
+            if i == 0:  # everyone's trial 1: the defaults (the Optuna samplers' enqueued trial)
+                over = strategy.first(name)
+            else:
+                over = propose(name, i, stage_base, ran)
             if over is None:
                 break
             out = run_trial(backend, runner, trial_id=f"{method}-{name[:3]}-{i + 1:02d}", stage=name, seq=i + 1,
                             base=stage_base, overrides=over, steps=horizon, workdir=workdir, seed=seed,
                             limit_gb=limit, poll_sleep_s=budget.poll_sleep_s, on_records=prune, n_devices=n_dev)
             result.trials.append(out)
-            tell(over, out)
+            ran[config_key(stage_base, over)] = out
+            strategy.tell(name, over, out)
             if method == "default":
                 break
 
     try:
-        stage("system", budget.system_trials, budget.system_horizon, base, strategy.system, strategy.tell_system, None)
+        stage("system", budget.system_trials, budget.system_horizon, base, None)
         sys_trials = [t for t in result.trials if t.stage == "system" and t.feasible and t.throughput is not None]
         if sys_trials:
             best = max(sys_trials, key=lambda t: t.throughput)
@@ -220,10 +312,9 @@ def run_method(method: str, backend: Backend, *, scenario: str, seed: int, budge
         base2 = {**base, **result.best_system}
         strategy.start_learning(base2)
         if budget.learning_trials > 0:
-            stage("learning", budget.learning_trials, budget.learning_horizon, base2, strategy.learning,
-                  strategy.tell_learning, strategy.pruner())
+            stage("learning", budget.learning_trials, budget.learning_horizon, base2, strategy.pruner())
         learn = [t for t in result.trials if t.stage == "learning" and t.feasible]
-        if learn:
+        if learn:  # ranked by the measured score: what a user of the method would pick
             best = max(learn, key=lambda t: t.score)
             result.best_learning, result.best_score = best.overrides, best.score
     except Exception as e:  # noqa: BLE001 - keep the partial result; the table marks the method
