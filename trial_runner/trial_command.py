@@ -49,6 +49,24 @@ def prepare(backend: Any, steps: int, out: Path, sets: list[str], config_file: P
     if config_file is not None:
         overrides.update(read_config_file(Path(config_file)))
     overrides.update(parse_sets(sets))
+    space = backend.search_space()
+    errors = []
+    for key, value in overrides.items():
+        if key in space:  # the catalogue's ranges hold here as they do for `mart tune`'s candidates
+            try:
+                overrides[key] = space[key].validate(value)
+            except ConfigError as e:
+                errors.append(str(e))
+    if errors:
+        raise InputError("invalid config:\n  " + "\n  ".join(errors))
+    extra = {k: v for k, v in overrides.items() if k not in space}
+    if extra and hasattr(backend, "extend_base"):
+        # keys outside the catalogue are base-config values (e.g. verl's trainer.test_freq): the backend
+        # passes them on as the user's own, instead of refusing them as unknown knobs
+        try:
+            backend.extend_base(extra)
+        except ConfigError as e:
+            raise InputError(str(e)) from None
     config = dict(backend.base_config())
     config.update(overrides)
     if "seed" in overrides:  # an explicit seed key wins over --seed

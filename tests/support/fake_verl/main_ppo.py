@@ -8,7 +8,8 @@
   one ``{"step": N, "data": {...}}`` per line, NaN as null) and to stdout as verl's console logger prints
   them (``step:N - key:np.float64(v)``), when ``trainer.logger`` lists ``file`` / ``console``.
 * Step 0 is the pre-training validation (unless ``trainer.val_before_train=false``); steps 1..N follow,
-  N = ``trainer.total_training_steps``.
+  N = ``trainer.total_training_steps``; validation at steps divisible by ``trainer.test_freq`` and at step N,
+  only when ``test_freq > 0`` (verl's rule; its default -1 validates before training only).
 * The numbers come from a small model of a GRPO step on ``+fake.capacity_gb`` GPUs (default 80 GB) for a
   ``+fake.params_b`` billion-parameter model (default 8): rollout memory share, TP, max_num_seqs, micro
   batches, offload and checkpointing move throughput and memory; lr, KL, entropy, temperature and n move the
@@ -291,7 +292,7 @@ def main(argv: list[str]) -> int:
             data["actor/pg_loss"] = float("nan")
             data["actor/grad_norm"] = float("nan")
             data["actor/entropy"] = float("nan")
-        if step == horizon or (test_freq > 0 and step % test_freq == 0):
+        if test_freq > 0 and (step == horizon or step % test_freq == 0):  # verl: no validation when test_freq <= 0
             data.update(model.validation(step, rng))
         if mode == "truncate" and step == min(horizon, max_steps):
             log(step, data, half=True)
