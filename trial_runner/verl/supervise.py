@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _note_signal)
     signal.signal(signal.SIGINT, _note_signal)
     started = time.time()
+    sampler = None
+    if args.gpu_peaks_file:
+        from mart.trial_runner.gpu import PeakSampler
+
+        sampler = PeakSampler(args.sample_s)
+        sampler.sample_once()  # what other processes hold before launch (subtracted from the job's peak)
     try:
         proc = subprocess.Popen(cmd)
     except OSError as e:
@@ -49,16 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         _write_json(args.exit_file, {"returncode": 127, "ended_at": time.time(), "error": str(e)})
         return 127
 
-    sampler = None
-    if args.gpu_peaks_file:
-        from mart.trial_runner.gpu import PeakSampler
-
-        sampler = PeakSampler(args.sample_s).start()
+    if sampler is not None:
+        sampler.start()
     rc = proc.wait()
     result: dict = {"returncode": rc, "started_at": started, "ended_at": time.time()}
     if sampler is not None:
         peaks = sampler.stop()
         _write_json(args.gpu_peaks_file, {"peaks_gb": {str(k): v for k, v in peaks.items()},
+                                          "before_gb": {str(k): v for k, v in (sampler.before_gb or {}).items()},
                                           "max_peak_gb": sampler.max_peak_gb, "samples": sampler.samples})
     _write_json(args.exit_file, result)
     return rc if rc >= 0 else 128 - rc
