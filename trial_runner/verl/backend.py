@@ -47,6 +47,9 @@ class VerlBackend(Backend):
             the entrypoint.
         stall_timeout_s, first_step_timeout_s: watchdog limits (``--backend-option``); default: derived from
             the measured step and start-up times (``WatchdogConfig``).
+        verl_version: the verl release on the cluster (``--backend-option verl_version=0.9.1``): without verl
+            importable here, the bundled key list (which decides Hydra's ``+``) must be that release's; a
+            mismatch is refused with the way out.
     """
 
     name = "verl"
@@ -66,7 +69,9 @@ class VerlBackend(Backend):
         verl_python: str | None = None,
         stall_timeout_s: float | None = None,
         first_step_timeout_s: float | None = None,
+        verl_version: str | None = None,
     ) -> None:
+        _check_key_list(verl_version)
         self.entrypoint = entrypoint
         self.base_config_source = base_config
         self.user_base = load_base_config(base_config)
@@ -237,3 +242,23 @@ def _int_or_none(value: Any) -> int | None:
         return int(value) if int(value) > 0 else None
     except (TypeError, ValueError):
         return None
+
+
+def _check_key_list(cluster_version: str | None) -> None:
+    """Refuse a cluster verl release whose keys the tuner cannot know (no verl here, another bundled list)."""
+    if cluster_version is None:
+        return
+    from importlib import metadata
+
+    from mart.trial_runner.verl._yaml_keys import VERL_VERSION
+
+    try:
+        here = metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        here = None
+    source = here or VERL_VERSION
+    if str(cluster_version).strip() != source:
+        what = f"verl {here} is installed here" if here else f"mart's bundled key list is verl {VERL_VERSION}'s"
+        raise ConfigError(f"verl_version {cluster_version}: {what}, so Hydra's '+' prefixes could be wrong on the "
+                          f"cluster; install verl=={cluster_version} on the tuner (pip install 'verl=={cluster_version}' "
+                          "--no-deps suffices for the key list)")

@@ -537,9 +537,28 @@ class VerlRunner(TrialRunner):
 
     def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
         self._update(handle, st)
+        leftovers = self._end_leftovers(handle)
+        if leftovers:
+            reason = f"{reason}; {leftovers}" if reason else leftovers
         last = st.progress.last_step or 0
         write_status(handle.trial_dir, status, reason, last)
         return TrialPoll(status=status, reason=reason, last_step=last)
+
+    def _end_leftovers(self, handle: TrialHandle) -> str | None:
+        """End the attempt's processes outside its group (Ray workers, vLLM); log and return what was killed."""
+        from mart.trial_runner.verl.cleanup import end_trial_processes, summary
+
+        found = end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=self.kill_grace_s)
+        if not found:
+            return None
+        adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
+        try:
+            (adir / "cleanup.json").write_text(json.dumps(found, indent=1))
+            with open(Path(handle.trial_dir) / LOG_FILE, "a") as log:
+                log.write(f"=== mart: {summary(found)}\n")
+        except OSError:
+            pass
+        return summary(found)
 
     def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
         done = read_status(handle.trial_dir)

@@ -19,6 +19,7 @@
   ``+fake.ignore_sigterm=true`` makes it ignore SIGTERM); ``oom_hang`` (OOM text at step 4, then
   hangs); ``nan`` (NaN losses from step 3); ``truncate``
   (the last step's line is written half, then the process exits 1 as if killed mid-write).
+* ``+fake.leak_worker=true`` starts a worker in its own session (as Ray does with actors) that outlives the run.
 * ``+fake.step_s`` real seconds per step (default 0.05); ``+fake.steps_per_epoch`` (default 1000): with
   ``trainer.total_epochs`` it can end the run early with exit 0, as verl does.
 """
@@ -54,7 +55,7 @@ DEFAULTS = {
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
     "fake.mode": "normal", "fake.step_s": 0.05, "fake.capacity_gb": 80.0, "fake.params_b": 8.0,
-    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.seed": 0,
+    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.seed": 0, "fake.leak_worker": False,
 }
 
 
@@ -235,6 +236,11 @@ def main(argv: list[str]) -> int:
     mode = cfg["fake.mode"]
     if cfg["fake.ignore_sigterm"]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if cfg["fake.leak_worker"]:  # a Ray-actor-like worker in a session of its own: outlives the driver's group
+        import subprocess
+
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        print(f"(WorkerDict pid={worker.pid}) started", flush=True)
     run_dir = cfg.get("hydra.run.dir")
     if run_dir:
         os.makedirs(os.path.join(run_dir, ".hydra"), exist_ok=True)
