@@ -79,6 +79,11 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     if exhausted and out_of_time(state, options):
         return Command(goto="finish")
     if stage == "system" and options.learning_trials > 0:
+        if (state.get("baseline") or {}).get("system") is not None and not (state.get("best") or {}).get("system"):
+            # no system config completed within the memory margin: stage 2 would only rerun a failing one
+            return Command(goto="finish", update={"exhausted": {
+                **(state.get("exhausted") or {}),
+                "learning": "skipped: stage 1 found no feasible system config (see the system notes)"}})
         return Command(
             goto="profiler",
             update={"stage": "learning", "round": 0, "feedback": [], "candidates": [], "critiques": [],
