@@ -14,7 +14,7 @@ from typing import Callable
 
 from mart.state.metrics import StepRecord
 from mart.state.models import HealthEvent
-from mart.state.objectives import MEMORY_KEYS
+from mart.state.objectives import DEVICE_MEMORY_KEY, MEMORY_KEYS
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def memory_margin(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -
     """Stage 1: the measured peak is above (1 - margin) x capacity; such a config is infeasible."""
     if cfg.memory_limit_gb is None:
         return None
-    s = _series(records, *MEMORY_KEYS)
+    s = _series(records, DEVICE_MEMORY_KEY, *MEMORY_KEYS)  # the device-wide NVML peak when the runner has one
     over = [(step, v) for step, v in s if v > cfg.memory_limit_gb]
     if over:
         step, v = over[-1]

@@ -222,3 +222,57 @@ def test_nan_in_the_middle_of_a_read_stops_and_a_lone_grad_norm_nan_does_not():
     for r in recs[1:4]:
         r.data["actor/grad_norm"] = math.inf  # persistent: three steps in a row
     assert nan_metrics("t", recs, HealthConfig(window=3)).severity == "stop"
+
+
+def test_console_fallback_keeps_a_final_line_and_drops_repeated_steps(tmp_path):
+    from mart.trial_runner.verl.logs import FallbackMetricsTail
+
+    log = tmp_path / "trial.log"
+    log.write_text("(TaskRunnerV1 pid=1) step:1 - actor/pg_loss:np.float64(0.5)\n"
+                   "(TaskRunnerV1 pid=1) step:1 - actor/pg_loss:np.float64(0.5)\n"  # echoed twice
+                   "(TaskRunnerV1 pid=1) step:2 - actor/pg_loss:np.float64(0.4)\n"
+                   "(TaskRunnerV1 pid=1) step:3 - actor/pg_loss:np.float64(0.3)")  # the process exited here
+    tail = FallbackMetricsTail(tmp_path / "none.jsonl", log)
+    assert [r.step for r in tail.read_new()] == [1, 2]  # while it may still be written: complete lines only
+    assert [r.step for r in tail.read_new(final=True)] == [3]
+    assert tail.read_new(final=True) == []
+
+
+def test_watchdog_first_step_limit_is_derived_from_measured_startups():
+    from mart.trial_runner.verl import WatchdogConfig
+    from mart.trial_runner.verl.runner import Progress
+
+    wd = WatchdogConfig()
+    assert wd.first_step_limit() == 3600.0
+    assert wd.first_step_limit([100.0]) == 600.0 and wd.first_step_limit([100.0, 400.0]) == 1200.0
+    assert WatchdogConfig(first_step_timeout_s=50).first_step_limit([400.0]) == 50
+    p = Progress()
+    p.observe([StepRecord(step=1, data={"timing_s/step": 2.0})], now=100.0)
+    assert p.expired(WatchdogConfig(stall_timeout_s=30), started_at=0.0, now=125.0) is None
+    assert "stall_timeout_s 30" in p.expired(WatchdogConfig(stall_timeout_s=30), started_at=0.0, now=131.0)
+    with pytest.raises(ValueError, match="stall_timeout_s"):
+        WatchdogConfig(stall_timeout_s=0)
+
+
+def test_device_wide_peak_feeds_the_metrics_and_the_margin_rule(tmp_path):
+    from mart.nodes.health_rules import HealthConfig, memory_margin
+    from mart.state.objectives import DEVICE_MEMORY_KEY, peak_memory_gb
+    from mart.trial_runner.verl.runner import _DevicePeakTail
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "data": {"actor/perf/max_memory_allocated_gb": 20.0}}\n')
+    peaks = tmp_path / "gpu_peaks.json"
+    # GPU 0 had 5 GB of someone else's before launch; vLLM's KV cache makes the device peak far above torch's
+    peaks.write_text(json.dumps({"peaks_gb": {"0": 75.0, "1": 60.0}, "before_gb": {"0": 5.0, "1": 0.5}}))
+    tail = _DevicePeakTail(metrics, tmp_path / "trial.log", peaks_path=peaks)
+    recs = tail.read_new()
+    assert recs[0].data[DEVICE_MEMORY_KEY] == pytest.approx(70.0)
+    assert peak_memory_gb(recs) == pytest.approx(70.0)  # not the torch figure (20)
+    ev = memory_margin("t", recs, HealthConfig(memory_limit_gb=0.9 * 72.0))
+    assert ev is not None and ev.severity == "stop"
+    # without NVML samples, torch's metric is the fallback
+    peaks.unlink()
+    with open(metrics, "a") as f:
+        f.write('{"step": 2, "data": {"actor/perf/max_memory_allocated_gb": 21.0}}\n')
+    more = tail.read_new()
+    assert DEVICE_MEMORY_KEY not in more[0].data and peak_memory_gb(more) == 21.0

@@ -310,6 +310,18 @@ class RayJobRunner(TrialRunner):
             hung = progress.expired(watchdog, handle.started_at) if watchdog is not None else None
             if hung:
                 return self.stop(handle, reason=hung)
+            horizon = int(handle.extra.get("steps") or 0)
+            total_steps = getattr(self.inner, "total_steps", None)  # the verl runner: the user's longer schedule
+            if horizon and total_steps is not None and total_steps(horizon) > horizon and \
+                    (progress.last_step or 0) >= horizon:
+                self.client.stop_job(handle.job_id)
+                deadline = time.monotonic() + 60.0
+                while time.monotonic() < deadline and not self._status(handle).is_terminal():
+                    time.sleep(0.2)
+                self._mirror_logs(handle, force=True)
+                return self._finish(handle, TrialStatus.COMPLETED,
+                                    f"ended at the horizon (step {horizon} of a {total_steps(horizon)}-step schedule)",
+                                    self._last_step(handle, force=True))
             return TrialPoll(status=TrialStatus.RUNNING, last_step=progress.last_step)
         log_text = self._mirror_logs(handle, force=True) or ""
         last = self._last_step(handle, force=True)

@@ -185,6 +185,27 @@ class Progress:
         return None
 
 
+class _DevicePeakTail(FallbackMetricsTail):
+    """``FallbackMetricsTail`` plus the supervisor's NVML peaks (``gpu_peaks.json``, rewritten during the run)."""
+
+    def __init__(self, *args: Any, peaks_path: Path, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.peaks_path = peaks_path
+        self._reported: float | None = None
+
+    def read_new(self, final: bool = False) -> list[StepRecord]:
+        recs = super().read_new(final=final)
+        if recs:
+            try:
+                peak = job_peak_gb(json.loads(self.peaks_path.read_text()))
+            except (OSError, ValueError):
+                peak = None
+            if peak is not None and (self._reported is None or peak > self._reported):
+                self._reported = peak
+                recs[-1] = StepRecord(step=recs[-1].step, data={**recs[-1].data, DEVICE_MEMORY_KEY: peak})
+        return recs
+
+
 @dataclass
 class _Follow:
     """What this runner knows about one attempt it follows (rebuilt from disk after a restart)."""
@@ -442,9 +463,12 @@ class VerlRunner(TrialRunner):
         return st
 
     def metrics(self, handle: TrialHandle) -> FallbackMetricsTail:
-        """verl's JSONL of this attempt; the console lines of trial.log when no JSONL file appears."""
+        """verl's JSONL of this attempt (the console lines of trial.log when no JSONL file appears), with the
+        device-wide GPU peak so far added to the newest record whenever it grew (``DEVICE_MEMORY_KEY``)."""
         path = handle.extra.get("metrics_path") or str(Path(handle.trial_dir) / METRICS_FILE)
-        return FallbackMetricsTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
+        peaks = Path(handle.extra.get("attempt_dir", handle.trial_dir)) / "gpu_peaks.json"
+        return _DevicePeakTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)),
+                               peaks_path=peaks)
 
     def _group(self, handle: TrialHandle) -> ProcessGroup | None:
         """The attempt's process group: the one launched here, else attached through the handle."""
@@ -569,19 +593,14 @@ class VerlRunner(TrialRunner):
         return self._finish(handle, st, TrialStatus.STOPPED, reason)
 
     def read_all_metrics(self, handle: TrialHandle) -> list[StepRecord]:
-        """Every record of the attempt; once it ended, also a last line without newline and the NVML peak.
+        """Every record of the attempt; once it ended, also a last line without newline.
 
         The device-wide peak (``DEVICE_MEMORY_KEY``: the largest GPU's peak less what other processes held
-        there before launch) is added to the last record, so the memory margin judges the whole GPU (vLLM's
-        KV cache, the other workers) and not one process's torch allocator.
+        there before launch) is on the last record, so the memory margin judges the whole GPU (vLLM's KV
+        cache, the other workers) and not one process's torch allocator.
         """
         ended = read_status(handle.trial_dir) is not None
-        recs = self.metrics(handle).read_new(final=ended)
-        if ended and recs:
-            peak = job_peak_gb(self.gpu_peaks(handle))
-            if peak is not None:
-                recs[-1] = StepRecord(step=recs[-1].step, data={**recs[-1].data, DEVICE_MEMORY_KEY: peak})
-        return recs
+        return self.metrics(handle).read_new(final=ended)
 
     def gpu_peaks(self, handle: TrialHandle) -> dict[str, Any] | None:
         """The sampled GPU memory peaks of an ended attempt (None without GPUs or before the end)."""
