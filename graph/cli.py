@@ -47,6 +47,8 @@ def trial(
     backend_option: list[str] = typer.Option(
         [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
     ),
+    stage: Optional[str] = typer.Option(
+        None, help="Run it as a tuning stage would: system (throughput, no validation) or learning (validated at the end)."),
 ) -> None:
     """Run one trial in the foreground and show its progress."""
     from mart.trial_runner.trial_command import run_trial
@@ -68,6 +70,7 @@ def trial(
         config_file=config,
         seed=seed,
         backend_options={k: v for k, v in options.items() if v is not None},
+        stage=stage,
     )
     raise typer.Exit(code)
 
