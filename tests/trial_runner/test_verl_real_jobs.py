@@ -276,3 +276,24 @@ def test_device_wide_peak_feeds_the_metrics_and_the_margin_rule(tmp_path):
         f.write('{"step": 2, "data": {"actor/perf/max_memory_allocated_gb": 21.0}}\n')
     more = tail.read_new()
     assert DEVICE_MEMORY_KEY not in more[0].data and peak_memory_gb(more) == 21.0
+
+
+def test_mart_import_verl_writes_a_base_config_that_reads_back_the_same(tmp_path):
+    import os
+    import subprocess
+
+    from mart.trial_runner.verl.overrides import load_base_config
+    from tests.support.paths import REPO
+
+    script = tmp_path / "run.sh"
+    script.write_text(RUN_SCRIPT + "")
+    out = tmp_path / "base.yaml"
+    env = {**os.environ, "FAKE": "/opt/verl/main_ppo.py", "MODEL_PATH": "/models/q", "PY_BIN": "python3"}
+    proc = subprocess.run([sys.executable, "-m", "mart.graph.cli", "import-verl", str(script), "-o", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "15 overrides" in proc.stderr and '"$@"' in proc.stderr
+    assert load_base_config(out) == import_run_script(RUN_SCRIPT, env=env).overrides
+    again = subprocess.run([sys.executable, "-m", "mart.graph.cli", "import-verl", str(script), "-o", str(out)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 2 and "exists" in again.stderr  # never overwritten
