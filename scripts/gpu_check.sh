@@ -16,12 +16,15 @@ PY=${PYTHON:-python3}
 STEPS=${1:-6}
 OUT=${OUT:-$(mktemp -d /tmp/mart-gpu-check.XXXX)}
 STATUS=0
+mkdir -p "$OUT"
 # the package installs as mart.* (package-dir mapping): put a copy of this checkout on the path
 if ! "$PY" -m pip install -q --no-deps --no-build-isolation --target "$OUT/site" . >"$OUT/pip-mart.log" 2>&1; then
   "$PY" -m pip install -q --no-deps --target "$OUT/site" . >>"$OUT/pip-mart.log" 2>&1 || echo "installing mart failed (see $OUT/pip-mart.log)"
 fi
 rm -rf build
 export PYTHONPATH="$OUT/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# an editable install of another checkout (a meta-path finder) would win over PYTHONPATH: say which code runs
+"$PY" -c "import mart, os; print('mart imported from', os.path.dirname(mart.__file__))" 2>/dev/null || echo "mart: NOT importable"
 
 say() { printf '\n=== %s\n' "$*"; }
 
@@ -80,9 +83,11 @@ from mart.trial_runner.gpu import PeakSampler
 try:
     import torch
 except ImportError:
-    raise SystemExit("torch missing: skipped")
+    print("torch missing: skipped")
+    raise SystemExit(0)
 if not torch.cuda.is_available():
-    raise SystemExit("no CUDA: skipped")
+    print("no CUDA: skipped")
+    raise SystemExit(0)
 s = PeakSampler(0.05)
 s.sample_once()
 s.start()
