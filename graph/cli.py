@@ -95,6 +95,8 @@ def import_verl(
         _fail(str(e))
     header = f"# mart base config imported from {script.name} (mart import-verl)\n"
     header += "".join(f"# NOT RESOLVED (left out): {u}\n" for u in imported.unresolved)
+    if imported.python_hint():
+        header += f"# {imported.python_hint()}\n"
     text = to_yaml(imported.overrides, header)
     typer.echo(imported.report(), err=True)
     if out is None:

@@ -54,7 +54,17 @@ class ScriptImport:
         lines = [f"found the verl command on line {self.line}: {' '.join(self.launcher)} "
                  f"({len(self.overrides)} overrides; script arguments {args})"]
         lines += [f"could not resolve: {u}" for u in self.unresolved]
+        hint = self.python_hint()
+        if hint:
+            lines.append(hint)
         return "\n".join(lines)
+
+    def python_hint(self) -> str | None:
+        """The script runs verl with an interpreter of its own: say how mart runs the same one."""
+        exe = self.launcher[0] if self.launcher else ""
+        if os.path.basename(exe).startswith("python") and exe not in ("python", "python3"):
+            return f"the script runs verl with {exe}: give mart the same with --verl-python {exe}"
+        return None
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -302,5 +312,9 @@ def to_yaml(overrides: Mapping[str, Any], header: str = "") -> str:
     """A base-config YAML (flat keys, the script's order) that ``--base-config`` reads back unchanged."""
     import yaml
 
-    body = yaml.safe_dump(dict(overrides), sort_keys=False, default_flow_style=None, width=1000)
-    return (header + body) if header else body
+    def flow(value: Any) -> str:  # one line per key; lists and mappings in flow style ([a, b])
+        text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+        return text[:-3].strip() if text.endswith("\n...") or text == "..." else text
+
+    body = "".join(f"{flow(k)}: {flow(v)}\n" for k, v in overrides.items())
+    return header + body
