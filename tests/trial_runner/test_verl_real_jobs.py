@@ -122,11 +122,13 @@ export VLLM_USE_V1=1
 
 def test_run_script_values_survive_except_the_candidates_keys(tmp_path, monkeypatch):
     script = tmp_path / "run_grpo.sh"
-    script.write_text(RUN_SCRIPT)
+    # one value mart cannot read (command substitution): bash still gives verl the script's 8
+    script.write_text(RUN_SCRIPT.replace("ppo_micro_batch_size_per_gpu=8", "ppo_micro_batch_size_per_gpu=$(echo 8)"))
     monkeypatch.setenv("PY_BIN", sys.executable)
     monkeypatch.setenv("FAKE", str(FAKE_VERL))
     monkeypatch.delenv("MODEL_PATH", raising=False)
-    backend = VerlBackend(entrypoint=f"bash {script}", prevalidate=False, runner_options=FAST)
+    with pytest.warns(UserWarning, match="ppo_micro_batch_size_per_gpu"):
+        backend = VerlBackend(entrypoint=f"bash {script}", prevalidate=False, runner_options=FAST)
     base = backend.base_config()
     assert base["data.train_batch_size"] == 512 and base["actor_rollout_ref.rollout.n"] == 8  # the script's
     cfg = dict(base)

@@ -19,7 +19,7 @@ from mart.trial_runner.base import Backend, TrialRunner
 from mart.trial_runner.verl.overrides import check_key, load_base_config
 from mart.trial_runner.verl.prevalidate import validate_many, verl_available
 from mart.trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
-from mart.trial_runner.verl.space import SEARCH_SPACE
+from mart.trial_runner.verl.space import SEARCH_SPACE, VERL_DEFAULTS
 
 #: mart tunes GRPO: these hold unless the user's base config says otherwise (rollout.n = verl's GRPO example).
 GRPO_BASE: dict[str, Any] = {
@@ -115,7 +115,8 @@ class VerlBackend(Backend):
                               "overrides): mart's candidate overrides would never reach verl. Add \"$@\" at the end "
                               f"of the verl command, or turn the script into a base config: mart import-verl {path}")
         for note in imported.unresolved:
-            warnings.warn(f"run script {path}: could not resolve {note}", stacklevel=3)
+            warnings.warn(f"run script {path}: could not resolve {note}; the script's own value holds, and mart "
+                          "records its catalogue default for it", stacklevel=3)
         return imported
 
     def extend_base(self, values: dict[str, Any]) -> None:
@@ -194,7 +195,17 @@ class VerlBackend(Backend):
             return {}
         cfg = {**SEARCH_SPACE.defaults(), **GRPO_BASE, "trainer.n_gpus_per_node": self.base_config().get(
             "trainer.n_gpus_per_node")}
-        return {k: v for k, v in cfg.items() if k not in self.user_base}
+        out = {}
+        for k, v in cfg.items():
+            if k in self.user_base:
+                continue  # the script's (or base config's) own value: always passed, it is the same
+            if k in self.script.unresolved_keys:
+                out[k] = v  # the script sets it in a way mart could not read: its value holds
+            elif k not in GRPO_BASE and k != "trainer.n_gpus_per_node" and VERL_DEFAULTS.get(k, v) == v:
+                out[k] = v  # verl's own default: leaving it off changes nothing
+            # else mart's value differs from verl's default (micro batch sizes, GRPO settings): passed, so
+            # what runs is the config mart records
+        return out
 
     def _runner(self) -> VerlRunner:
         options: dict[str, Any] = {

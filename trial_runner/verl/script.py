@@ -47,6 +47,7 @@ class ScriptImport:
     launcher: list[str] = field(default_factory=list)
     variables: dict[str, str] = field(default_factory=dict)
     line: int | None = None
+    unresolved_keys: set[str] = field(default_factory=set)
 
     def report(self) -> str:
         """Human-readable summary of the import (what was found, what was not)."""
@@ -281,6 +282,7 @@ def import_run_script(text: str, env: Mapping[str, str] | None = None) -> Script
                 continue
             if problems:
                 result.unresolved.append(f"{key}: {', '.join(problems)} (line {line_no}; left out)")
+                result.unresolved_keys.add(key)
                 continue
             try:
                 result.overrides[check_key(key)] = parse_value(value)
