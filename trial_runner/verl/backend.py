@@ -125,8 +125,14 @@ class VerlBackend(Backend):
         They reach the command line as the user's values; verl's own schema judges them when verl is
         installed (pre-validation), the key grammar always.
         """
+        from mart.trial_runner.verl.overrides import needs_plus, yaml_keys
+
+        _, open_maps = yaml_keys()
         for key in values:
             check_key(key)
+            if needs_plus(key) and not any(key.startswith(m + ".") for m in open_maps):
+                warnings.warn(f"`{key}` is not a key of verl's config; it reaches verl as +{key} (a new key). "
+                              "Check the spelling if you meant an existing one.", stacklevel=2)
         self.user_base.update(values)
 
     # ------------------------------------------------------------------------------ catalogue & config
