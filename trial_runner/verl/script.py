@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mart.state.search_space import ConfigError
 from mart.state.config_values import check_key, parse_value
+from mart.state.search_space import ConfigError
 
 _ASSIGN_RE = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
