@@ -40,12 +40,15 @@ def trial(
     ),
     seed: int = typer.Option(0, help="Random seed."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="Command that launches verl (default: python -m verl.trainer.main_ppo)."),
+    verl_python: Optional[str] = typer.Option(None, help="Interpreter that runs verl (default: this one; 'python' on Ray nodes)."),
     base_config: Optional[Path] = typer.Option(None, help="The user's base config (verl, local): YAML/JSON of KEY: VALUE."),
     ray_address: Optional[str] = typer.Option(None, help="Run the trial as a Ray job on this cluster (http://HEAD:8265)."),
     scenario: Optional[str] = typer.Option(None, help="sim backend: the cluster scenario (e.g. qwen3-8b-1x8)."),
     backend_option: list[str] = typer.Option(
         [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
     ),
+    stage: Optional[str] = typer.Option(
+        None, help="Run it as a tuning stage would: system (throughput, no validation) or learning (validated at the end)."),
 ) -> None:
     """Run one trial in the foreground and show its progress."""
     from mart.trial_runner.trial_command import run_trial
@@ -53,6 +56,7 @@ def trial(
     options = {
         "memory_capacity_gb": memory_capacity_gb,
         "entrypoint": verl_entrypoint,
+        "verl_python": verl_python,
         "base_config": str(base_config) if base_config else None,
         "ray_address": ray_address,
         "scenario": scenario,
@@ -66,9 +70,42 @@ def trial(
         config_file=config,
         seed=seed,
         backend_options={k: v for k, v in options.items() if v is not None},
+        stage=stage,
     )
     raise typer.Exit(code)
 
+
+
+@app.command("import-verl")
+def import_verl(
+    script: Path = typer.Argument(..., help="A verl run script (bash) with `python3 -m verl.trainer.main_ppo key=value ...`."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the base config here (default: stdout)."),
+) -> None:
+    """Turn a verl run script into a base config (YAML) for --base-config; says what it could not resolve.
+
+    Reads line continuations, quotes, $VAR / ${VAR:-default} from the script's assignments and the
+    environment, "$@" and list values; it never runs the script.
+    """
+    from mart.state.search_space import ConfigError
+    from mart.trial_runner.verl.script import import_run_script_file, to_yaml
+
+    try:
+        imported = import_run_script_file(script)
+    except ConfigError as e:
+        _fail(str(e))
+    header = f"# mart base config imported from {script.name} (mart import-verl)\n"
+    header += "".join(f"# NOT RESOLVED (left out): {u}\n" for u in imported.unresolved)
+    if imported.python_hint():
+        header += f"# {imported.python_hint()}\n"
+    text = to_yaml(imported.overrides, header)
+    typer.echo(imported.report(), err=True)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        if out.exists():
+            _fail(f"{out} exists; choose a new --out")
+        out.write_text(text)
+        typer.echo(f"wrote {out}: use it with --base-config {out}", err=True)
 
 
 # -- tuning sessions ------------------------------------------------------------------------------
@@ -164,6 +201,7 @@ def tune(
         None, help="Slack Web API base URL (default $MART_SLACK_API_URL, else Slack's); the token is $SLACK_BOT_TOKEN."),
     llm_api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY); never stored."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="verl backend: launch command."),
+    verl_python: Optional[str] = typer.Option(None, help="verl backend: interpreter that runs verl."),
     base_config: Optional[Path] = typer.Option(None, help="The user's base config (verl, local): YAML/JSON of KEY: VALUE."),
     ray_address: Optional[str] = typer.Option(None, help="Run trials as Ray jobs on this cluster."),
     scenario: Optional[str] = typer.Option(None, help="sim backend: cluster scenario."),
@@ -179,7 +217,8 @@ def tune(
     from mart.graph.session import tune as run_tune
     from mart.state.run_store import RunError
 
-    backend_options = {"entrypoint": verl_entrypoint, "base_config": str(base_config) if base_config else None,
+    backend_options = {"entrypoint": verl_entrypoint, "verl_python": verl_python,
+                       "base_config": str(base_config) if base_config else None,
                        "ray_address": ray_address, "scenario": scenario,
                        **_backend_options(backend_option)}
     if detach:

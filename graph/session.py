@@ -36,7 +36,7 @@ from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
 from mart.trial_runner.registry import check_backend_options
 
-SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials")
+SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes")
 
 
 class StaleReview(RunError):

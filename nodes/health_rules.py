@@ -14,7 +14,7 @@ from typing import Callable
 
 from mart.state.metrics import StepRecord
 from mart.state.models import HealthEvent
-from mart.state.objectives import MEMORY_KEYS
+from mart.state.objectives import DEVICE_MEMORY_KEY, MEMORY_KEYS
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,14 @@ def _series(records: list[StepRecord], *keys: str) -> list[tuple[int, float]]:
 
 
 def _persisting(series: list[tuple[int, float]], bad: Callable[[float], bool], window: int) -> int:
-    """Length of the run of trailing steps for which ``bad`` holds."""
-    n = 0
-    for _, v in reversed(series):
-        if not bad(v):
-            break
-        n += 1
-    return n
+    """How long ``bad`` has held: the longest run anywhere when it reached ``window`` (several new steps can
+    arrive in one read, and an anomaly that persisted for a window inside them still counts), else the run of
+    trailing steps (0 when the newest step is fine)."""
+    longest = run = 0
+    for _, v in series:
+        run = run + 1 if bad(v) else 0
+        longest = max(longest, run)
+    return longest if longest >= window else run
 
 
 def _event(trial_id, step, rule, persisted, window, message, value) -> HealthEvent:
@@ -69,18 +70,35 @@ def _event(trial_id, step, rule, persisted, window, message, value) -> HealthEve
 
 
 WATCHED = ("actor/entropy", "actor/grad_norm", "actor/pg_loss", "critic/score/mean", "actor/ppo_kl")
+#: a non-finite value of these means the run is broken: stop at once
+HARD_NAN = ("actor/entropy", "actor/pg_loss", "critic/score/mean", "actor/ppo_kl")
+GRAD_NORM = "actor/grad_norm"
 
 
 def nan_metrics(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> HealthEvent | None:
-    """NaN/inf in core training metrics: stops at once (verl skips such updates; the run is broken)."""
-    for r in reversed(records):
+    """NaN/inf in core training metrics, read on every step since step 1 (not only the newest record).
+
+    A non-finite loss, entropy, score or KL stops the trial at once. A non-finite grad norm alone does not:
+    verl skips that update and goes on, so it stops the trial only when it persists for ``window``
+    consecutive steps (a warning before).
+    """
+    for r in records:
         if r.step < 1:
             continue
-        bad = [k for k in WATCHED if k in r.data and not math.isfinite(r.data[k])]
+        bad = [k for k in HARD_NAN if k in r.data and not math.isfinite(r.data[k])]
         if bad:
             return HealthEvent(trial_id=trial_id, step=r.step, rule="nan", severity="stop",
                                message=f"non-finite {', '.join(bad)} at step {r.step}", value=None)
-        return None
+    s = _series(records, GRAD_NORM)
+    n = _persisting(s, lambda v: not math.isfinite(v), cfg.window)
+    skipped = [step for step, v in s if not math.isfinite(v)]
+    if n >= cfg.window or (skipped and n):
+        return _event(trial_id, skipped[-1], "nan", n, cfg.window,
+                      f"non-finite grad norm at steps {skipped} (verl skips those updates)", None)
+    if skipped:
+        return HealthEvent(trial_id=trial_id, step=skipped[-1], rule="nan", severity="warn",
+                           message=f"non-finite grad norm at steps {skipped} (verl skipped those updates; "
+                                   "it did not persist)", value=None)
     return None
 
 
@@ -167,7 +185,7 @@ def memory_margin(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -
     """Stage 1: the measured peak is above (1 - margin) x capacity; such a config is infeasible."""
     if cfg.memory_limit_gb is None:
         return None
-    s = _series(records, *MEMORY_KEYS)
+    s = _series(records, DEVICE_MEMORY_KEY, *MEMORY_KEYS)  # the device-wide NVML peak when the runner has one
     over = [(step, v) for step, v in s if v > cfg.memory_limit_gb]
     if over:
         step, v = over[-1]

@@ -79,6 +79,11 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     if exhausted and out_of_time(state, options):
         return Command(goto="finish")
     if stage == "system" and options.learning_trials > 0:
+        if (state.get("baseline") or {}).get("system") is not None and not (state.get("best") or {}).get("system"):
+            # no system config completed within the memory margin: stage 2 would only rerun a failing one
+            return Command(goto="finish", update={"exhausted": {
+                **(state.get("exhausted") or {}),
+                "learning": "skipped: stage 1 found no feasible system config (see the system notes)"}})
         return Command(
             goto="profiler",
             update={"stage": "learning", "round": 0, "feedback": [], "candidates": [], "critiques": [],
@@ -106,6 +111,10 @@ def finish(state: TuningState, runtime: Runtime[Services]) -> dict[str, Any]:
     return {"status": "completed", "summary": summary}
 
 
+def _fmt_gb(v: float | None) -> str:
+    return "?" if v is None else f"{v:.2f} GB"
+
+
 def _clean(v: float | None) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, 6)
 
@@ -125,11 +134,26 @@ def build_summary(state, services) -> dict[str, Any]:
     t_score = learn_best.score if learn_best else None
     trials = services.ledger.trials()
     notes = []
+    objective = {"system": "throughput", "learning": "score"}
     for stage, base_rec, best_rec in (("system", sys_base, sys_best), ("learning", learn_base, learn_best)):
-        if base_rec is not None and best_rec is not None and best_rec.trial_id == base_rec.trial_id:
+        if base_rec is not None and base_rec.status.value != "completed":
+            notes.append(f"{stage} stage: the baseline {base_rec.status.value} ({base_rec.reason or 'no reason'}); "
+                         f"it has no {objective[stage]} and is never reported as one")
+        elif base_rec is not None and base_rec.reason and base_rec.objective(stage) is None:
+            notes.append(f"{stage} stage: the baseline is {base_rec.reason}")
+        elif stage == "system" and base_rec is not None and base_rec.reason == "peak memory above the margin":
+            notes.append(f"system stage: the baseline's peak memory ({_fmt_gb(base_rec.peak_memory_gb)}) is above "
+                         f"the margin limit ({_fmt_gb(services.memory_limit_gb())}): it is not a feasible config")
+        if base_rec is not None and best_rec is None:
+            notes.append(f"{stage} stage: no feasible config - every trial failed, ran out of memory, was stopped "
+                         f"or exceeded the memory margin; nothing is recommended for this stage")
+        elif base_rec is not None and best_rec is not None and best_rec.trial_id == base_rec.trial_id:
             notes.append(f"{stage} stage: no candidate beat the baseline; the baseline config is kept")
         if exhausted.get(stage):
             notes.append(f"{stage} stage ended early: {exhausted[stage]}")
+    if services.memory_limit_gb() is None:
+        notes.append("memory margin rule off: no memory capacity is known (no GPU visible to the tuner, e.g. trials "
+                     "on a Ray cluster); give --memory-capacity-gb to enforce it")
     return {
         "run_id": services.run_id,
         "status": "completed",

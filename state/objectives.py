@@ -2,7 +2,8 @@
 
 Stage 1 (system): mean ``perf/throughput`` over updates 3-5 (MART's window; fewer steps -> the last ones),
 feasible only when the peak memory stays within ``(1 - margin) x capacity``.
-Stage 2 (learning): the final validation score (last ``val-core/...`` value).
+Stage 2 (learning): the final validation score (last ``val-core/...`` value after training). A validation
+logged at step 0 (verl's ``val_before_train``) scores the untrained model and is never a trial's result.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ from mart.state.metrics import StepRecord, last_value, mean_over_steps
 THROUGHPUT_KEY = "perf/throughput"
 #: verl 0.9 renames the actor's memory metrics to actor/perf/...; accept both.
 MEMORY_KEYS = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
+#: the device-wide peak a runner measured with NVML (whole GPU, less what other processes held before launch);
+#: when present it is the peak (the torch metrics miss vLLM's KV cache and the other workers).
+DEVICE_MEMORY_KEY = "mart/device_peak_memory_gb"
 THROUGHPUT_WINDOW = (3, 5)
 
 
 def peak_memory_gb(records: list[StepRecord]) -> float:
-    """Largest memory reading over all steps (NaN if the stream has none)."""
+    """Largest memory reading over all steps: the device-wide one when measured, else torch's (NaN if none)."""
+    device = [r.get(DEVICE_MEMORY_KEY) for r in records if DEVICE_MEMORY_KEY in r.data]
+    device = [v for v in device if not math.isnan(v)]
+    if device:
+        return max(device)
     vals = [r.get(k) for r in records for k in MEMORY_KEYS if k in r.data]
     vals = [v for v in vals if not math.isnan(v)]
     return max(vals) if vals else math.nan
@@ -57,5 +65,17 @@ def system_outcome(records: list[StepRecord], horizon: int, limit_gb: float | No
 
 
 def learning_score(records: list[StepRecord], prefix: str = "val-core/") -> float:
-    """Final validation score: the last finite value of a metric under ``prefix``."""
-    return last_value(records, prefix)
+    """Final validation score: the last finite value under ``prefix`` logged after training (step >= 1).
+
+    NaN when the only validation is the step-0 one (the untrained model) or there is none: the caller marks
+    the trial unscored (``unscored_reason``), it never ranks it.
+    """
+    return last_value([r for r in records if r.step >= 1], prefix)
+
+
+def unscored_reason(records: list[StepRecord], prefix: str = "val-core/") -> str:
+    """Why ``learning_score`` found nothing, in words for the ledger and the summary."""
+    if any(k.startswith(prefix) for r in records if r.step < 1 for k in r.data):
+        return (f"unscored: the only validation ({prefix}...) is the step-0 one, before training; "
+                "it never counts as a result (trainer.test_freq must make verl validate at the last step)")
+    return f"unscored: no validation metric ({prefix}...) after training"

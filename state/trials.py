@@ -26,6 +26,8 @@ class TrialSpec(BaseModel):
     trial_dir: str
     memory_capacity_gb: float | None = None
     seed: int = 0
+    stage: str | None = Field(None, description="'system' (throughput: no validation) or 'learning'; None = a "
+                                                "standalone trial, run like a learning trial")
 
 
 class TrialHandle(BaseModel):

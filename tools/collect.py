@@ -9,12 +9,12 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.progress import TrialDone, emit
+from mart.nodes.progress import HealthNotice, TrialDone, emit
 from mart.nodes.runtime import Services, services_for
 from mart.nodes.stage_control import overrides_of, stage_horizon
 from mart.state.graph_state import TuningState, active_handle
 from mart.state.models import TrialRecord, TrialStatus
-from mart.state.objectives import learning_score, system_outcome
+from mart.state.objectives import learning_score, system_outcome, unscored_reason
 
 
 def _finite(v: float) -> float | None:
@@ -52,8 +52,17 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
         if not outcome.feasible and status is TrialStatus.COMPLETED and update["reason"] is None:
             update["reason"] = "peak memory above the margin"
     else:
-        update["score"] = _finite(learning_score(records, services.backend.score_metric_prefix))
+        prefix = services.backend.score_metric_prefix
+        update["score"] = _finite(learning_score(records, prefix))
         update["peak_memory_gb"] = _finite(system_outcome(records, horizon, None).peak_memory_gb)
+        if update["score"] is None and status is TrialStatus.COMPLETED:
+            # loud: a completed learning trial without a post-training validation cannot be ranked
+            why = unscored_reason(records, prefix)
+            update["reason"] = f"{update['reason']}; {why}" if update["reason"] else why
+            emit(services, HealthNotice(trial_id=record.trial_id, rule="unscored", severity="warn", message=why))
+    if status is not TrialStatus.COMPLETED or early:
+        # a failed, OOM'd or stopped trial has no result: its partial figures are never reported as one
+        update["throughput"] = update["score"] = None
     done = record.model_copy(update=update)
     ledger.upsert_trial(done, run_id=services.run_id, ended_at=time.time())
     emit(services, TrialDone(trial_id=done.trial_id, status=done.status.value, reason=done.reason,
@@ -71,7 +80,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     best_overrides = dict(state.get("best_overrides") or {})
     if record.kind == "baseline":
         out["baseline"] = {**(state.get("baseline") or {}), stage: done}
-        if done.objective(stage) is not None:
+        if eligible and done.objective(stage) is not None:
             best[stage], best_overrides[stage] = done, {}
     elif eligible and done.objective(stage) is not None:
         incumbent = best.get(stage)

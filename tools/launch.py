@@ -40,7 +40,7 @@ def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
     )
     spec = TrialSpec(
         trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=str(trial_dir),
-        memory_capacity_gb=services.memory_capacity_gb(), seed=services.options.seed,
+        memory_capacity_gb=services.memory_capacity_gb(), seed=services.options.seed, stage=record.stage,
     )
     try:
         handle: TrialHandle = services.runner.launch(spec)

@@ -60,9 +60,40 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def probe() -> list[GpuInfo]:
-    """GPU count and total/used/free memory per GPU; ``[]`` where there is no driver or device."""
+def visible_filter(env: dict[str, str] | None = None):
+    """A predicate ``(index, uuid) -> bool`` for the GPUs ``CUDA_VISIBLE_DEVICES`` lets this process use.
+
+    NVML ignores ``CUDA_VISIBLE_DEVICES`` and lists every GPU of the node, so mart filters: unset = all;
+    a list of indices (``0,2``) or UUIDs / unique UUID prefixes (``GPU-8f3a...``, ``MIG-...``); CUDA stops at
+    the first invalid entry, and so does this; empty or ``-1`` = none.
+    """
+    import os
+
+    raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return lambda index, uuid: True
+    entries: list[str] = []
+    for tok in (t.strip() for t in raw.split(",")):
+        if not tok or tok.startswith("-") or not (tok.isdigit() or tok.upper().startswith(("GPU-", "MIG-"))):
+            break
+        entries.append(tok)
+
+    def visible(index: int, uuid: str) -> bool:
+        for tok in entries:
+            if tok.isdigit() and int(tok) == index:
+                return True
+            if not tok.isdigit() and uuid and uuid.upper().startswith(tok.upper()):
+                return True
+        return False
+
+    return visible
+
+
+def probe(all_devices: bool = False) -> list[GpuInfo]:
+    """GPU count and total/used/free memory per GPU this process may use (``CUDA_VISIBLE_DEVICES``; every
+    GPU of the node with ``all_devices``); ``[]`` where there is no driver or device."""
     out: list[GpuInfo] = []
+    visible = (lambda index, uuid: True) if all_devices else visible_filter()
     with _nvml() as nv:
         if nv is None:
             return out
@@ -74,6 +105,8 @@ def probe() -> list[GpuInfo]:
                     uuid = _text(nv.nvmlDeviceGetUUID(h))
                 except Exception:
                     uuid = ""
+                if not visible(i, uuid):
+                    continue
                 out.append(GpuInfo(i, _text(nv.nvmlDeviceGetName(h)), mem.total / GIB, mem.used / GIB,
                                    mem.free / GIB, uuid))
         except Exception:
@@ -95,8 +128,9 @@ def used_memory_gb() -> dict[int, float]:
 class PeakSampler:
     """Background thread sampling used GPU memory; ``peaks_gb`` holds the maximum seen per GPU.
 
-    Used memory is device-wide (NVML cannot attribute it to one trial without per-process queries), so
-    the peak is meaningful when the trial has the GPUs to itself, as mart's trials do.
+    Used memory is device-wide (vLLM's KV cache and every worker count, which one process's torch peak
+    misses); ``before_gb`` is what the GPUs held when sampling started (other processes), which the job's
+    peak subtracts (``trial_runner.verl.runner.job_peak_gb``).
 
         with PeakSampler(interval_s=1.0) as s:
             ...  # run the trial
@@ -108,6 +142,7 @@ class PeakSampler:
             raise ValueError(f"`interval_s > 0` must hold, but got {interval_s=}.")
         self.interval_s = interval_s
         self.peaks_gb: dict[int, float] = {}
+        self.before_gb: dict[int, float] | None = None
         self.samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -117,7 +152,10 @@ class PeakSampler:
         return max(self.peaks_gb.values()) if self.peaks_gb else None
 
     def sample_once(self) -> None:
-        for idx, used in used_memory_gb().items():
+        used_now = used_memory_gb()
+        if self.before_gb is None:
+            self.before_gb = dict(used_now)
+        for idx, used in used_now.items():
             self.peaks_gb[idx] = max(self.peaks_gb.get(idx, 0.0), used)
         self.samples += 1
 
@@ -163,14 +201,21 @@ def wait_gpu_memory_free(threshold_gb: float = 1.0, timeout_s: float = 60.0, pol
 
 
 def gpu_processes() -> list[dict[str, Any]]:
-    """Processes holding GPU memory (pid, gpu index, used GiB), for error messages; [] without GPUs."""
+    """Processes holding memory on the visible GPUs (pid, gpu index, used GiB); [] without GPUs."""
     out: list[dict[str, Any]] = []
+    visible = visible_filter()
     with _nvml() as nv:
         if nv is None:
             return out
         try:
             for i in range(nv.nvmlDeviceGetCount()):
                 h = nv.nvmlDeviceGetHandleByIndex(i)
+                try:
+                    uuid = _text(nv.nvmlDeviceGetUUID(h))
+                except Exception:
+                    uuid = ""
+                if not visible(i, uuid):
+                    continue
                 for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
                     used = getattr(p, "usedGpuMemory", None)
                     out.append({"gpu": i, "pid": p.pid, "used_gb": (used or 0) / GIB})
@@ -184,7 +229,11 @@ def main() -> None:  # pragma: no cover - exercised by scripts/gpu_check.sh
     import json
 
     gpus = probe()
-    print(json.dumps({"gpu_count": len(gpus), "gpus": [g.to_dict() for g in gpus],
+    import os
+
+    print(json.dumps({"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      "gpus_on_node": len(probe(all_devices=True)), "gpu_count": len(gpus),
+                      "gpus": [g.to_dict() for g in gpus],
                       "memory_capacity_gb": memory_capacity_gb(gpus), "processes": gpu_processes()}, indent=2))
 
 

@@ -24,17 +24,21 @@ class MetricsTail:
         self.offset = offset
         self.parse = parse or parse_line
 
-    def read_new(self) -> list[StepRecord]:
+    def read_new(self, final: bool = False) -> list[StepRecord]:
+        """New complete lines; with ``final`` (the writer has exited) also a last line without newline."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 chunk = f.read()
         except FileNotFoundError:
             return []
+        size = len(chunk)
+        if final and chunk and not chunk.endswith(b"\n"):
+            chunk += b"\n"  # nothing will complete it now; a half-written JSON line still fails to parse
         end = chunk.rfind(b"\n")
         if end < 0:
             return []
-        self.offset += end + 1
+        self.offset += min(end + 1, size)
         records = []
         for raw in chunk[: end + 1].splitlines():
             rec = self.parse(raw.decode("utf-8", errors="replace"))

@@ -43,12 +43,30 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def prepare(backend: Any, steps: int, out: Path, sets: list[str], config_file: Path | None, seed: int,
-            memory_capacity_gb: float | None = None) -> TrialSpec:
+            memory_capacity_gb: float | None = None, stage: str | None = None) -> TrialSpec:
     """The validated trial spec, or ``InputError`` naming what is wrong (nothing is created)."""
     overrides: dict[str, Any] = {}
     if config_file is not None:
         overrides.update(read_config_file(Path(config_file)))
     overrides.update(parse_sets(sets))
+    space = backend.search_space()
+    errors = []
+    for key, value in overrides.items():
+        if key in space:  # the catalogue's ranges hold here as they do for `mart tune`'s candidates
+            try:
+                overrides[key] = space[key].validate(value)
+            except ConfigError as e:
+                errors.append(str(e))
+    if errors:
+        raise InputError("invalid config:\n  " + "\n  ".join(errors))
+    extra = {k: v for k, v in overrides.items() if k not in space}
+    if extra and hasattr(backend, "extend_base"):
+        # keys outside the catalogue are base-config values (e.g. verl's trainer.test_freq): the backend
+        # passes them on as the user's own, instead of refusing them as unknown knobs
+        try:
+            backend.extend_base(extra)
+        except ConfigError as e:
+            raise InputError(str(e)) from None
     config = dict(backend.base_config())
     config.update(overrides)
     if "seed" in overrides:  # an explicit seed key wins over --seed
@@ -68,7 +86,9 @@ def prepare(backend: Any, steps: int, out: Path, sets: list[str], config_file: P
         raise InputError(f"{out} already holds a trial ({METRICS_FILE}/{STATUS_FILE}); choose a new --out.")
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a directory.")
-    return TrialSpec(trial_id=out.resolve().name or "trial", config=config, steps=steps,
+    if stage not in (None, "system", "learning"):
+        raise InputError(f"--stage must be system or learning, but got {stage!r}.")
+    return TrialSpec(trial_id=out.resolve().name or "trial", config=config, steps=steps, stage=stage,
                      trial_dir=str(out.resolve()), memory_capacity_gb=memory_capacity_gb, seed=seed)
 
 
@@ -77,8 +97,12 @@ def _fmt(value: float, spec: str = ".3f") -> str:
 
 
 def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file: Path | None, seed: int,
-              backend_options: dict) -> int:
-    """Run one trial in the foreground; returns 0 completed, 1 failed, 3 oom, 4 stopped, 2 bad input."""
+              backend_options: dict, stage: str | None = None) -> int:
+    """Run one trial in the foreground; returns 0 completed, 1 failed, 3 oom, 4 stopped, 2 bad input.
+
+    ``stage``: run it as a stage-1 (``system``: no validation, throughput only) or stage-2 (``learning``)
+    trial would run; None = like a learning trial (validated at the end).
+    """
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -88,7 +112,8 @@ def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file:
     console = Console(stderr=True)
     try:
         be = load_backend(backend, **backend_options)
-        spec = prepare(be, steps, Path(out), sets, config_file, seed, backend_options.get("memory_capacity_gb"))
+        spec = prepare(be, steps, Path(out), sets, config_file, seed, backend_options.get("memory_capacity_gb"),
+                       stage=stage)
     except (InputError, ValueError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         console.print("no trial was started.")

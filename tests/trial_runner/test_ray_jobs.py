@@ -176,7 +176,7 @@ def test_verl_stand_in_as_ray_job_with_metrics_from_logs(ray_head, tmp_path):
     final = _wait(runner, handle, 90)
     assert final.status is TrialStatus.COMPLETED and final.last_step == 4, final
     from_file = [r.step for r in runner.read_all_metrics(handle)]
-    assert from_file == [0, 1, 2, 3, 4]
+    assert from_file == [1, 2, 3, 4]  # mart owns val_before_train: no step-0 validation unless asked for
     logs_only = RayJobRunner(ray_head, backend.make_runner().inner, metrics_source="logs")
     from_logs = logs_only.read_all_metrics(handle)
     assert [r.step for r in from_logs] == from_file
@@ -202,3 +202,13 @@ def test_verl_stand_in_as_ray_job_with_metrics_from_logs(ray_head, tmp_path):
     hung = _wait(r3, h3, 90)
     assert hung.status is TrialStatus.STOPPED and hung.reason.startswith("watchdog:") and hung.last_step == 2
     assert r3.client.get_job_status(h3.job_id).value == "STOPPED"
+
+    # the user's longer schedule goes to verl; the job is ended once the horizon's step is logged
+    backend4 = VerlBackend(entrypoint=f"{sys.executable} {FAKE}", ray_address=ray_head, prevalidate=False,
+                           base_config={"fake.step_s": 0.2, "trainer.total_training_steps": 1000})
+    r4 = backend4.make_runner()
+    h4 = r4.launch(TrialSpec(trial_id="ray-sched", config=backend4.base_config(), steps=3, trial_dir=str(tmp_path / "s"),
+                             stage="system"))
+    ended = _wait(r4, h4, 90)
+    assert ended.status is TrialStatus.COMPLETED and "horizon" in ended.reason and 3 <= ended.last_step < 1000
+    assert r4.client.get_job_status(h4.job_id).value == "STOPPED"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,16 +93,22 @@ def test_mart_trial_backend_verl_with_the_stand_in(tmp_path):
             cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
         )
 
-    # a key that is neither a knob nor in the base config never reaches the command line
-    refused = mart_trial("--out", str(tmp_path / "refused"), "--set", "trainer.some_unknown_key=1")
-    assert refused.returncode != 0 and "refusing" in refused.stdout + refused.stderr
+    # a catalogue knob outside its range is refused before anything starts, as in `mart tune`
+    refused = mart_trial("--out", str(tmp_path / "refused"), "--set",
+                         "actor_rollout_ref.rollout.gpu_memory_utilization=1.5")
+    assert refused.returncode == 2 and "gpu_memory_utilization" in refused.stdout + refused.stderr
     assert not (tmp_path / "refused" / "trial.log").exists()
 
-    proc = mart_trial("--out", str(out), "--set", "actor_rollout_ref.rollout.gpu_memory_utilization=0.7")
+    # a verl key outside the catalogue is a base-config value: it reaches verl as the user's own
+    # (test_freq 5 is kept: it hits the horizon)
+    proc = mart_trial("--out", str(out), "--set", "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
+                      "--set", "trainer.test_freq=5", "--set", "trainer.val_before_train=true")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert read_status(out).status is TrialStatus.COMPLETED
     recs = MetricsTail(out / "metrics.jsonl").read_new()
     assert [r.step for r in recs] == [0, 1, 2, 3, 4, 5]
-    argv = (out / "attempt-1" / "launch.json").read_text()
+    argv = json.loads((out / "attempt-1" / "launch.json").read_text())["argv"]
+    assert "trainer.test_freq=5" in argv and "trainer.val_before_train=true" in argv
+    argv = json.dumps(argv)
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.7" in argv
     assert "data.train_batch_size=512" in argv and "+fake.step_s=0.02" in argv

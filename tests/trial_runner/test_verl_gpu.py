@@ -65,3 +65,39 @@ def test_probe_capacity_peaks_and_wait_with_fake_nvml(monkeypatch):
     assert gpu.wait_gpu_memory_free(6.0, timeout_s=0.2, poll_s=0.05) is True
     assert gpu.wait_gpu_memory_free(1.0, timeout_s=0.2, poll_s=0.05) is False
     assert gpu.gpu_processes()[0]["pid"] == 100
+
+
+def test_cuda_visible_devices_limits_probe_processes_and_waits(monkeypatch):
+    # NVML lists every GPU of the node; mart must only count the ones CUDA_VISIBLE_DEVICES gives it
+    fake = _fake_nvml([1.0, 70.0, 2.0], total_gb=80.0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert [g.index for g in gpu.probe()] == [0, 2]
+    assert [p["gpu"] for p in gpu.gpu_processes()] == [0, 2]
+    # GPU 1 is busy with someone else's job: the "GPUs free before launch" wait does not look at it
+    assert gpu.wait_gpu_memory_free(3.0, timeout_s=0.1, poll_s=0.05) is True
+    assert len(gpu.probe(all_devices=True)) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1")  # UUIDs (prefixes) work too
+    assert [g.index for g in gpu.probe()] == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,foo,0")  # CUDA stops at the first invalid entry
+    assert [g.index for g in gpu.probe()] == [2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu.probe() == [] and gpu.memory_capacity_gb() is None
+
+
+def test_job_peak_subtracts_memory_held_before_launch(monkeypatch):
+    from mart.trial_runner.verl.runner import job_peak_gb
+
+    fake = _fake_nvml([10.0, 1.0])  # another process holds 10 GB on GPU 0 before the trial starts
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    s = gpu.PeakSampler(0.01)
+    s.sample_once()
+    s.start()
+    fake.state["used"] = [40.0, 35.0]
+    time.sleep(0.05)
+    s.stop()
+    assert s.before_gb == {0: pytest.approx(10.0), 1: pytest.approx(1.0)}
+    data = {"peaks_gb": {str(k): v for k, v in s.peaks_gb.items()},
+            "before_gb": {str(k): v for k, v in s.before_gb.items()}}
+    assert job_peak_gb(data) == pytest.approx(34.0)  # max(40 - 10, 35 - 1)
+    assert job_peak_gb(None) is None and job_peak_gb({"peaks_gb": {}}) is None

@@ -32,6 +32,12 @@ def test_installed_yaml_agrees_with_the_shipped_key_list():
     assert keys is not YAML_KEYS  # read from the installed package
     missing = ours - keys
     assert len(missing) < 0.02 * len(ours), sorted(missing)[:20]
+    from importlib import metadata
+
+    from mart.trial_runner.verl._yaml_keys import VERL_VERSION
+
+    if metadata.version("verl") == VERL_VERSION:  # the bundled list is that release's, key for key
+        assert keys == YAML_KEYS, (sorted(keys - YAML_KEYS)[:10], sorted(YAML_KEYS - keys)[:10])
 
 
 def test_good_candidate_passes_and_bad_batch_arithmetic_is_rejected_with_verls_message():

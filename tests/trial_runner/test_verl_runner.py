@@ -68,8 +68,9 @@ def test_normal_run_writes_metrics_status_and_passes_overrides(tmp_path):
     # status.json written by the runner, metrics through the generic trial-dir path and the attempt file
     assert read_status(spec.trial_dir).status is TrialStatus.COMPLETED
     recs = MetricsTail(Path(spec.trial_dir) / "metrics.jsonl").read_new()
-    assert [r.step for r in recs] == [0, 1, 2, 3, 4, 5]
-    assert "val-core/openai/gsm8k/reward/mean@1" in recs[0].data  # step-0 validation record
+    # mart owns the validation keys: no step-0 validation unless asked for, one at the horizon (the score)
+    assert [r.step for r in recs] == [1, 2, 3, 4, 5]
+    assert [r.step for r in recs if "val-core/openai/gsm8k/reward/mean@1" in r.data] == [5]
     assert system_throughput(recs, 5) > 0
     assert peak_memory_gb(recs) > 0  # read from actor/perf/max_memory_allocated_gb (0.9 name)
     assert handle.extra["metrics_path"].endswith("attempt-1/metrics.jsonl")
@@ -78,6 +79,7 @@ def test_normal_run_writes_metrics_status_and_passes_overrides(tmp_path):
     assert "actor_rollout_ref.actor.optim.lr=3e-06" in argv
     assert "trainer.logger=[console,file]" in argv
     assert "trainer.total_training_steps=5" in argv
+    assert "trainer.test_freq=5" in argv and "trainer.val_before_train=false" in argv
     assert "trainer.resume_mode=disable" in argv
     assert "trainer.experiment_name=t1-a1" in argv
     assert "+fake.mode=normal" in argv
@@ -99,7 +101,7 @@ def test_relaunch_uses_a_new_attempt_and_keeps_the_old_metrics(tmp_path):
     assert run_to_end(runner, h2).status is TrialStatus.COMPLETED
     assert h2.extra["attempt"] == 2
     first = MetricsTail(Path(spec.trial_dir) / "attempt-1" / "metrics.jsonl").read_new()
-    assert [r.step for r in first] == [0, 1, 2]  # not truncated by the second attempt
+    assert [r.step for r in first] == [1, 2]  # not truncated by the second attempt
     assert os.readlink(Path(spec.trial_dir) / "metrics.jsonl") == "attempt-2/metrics.jsonl"
     argv2 = json.loads((Path(spec.trial_dir) / "attempt-2" / "hydra" / ".hydra" / "overrides.json").read_text())
     assert "trainer.experiment_name=t1-a2" in argv2
@@ -201,7 +203,7 @@ def test_truncated_last_line_is_not_read(tmp_path):
     final = run_to_end(runner, handle)
     assert final.status is TrialStatus.FAILED and final.last_step == 3
     recs = runner.read_all_metrics(handle)
-    assert [r.step for r in recs] == [0, 1, 2, 3]
+    assert [r.step for r in recs] == [1, 2, 3]  # the half-written step 4 is not a record, even at the end
     assert not (Path(spec.trial_dir) / "attempt-1" / "metrics.jsonl").read_bytes().endswith(b"\n")
 
 
@@ -237,8 +239,8 @@ def test_console_fallback_when_no_jsonl(tmp_path):
     tail = runner.metrics(handle)
     recs = tail.read_new()
     assert tail.source == "console"
-    assert [r.step for r in recs] == [0, 1, 2, 3]
-    assert recs[2].get("perf/throughput") > 0
+    assert [r.step for r in recs] == [1, 2, 3]
+    assert recs[1].get("perf/throughput") > 0
 
 
 def _group_alive(pgid: int) -> bool:

@@ -82,7 +82,8 @@ class LogMetricsTail:
         self._offset = 0
         self._last_step = -1
 
-    def read_new(self) -> list[StepRecord]:
+    def read_new(self, final: bool = False) -> list[StepRecord]:
+        """New records; ``final`` (the job ended) also reads a last line without a newline."""
         from mart.trial_runner.verl.logs import parse_console_line
 
         now = time.monotonic()
@@ -95,6 +96,8 @@ class LogMetricsTail:
             return []
         if len(text) < self._offset:  # not the same log any more: start over
             self._offset = 0
+        if final and text and not text.endswith("\n"):
+            text += "\n"
         end = text.rfind("\n")
         if end < self._offset:
             return []
@@ -283,7 +286,7 @@ class RayJobRunner(TrialRunner):
             for t in (tail, getattr(tail, "logs", None)):
                 if isinstance(t, LogMetricsTail):
                     t._fetched_at = -math.inf
-        progress.observe(tail.read_new())
+        progress.observe(tail.read_new(final=True) if force else tail.read_new())
         self._followed[key] = (tail, progress)
         return progress
 
@@ -307,6 +310,18 @@ class RayJobRunner(TrialRunner):
             hung = progress.expired(watchdog, handle.started_at) if watchdog is not None else None
             if hung:
                 return self.stop(handle, reason=hung)
+            horizon = int(handle.extra.get("steps") or 0)
+            total_steps = getattr(self.inner, "total_steps", None)  # the verl runner: the user's longer schedule
+            if horizon and total_steps is not None and total_steps(horizon) > horizon and \
+                    (progress.last_step or 0) >= horizon:
+                self.client.stop_job(handle.job_id)
+                deadline = time.monotonic() + 60.0
+                while time.monotonic() < deadline and not self._status(handle).is_terminal():
+                    time.sleep(0.2)
+                self._mirror_logs(handle, force=True)
+                return self._finish(handle, TrialStatus.COMPLETED,
+                                    f"ended at the horizon (step {horizon} of a {total_steps(horizon)}-step schedule)",
+                                    self._last_step(handle, force=True))
             return TrialPoll(status=TrialStatus.RUNNING, last_step=progress.last_step)
         log_text = self._mirror_logs(handle, force=True) or ""
         last = self._last_step(handle, force=True)
@@ -366,8 +381,8 @@ class _AutoTail:
         self.logs = logs
         self._last = -1
 
-    def read_new(self) -> list[StepRecord]:
-        recs = self.file.read_new() if self.file.path.exists() else self.logs.read_new()
+    def read_new(self, final: bool = False) -> list[StepRecord]:
+        recs = self.file.read_new(final=final) if self.file.path.exists() else self.logs.read_new(final=final)
         recs = [r for r in recs if r.step > self._last]
         if recs:
             self._last = max(r.step for r in recs)

@@ -10,15 +10,16 @@ accepted file forms); the candidate's knobs are applied over it.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from mart.state.models import config_hash
 from mart.state.search_space import ConfigError, SearchSpace
 from mart.trial_runner.base import Backend, TrialRunner
-from mart.trial_runner.verl.overrides import load_base_config
+from mart.trial_runner.verl.overrides import check_key, load_base_config
 from mart.trial_runner.verl.prevalidate import validate_many, verl_available
 from mart.trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
-from mart.trial_runner.verl.space import SEARCH_SPACE
+from mart.trial_runner.verl.space import SEARCH_SPACE, VERL_DEFAULTS
 
 #: mart tunes GRPO: these hold unless the user's base config says otherwise (rollout.n = verl's GRPO example).
 GRPO_BASE: dict[str, Any] = {
@@ -41,10 +42,19 @@ class VerlBackend(Backend):
         prevalidate: compose and validate candidates with verl (None = when verl is importable).
         watchdog: progress watchdog of the runner.
         runner_options: further keyword arguments of ``VerlRunner`` (kill_grace_s, oom_exit_grace_s, env, ...).
+        verl_python: the interpreter that runs verl (``--verl-python``; default: the tuner's own for local
+            trials, ``python`` on the job's node for Ray jobs). Replaces ``python``/``python3`` at the head of
+            the entrypoint.
+        stall_timeout_s, first_step_timeout_s: watchdog limits (``--backend-option``); default: derived from
+            the measured step and start-up times (``WatchdogConfig``).
+        verl_version: the verl release on the cluster (``--backend-option verl_version=0.9.1``): without verl
+            importable here, the bundled key list (which decides Hydra's ``+``) must be that release's; a
+            mismatch is refused with the way out.
     """
 
     name = "verl"
     score_metric_prefix = "val-core/"
+    _warned_no_capacity = False
 
     def __init__(
         self,
@@ -56,19 +66,74 @@ class VerlBackend(Backend):
         prevalidate: bool | None = None,
         watchdog: WatchdogConfig | None = None,
         runner_options: dict[str, Any] | None = None,
+        verl_python: str | None = None,
+        stall_timeout_s: float | None = None,
+        first_step_timeout_s: float | None = None,
+        verl_version: str | None = None,
     ) -> None:
+        _check_key_list(verl_version)
         self.entrypoint = entrypoint
         self.base_config_source = base_config
         self.user_base = load_base_config(base_config)
+        self.script = self._import_script(entrypoint)
+        if self.script is not None:  # the script's settings are the user's; an explicit base config wins
+            self.user_base = {**self.script.overrides, **self.user_base}
         self.ray_address = ray_address
         self._memory_capacity_gb = memory_capacity_gb
         self.prevalidate = verl_available() if prevalidate is None else prevalidate
+        if watchdog is None and (stall_timeout_s is not None or first_step_timeout_s is not None):
+            watchdog = WatchdogConfig(
+                stall_timeout_s=None if stall_timeout_s is None else float(stall_timeout_s),
+                first_step_timeout_s=None if first_step_timeout_s is None else float(first_step_timeout_s))
         self.watchdog = watchdog
         self.runner_options = dict(runner_options or {})
+        # Ray jobs run on the cluster's nodes: the tuner's interpreter path means nothing there
+        self.verl_python = verl_python or ("python" if ray_address else None)
         self._gpus: list | None = None
         self._verl_cache: dict[str, list[str]] = {}
         # fail early on a bad entrypoint string
-        VerlRunner(entrypoint, sample_gpu=False)
+        VerlRunner(entrypoint, sample_gpu=False, python=self.verl_python)
+
+    @staticmethod
+    def _import_script(entrypoint: str | None):
+        """The run script an entrypoint runs, imported (see ``script.py``), or None for other launchers."""
+        if not isinstance(entrypoint, str):
+            return None
+        import shlex
+
+        from mart.trial_runner.verl.script import import_run_script_file, script_in_entrypoint
+
+        path = script_in_entrypoint(shlex.split(entrypoint))
+        if path is None:
+            return None
+        try:
+            imported = import_run_script_file(path)
+        except ConfigError:
+            return None  # a wrapper without verl's command line in it (docker run ..., srun ...)
+        if not imported.passes_args:
+            raise ConfigError(f"run script {path!r} does not pass its arguments to verl (no \"$@\" after the "
+                              "overrides): mart's candidate overrides would never reach verl. Add \"$@\" at the end "
+                              f"of the verl command, or turn the script into a base config: mart import-verl {path}")
+        for note in imported.unresolved:
+            warnings.warn(f"run script {path}: could not resolve {note}; the script's own value holds, and mart "
+                          "records its catalogue default for it", stacklevel=3)
+        return imported
+
+    def extend_base(self, values: dict[str, Any]) -> None:
+        """Add verl keys outside the catalogue to the base config (``mart trial --set trainer.test_freq=5``).
+
+        They reach the command line as the user's values; verl's own schema judges them when verl is
+        installed (pre-validation), the key grammar always.
+        """
+        from mart.trial_runner.verl.overrides import needs_plus, yaml_keys
+
+        _, open_maps = yaml_keys()
+        for key in values:
+            check_key(key)
+            if needs_plus(key) and not any(key.startswith(m + ".") for m in open_maps):
+                warnings.warn(f"`{key}` is not a key of verl's config; it reaches verl as +{key} (a new key). "
+                              "Check the spelling if you meant an existing one.", stacklevel=2)
+        self.user_base.update(values)
 
     # ------------------------------------------------------------------------------ catalogue & config
 
@@ -124,10 +189,37 @@ class VerlBackend(Backend):
 
     # ------------------------------------------------------------------------------ runners
 
+    def implicit_values(self) -> dict[str, Any]:
+        """mart's filler values (catalogue defaults, GRPO settings, GPU count) that the user did not give.
+
+        With the default entrypoint they are passed (verl needs e.g. a micro batch size and GRPO); with a
+        user's own launcher (``--verl-entrypoint run.sh``) they are left off the command line unless a
+        candidate changes them, so the script's own settings hold (the script's keys are in the base config
+        anyway, imported from it).
+        """
+        if self.script is None:  # verl itself or a pass-through wrapper: mart's values are needed
+            return {}
+        cfg = {**SEARCH_SPACE.defaults(), **GRPO_BASE, "trainer.n_gpus_per_node": self.base_config().get(
+            "trainer.n_gpus_per_node")}
+        out = {}
+        for k, v in cfg.items():
+            if k in self.user_base:
+                continue  # the script's (or base config's) own value: always passed, it is the same
+            if k in self.script.unresolved_keys:
+                out[k] = v  # the script sets it in a way mart could not read: its value holds
+            elif k not in GRPO_BASE and k != "trainer.n_gpus_per_node" and VERL_DEFAULTS.get(k, v) == v:
+                out[k] = v  # verl's own default: leaving it off changes nothing
+            # else mart's value differs from verl's default (micro batch sizes, GRPO settings): passed, so
+            # what runs is the config mart records
+        return out
+
     def _runner(self) -> VerlRunner:
         options: dict[str, Any] = {
             "gpu_free_threshold_gb": None if self.ray_address else 2.0,
             "sample_gpu": self.ray_address is None,
+            "implicit": self.implicit_values(),
+            "schedule_steps": _int_or_none(self.user_base.get("trainer.total_training_steps")),
+            "python": self.verl_python,
             **self.runner_options,
         }
         return VerlRunner(self.entrypoint, allowed_keys=self.allowed_keys(), watchdog=self.watchdog, **options)
@@ -141,11 +233,49 @@ class VerlBackend(Backend):
         return runner
 
     def memory_capacity_gb(self) -> float | None:
-        """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value."""
+        """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value.
+
+        None (the margin rule is off) is said out loud once: on a Ray cluster without ``--memory-capacity-gb``
+        the tuner sees no GPU.
+        """
         if self.ray_address is None:
             from mart.trial_runner.gpu import memory_capacity_gb
 
             cap = memory_capacity_gb(self._probe())
             if cap is not None:
                 return cap
+        if self._memory_capacity_gb is None and not self._warned_no_capacity:
+            self._warned_no_capacity = True
+            where = "the trials run on a Ray cluster" if self.ray_address else "no GPU is visible here"
+            warnings.warn(f"verl backend: the memory margin rule is OFF: {where} and no --memory-capacity-gb was "
+                          "given (per-GPU memory in GB)", stacklevel=2)
         return self._memory_capacity_gb
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value) if int(value) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_key_list(cluster_version: str | None) -> None:
+    """Refuse a cluster verl release whose keys the tuner cannot know (no verl here, another bundled list)."""
+    if cluster_version is None:
+        return
+    from importlib import metadata
+
+    from mart.trial_runner.verl._yaml_keys import VERL_VERSION
+
+    try:
+        here = metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        here = None
+    source = here or VERL_VERSION
+    if str(cluster_version).strip() != source:
+        what = f"verl {here} is installed here" if here else f"mart's bundled key list is verl {VERL_VERSION}'s"
+        raise ConfigError(f"verl_version {cluster_version}: {what}, so Hydra's '+' prefixes could be wrong on the "
+                          f"cluster; install verl=={cluster_version} on the tuner (pip install 'verl=={cluster_version}' "
+                          "--no-deps suffices for the key list)")

@@ -86,14 +86,21 @@ class FallbackMetricsTail:
     def source(self) -> str:
         return "jsonl" if self._using_file else "console"
 
-    def read_new(self) -> list[StepRecord]:
+    def read_new(self, final: bool = False) -> list[StepRecord]:
+        """New records, each step once (a step number seen again, e.g. a line echoed twice, is dropped).
+
+        ``final``: the run has exited, so a last line without a newline is read too.
+        """
         if self._using_file or self.jsonl.path.exists():
             self._using_file = True
-            recs = [r for r in self.jsonl.read_new() if r.step > self._last_step]
+            raw = self.jsonl.read_new(final=final)
         else:
-            recs = [r for r in self.console.read_new() if r.step > self._last_step]
-        if recs:
-            self._last_step = max(self._last_step, max(r.step for r in recs))
+            raw = self.console.read_new(final=final)
+        recs = []
+        for r in raw:
+            if r.step > self._last_step:
+                recs.append(r)
+                self._last_step = r.step
         return recs
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
+from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, write_status
@@ -41,15 +42,35 @@ from mart.trial_runner.verl.overrides import build_overrides, check_key, overrid
 
 DEFAULT_ENTRYPOINT = ("python", "-m", "verl.trainer.main_ppo")
 
-#: keys mart sets on every launch (they may also appear in the user's base config).
+#: keys mart sets on every launch (they may also appear in the user's base config). The objectives depend on
+#: the validation keys: a stage-2 score must come from a validation *after* training (verl validates at the
+#: last step only when ``test_freq > 0``, and at step 0 when ``val_before_train``), and stage-1 step times
+#: must not include validation or checkpointing.
 FIXED_KEYS = frozenset({
     "trainer.logger", "trainer.total_training_steps", "trainer.total_epochs", "trainer.project_name",
     "trainer.experiment_name", "trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir",
-    "hydra.run.dir",
+    "trainer.test_freq", "trainer.val_before_train", "trainer.save_freq", "hydra.run.dir",
 })
 
 #: verl loops over epochs and stops early, silently, when they run out: keep at least this many.
 MIN_TOTAL_EPOCHS = 1000
+#: first-step timeout before any start-up was measured, and the floor of the derived one (seconds).
+DEFAULT_FIRST_STEP_TIMEOUT_S = 3600.0
+DERIVED_FIRST_STEP_FLOOR_S = 600.0
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Config values equal for the command line (1 == 1.0, but True != 1)."""
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+def job_peak_gb(peaks: dict[str, Any] | None) -> float | None:
+    """The job's device-wide peak from ``gpu_peaks.json``: max over its GPUs of (peak - used before launch)."""
+    if not peaks or not peaks.get("peaks_gb"):
+        return None
+    before = peaks.get("before_gb") or {}
+    vals = [float(v) - float(before.get(k, 0.0)) for k, v in peaks["peaks_gb"].items()]
+    return max(0.0, max(vals)) if vals else None
 
 
 def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | None = None) -> list[str]:
@@ -79,21 +100,34 @@ class WatchdogConfig:
     """When a run that makes no progress is killed.
 
     Before the first training step: ``first_step_timeout_s`` after launch (model load, vLLM start, the
-    step-0 validation and step 1). Afterwards: no new step within ``max(min_step_timeout_s, k x expected)``
-    where ``expected`` is ``expected_step_s`` or, when None, the median ``timing_s/step`` the run logged
-    (else its mean time per step so far).
+    step-0 validation and step 1); None = derived: ``max(600, 3 x`` the slowest start-up this runner has
+    measured``)``, or 1 h before any was measured. Afterwards: no new step within ``stall_timeout_s`` when
+    set, else ``max(min_step_timeout_s, k x expected)`` where ``expected`` is ``expected_step_s`` or, when
+    None, the median ``timing_s/step`` the run logged (else its mean time per step so far).
+    ``--backend-option stall_timeout_s=900 --backend-option first_step_timeout_s=5400`` set them for a session.
     """
 
     enabled: bool = True
-    first_step_timeout_s: float = 3600.0
+    first_step_timeout_s: float | None = None
     k: float = 5.0
     min_step_timeout_s: float = 300.0
     expected_step_s: float | None = None
+    stall_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.k <= 0 or self.first_step_timeout_s <= 0 or self.min_step_timeout_s < 0:
-            raise ValueError(f"watchdog: `k > 0`, `first_step_timeout_s > 0` and `min_step_timeout_s >= 0` "
-                             f"must hold, but got ({self.k=}, {self.first_step_timeout_s=}, {self.min_step_timeout_s=}).")
+        if (self.k <= 0 or (self.first_step_timeout_s is not None and self.first_step_timeout_s <= 0)
+                or self.min_step_timeout_s < 0 or (self.stall_timeout_s is not None and self.stall_timeout_s <= 0)):
+            raise ValueError(f"watchdog: `k > 0`, `first_step_timeout_s > 0`, `stall_timeout_s > 0` and "
+                             f"`min_step_timeout_s >= 0` must hold, but got ({self.k=}, {self.first_step_timeout_s=}, "
+                             f"{self.stall_timeout_s=}, {self.min_step_timeout_s=}).")
+
+    def first_step_limit(self, measured_startups_s: Sequence[float] = ()) -> float:
+        """The first-step timeout: the configured one, else derived from start-ups measured so far."""
+        if self.first_step_timeout_s is not None:
+            return self.first_step_timeout_s
+        if measured_startups_s:
+            return max(DERIVED_FIRST_STEP_FLOOR_S, 3.0 * max(measured_startups_s))
+        return DEFAULT_FIRST_STEP_TIMEOUT_S
 
 
 @dataclass
@@ -118,15 +152,23 @@ class Progress:
             if not math.isnan(t) and t > 0:
                 self.step_times.append(t)
 
-    def expired(self, wd: WatchdogConfig, started_at: float, now: float | None = None) -> str | None:
+    def expired(self, wd: WatchdogConfig, started_at: float, now: float | None = None,
+                startups_s: Sequence[float] = ()) -> str | None:
         """A reason when the run is hung by ``wd``'s rules, else None."""
         if not wd.enabled:
             return None
         now = time.time() if now is None else now
         if self.last_progress_at is None:
-            if now - started_at > wd.first_step_timeout_s:
-                return (f"watchdog: no training step within {wd.first_step_timeout_s:.0f} s of launch "
-                        f"(last step {self.last_step}); killed as hung")
+            first = wd.first_step_limit(startups_s)
+            if now - started_at > first:
+                return (f"watchdog: no training step within {first:.0f} s of launch (last step {self.last_step}; "
+                        "set --backend-option first_step_timeout_s=SECONDS if start-up is that slow); killed as hung")
+            return None
+        if wd.stall_timeout_s is not None:
+            idle = now - self.last_progress_at
+            if idle > wd.stall_timeout_s:
+                return (f"watchdog: no new step for {idle:.1f} s after step {self.last_step} (stall_timeout_s "
+                        f"{wd.stall_timeout_s:g}); killed as hung")
             return None
         if wd.expected_step_s is not None:
             expected = wd.expected_step_s
@@ -141,6 +183,27 @@ class Progress:
             return (f"watchdog: no new step for {idle:.1f} s after step {self.last_step} (limit {limit:.1f} s = "
                     f"max({wd.min_step_timeout_s:g}, {wd.k:g} x expected {expected:.2f} s)); killed as hung")
         return None
+
+
+class _DevicePeakTail(FallbackMetricsTail):
+    """``FallbackMetricsTail`` plus the supervisor's NVML peaks (``gpu_peaks.json``, rewritten during the run)."""
+
+    def __init__(self, *args: Any, peaks_path: Path, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.peaks_path = peaks_path
+        self._reported: float | None = None
+
+    def read_new(self, final: bool = False) -> list[StepRecord]:
+        recs = super().read_new(final=final)
+        if recs:
+            try:
+                peak = job_peak_gb(json.loads(self.peaks_path.read_text()))
+            except (OSError, ValueError):
+                peak = None
+            if peak is not None and (self._reported is None or peak > self._reported):
+                self._reported = peak
+                recs[-1] = StepRecord(step=recs[-1].step, data={**recs[-1].data, DEVICE_MEMORY_KEY: peak})
+        return recs
 
 
 @dataclass
@@ -169,6 +232,13 @@ class VerlRunner(TrialRunner):
             much memory (leftovers of a previous trial); None disables the check.
         sample_gpu: record peak GPU memory over the run (NVML, in the supervisor).
         kill_grace_s: SIGTERM-to-SIGKILL grace when the watchdog or the OOM rule kills a run.
+        implicit: mart's own filler values (catalogue defaults, GRPO settings) that are left off the command
+            line while a config keeps them: with a user's run script as the entrypoint, only the candidate's
+            changes and mart's run keys may follow the script's own arguments (verl keeps the last value).
+        schedule_steps: the length of the user's full run (``trainer.total_training_steps`` of the base config).
+            When longer than a trial's horizon, verl gets it (warm-up and LR schedule keep their shape) and the
+            runner ends the run once the horizon's step is logged.
+        python: interpreter that replaces ``python``/``python3`` at the head of the entrypoint (``--verl-python``).
     """
 
     name = "verl"
@@ -185,8 +255,14 @@ class VerlRunner(TrialRunner):
         gpu_free_timeout_s: float = 120.0,
         sample_gpu: bool = True,
         kill_grace_s: float = 10.0,
+        implicit: dict[str, Any] | None = None,
+        schedule_steps: int | None = None,
+        python: str | None = None,
     ) -> None:
-        self.entrypoint = split_entrypoint(entrypoint)
+        self.entrypoint = split_entrypoint(entrypoint, python=python)
+        self.implicit = dict(implicit or {})
+        self.schedule_steps = int(schedule_steps) if schedule_steps else None
+        self._startups_s: list[float] = []
         self.allowed_keys = None if allowed_keys is None else frozenset(allowed_keys) | FIXED_KEYS
         self.watchdog = watchdog or WatchdogConfig()
         self.env = dict(env or {})
@@ -201,8 +277,17 @@ class VerlRunner(TrialRunner):
     # ------------------------------------------------------------------------------------ the command
 
     def config_overrides(self, config: dict[str, Any]) -> list[str]:
-        """The candidate's own overrides (whitelisted keys of the flat config), without mart's run keys."""
-        return build_overrides({k: v for k, v in config.items() if k not in FIXED_KEYS}, allowed=self.allowed_keys)
+        """The candidate's own overrides (whitelisted keys of the flat config), without mart's run keys.
+
+        Keys still at one of mart's ``implicit`` filler values are left out (the entrypoint's own value holds).
+        """
+        keep = {k: v for k, v in config.items()
+                if k not in FIXED_KEYS and not (k in self.implicit and _same(self.implicit[k], v))}
+        return build_overrides(keep, allowed=self.allowed_keys)
+
+    def total_steps(self, horizon: int) -> int:
+        """``trainer.total_training_steps`` of a trial: the user's schedule when longer, else the horizon."""
+        return self.schedule_steps if self.schedule_steps and self.schedule_steps > horizon else horizon
 
     def run_overrides(self, spec: TrialSpec, attempt: int) -> list[str]:
         """The keys mart sets for every run: logging, horizon, unique names, no silent resume, directories."""
@@ -213,9 +298,24 @@ class VerlRunner(TrialRunner):
         if isinstance(user_loggers, (list, tuple)):
             loggers += [str(x) for x in user_loggers if str(x) not in loggers]
         resume_path = cfg.get("trainer.resume_from_path")
+        horizon = spec.steps
+        if spec.stage == "system":
+            # throughput trials: nothing but training steps in the step time
+            test_freq, val_before, save_freq = -1, False, -1
+        else:
+            # a validation at the horizon's step is the trial's score (verl validates when step % test_freq
+            # == 0, and at its last step when test_freq > 0); the user's interval is kept when it hits it
+            user_tf = cfg.get("trainer.test_freq")
+            ok = isinstance(user_tf, int) and not isinstance(user_tf, bool) and user_tf > 0 and horizon % user_tf == 0
+            test_freq = user_tf if ok else horizon
+            val_before = cfg.get("trainer.val_before_train") is True  # the untrained score only when asked for
+            save_freq = cfg.get("trainer.save_freq", -1)
         out = {
             "trainer.logger": loggers,
-            "trainer.total_training_steps": spec.steps,
+            "trainer.total_training_steps": self.total_steps(horizon),
+            "trainer.test_freq": test_freq,
+            "trainer.val_before_train": val_before,
+            "trainer.save_freq": save_freq,
             "trainer.total_epochs": max(int(cfg.get("trainer.total_epochs") or 0), MIN_TOTAL_EPOCHS),
             "trainer.project_name": cfg.get("trainer.project_name") or "mart",
             "trainer.experiment_name": f"{spec.trial_id}-a{attempt}",
@@ -308,7 +408,8 @@ class VerlRunner(TrialRunner):
             trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=info["pid"],
             pid_create_time=info.get("pid_create_time"), started_at=info.get("at", time.time()),
             extra={"attempt": nums[-1], "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
-                   "steps": spec.steps, "log_offset": info.get("log_offset", 0), "reattached": True},
+                   "steps": spec.steps, "log_offset": info.get("log_offset", 0), "reattached": True,
+                   "stop_at_horizon": self.total_steps(spec.steps) > spec.steps},
         )
         return handle if self._leader(handle) is not None else None
 
@@ -344,7 +445,8 @@ class VerlRunner(TrialRunner):
             trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
             pid_create_time=group.created, started_at=launch_info["at"],
             extra={"attempt": k, "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
-                   "steps": spec.steps, "log_offset": log_offset},
+                   "steps": spec.steps, "log_offset": log_offset,
+                   "stop_at_horizon": self.total_steps(spec.steps) > spec.steps},
         )
         self._groups[(spec.trial_id, k)] = group
         return handle
@@ -361,9 +463,12 @@ class VerlRunner(TrialRunner):
         return st
 
     def metrics(self, handle: TrialHandle) -> FallbackMetricsTail:
-        """verl's JSONL of this attempt; the console lines of trial.log when no JSONL file appears."""
+        """verl's JSONL of this attempt (the console lines of trial.log when no JSONL file appears), with the
+        device-wide GPU peak so far added to the newest record whenever it grew (``DEVICE_MEMORY_KEY``)."""
         path = handle.extra.get("metrics_path") or str(Path(handle.trial_dir) / METRICS_FILE)
-        return FallbackMetricsTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
+        peaks = Path(handle.extra.get("attempt_dir", handle.trial_dir)) / "gpu_peaks.json"
+        return _DevicePeakTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)),
+                               peaks_path=peaks)
 
     def _group(self, handle: TrialHandle) -> ProcessGroup | None:
         """The attempt's process group: the one launched here, else attached through the handle."""
@@ -398,9 +503,12 @@ class VerlRunner(TrialRunner):
             return group.returncode  # the supervisor itself was killed (SIGKILL) or failed
         return None
 
-    def _update(self, handle: TrialHandle, st: _Follow) -> list[StepRecord]:
-        recs = st.tail.read_new()
+    def _update(self, handle: TrialHandle, st: _Follow, final: bool = False) -> list[StepRecord]:
+        had_step = st.progress.first_train_seen_at is not None
+        recs = st.tail.read_new(final=final)
         st.progress.observe(recs)
+        if not had_step and st.progress.first_train_seen_at is not None:
+            self._startups_s.append(st.progress.first_train_seen_at - handle.started_at)
         return recs
 
     def _scan_log_for_oom(self, handle: TrialHandle, st: _Follow) -> None:
@@ -432,7 +540,13 @@ class VerlRunner(TrialRunner):
             if st.oom_reason and st.oom_seen_at and time.time() - st.oom_seen_at > self.oom_exit_grace_s:
                 self._kill(handle, self.kill_grace_s)
                 return self._finish(handle, st, TrialStatus.OOM, st.oom_reason + " (killed: it did not exit)")
-            hung = st.progress.expired(self.watchdog, handle.started_at)
+            horizon = handle.extra.get("steps")
+            if handle.extra.get("stop_at_horizon") and horizon and (st.progress.last_step or 0) >= int(horizon):
+                # the run follows the user's longer schedule; the trial ends at its horizon
+                self._kill(handle, self.kill_grace_s)
+                return self._finish(handle, st, TrialStatus.COMPLETED,
+                                    f"ended at the horizon (step {horizon} of a {self.schedule_steps}-step schedule)")
+            hung = st.progress.expired(self.watchdog, handle.started_at, startups_s=self._startups_s)
             if hung:
                 self._kill(handle, self.kill_grace_s)
                 return self._finish(handle, st, TrialStatus.STOPPED, hung)
@@ -440,16 +554,35 @@ class VerlRunner(TrialRunner):
         # the leader is gone: clean up what is left of its group, read the rest, classify
         if self._group_alive(handle):
             self._kill(handle, grace_s=2.0)
-        self._update(handle, st)
+        self._update(handle, st, final=True)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
         outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
         return self._finish(handle, st, outcome.status, outcome.reason)
 
     def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
         self._update(handle, st)
+        leftovers = self._end_leftovers(handle)
+        if leftovers:
+            reason = f"{reason}; {leftovers}" if reason else leftovers
         last = st.progress.last_step or 0
         write_status(handle.trial_dir, status, reason, last)
         return TrialPoll(status=status, reason=reason, last_step=last)
+
+    def _end_leftovers(self, handle: TrialHandle) -> str | None:
+        """End the attempt's processes outside its group (Ray workers, vLLM); log and return what was killed."""
+        from mart.trial_runner.verl.cleanup import end_trial_processes, summary
+
+        found = end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=self.kill_grace_s)
+        if not found:
+            return None
+        adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
+        try:
+            (adir / "cleanup.json").write_text(json.dumps(found, indent=1))
+            with open(Path(handle.trial_dir) / LOG_FILE, "a") as log:
+                log.write(f"=== mart: {summary(found)}\n")
+        except OSError:
+            pass
+        return summary(found)
 
     def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
         done = read_status(handle.trial_dir)
@@ -458,6 +591,16 @@ class VerlRunner(TrialRunner):
         st = self._state(handle)
         self._kill(handle, grace_s)
         return self._finish(handle, st, TrialStatus.STOPPED, reason)
+
+    def read_all_metrics(self, handle: TrialHandle) -> list[StepRecord]:
+        """Every record of the attempt; once it ended, also a last line without newline.
+
+        The device-wide peak (``DEVICE_MEMORY_KEY``: the largest GPU's peak less what other processes held
+        there before launch) is on the last record, so the memory margin judges the whole GPU (vLLM's KV
+        cache, the other workers) and not one process's torch allocator.
+        """
+        ended = read_status(handle.trial_dir) is not None
+        return self.metrics(handle).read_new(final=ended)
 
     def gpu_peaks(self, handle: TrialHandle) -> dict[str, Any] | None:
         """The sampled GPU memory peaks of an ended attempt (None without GPUs or before the end)."""

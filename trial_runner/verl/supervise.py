@@ -2,6 +2,9 @@
 
 ``python -m mart.trial_runner.verl.supervise --exit-file F [--gpu-peaks-file G] -- CMD ARGS...``
 
+With ``G``, the GPU memory peaks so far are rewritten every ``--write-s`` seconds during the run (and once
+at the end), with what each GPU held before launch.
+
 The runner starts this as the leader of a new process group; the command inherits the group, the working
 directory, the environment and the output. The tuner can crash and come back: the exit code is then read
 from ``F`` (``{"returncode": int, "ended_at": float}``) instead of from a ``wait`` it can no longer do.
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--gpu-peaks-file", default=None)
     parser.add_argument("--sample-s", type=float, default=1.0)
+    parser.add_argument("--write-s", type=float, default=5.0, help="write the peaks so far this often")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -42,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _note_signal)
     signal.signal(signal.SIGINT, _note_signal)
     started = time.time()
+    sampler = None
+    if args.gpu_peaks_file:
+        from mart.trial_runner.gpu import PeakSampler
+
+        sampler = PeakSampler(args.sample_s)
+        sampler.sample_once()  # what other processes hold before launch (subtracted from the job's peak)
     try:
         proc = subprocess.Popen(cmd)
     except OSError as e:
@@ -49,19 +59,29 @@ def main(argv: list[str] | None = None) -> int:
         _write_json(args.exit_file, {"returncode": 127, "ended_at": time.time(), "error": str(e)})
         return 127
 
-    sampler = None
-    if args.gpu_peaks_file:
-        from mart.trial_runner.gpu import PeakSampler
-
-        sampler = PeakSampler(args.sample_s).start()
-    rc = proc.wait()
+    if sampler is not None:
+        sampler.start()
+    while True:
+        try:
+            rc = proc.wait(timeout=args.write_s if sampler is not None else None)
+            break
+        except subprocess.TimeoutExpired:
+            # the peaks so far, for the runner to judge the memory margin while the run goes on
+            _write_peaks(args.gpu_peaks_file, sampler, final=False)
     result: dict = {"returncode": rc, "started_at": started, "ended_at": time.time()}
     if sampler is not None:
-        peaks = sampler.stop()
-        _write_json(args.gpu_peaks_file, {"peaks_gb": {str(k): v for k, v in peaks.items()},
-                                          "max_peak_gb": sampler.max_peak_gb, "samples": sampler.samples})
+        sampler.stop()
+        _write_peaks(args.gpu_peaks_file, sampler, final=True)
     _write_json(args.exit_file, result)
     return rc if rc >= 0 else 128 - rc
+
+
+def _write_peaks(path: str, sampler, final: bool) -> None:
+    if not sampler.peaks_gb:
+        return
+    _write_json(path, {"peaks_gb": {str(k): v for k, v in sampler.peaks_gb.items()},
+                       "before_gb": {str(k): v for k, v in (sampler.before_gb or {}).items()},
+                       "max_peak_gb": sampler.max_peak_gb, "samples": sampler.samples, "final": final})
 
 
 def _note_signal(signum: int, frame: object) -> None:

@@ -8,7 +8,8 @@
   one ``{"step": N, "data": {...}}`` per line, NaN as null) and to stdout as verl's console logger prints
   them (``step:N - key:np.float64(v)``), when ``trainer.logger`` lists ``file`` / ``console``.
 * Step 0 is the pre-training validation (unless ``trainer.val_before_train=false``); steps 1..N follow,
-  N = ``trainer.total_training_steps``.
+  N = ``trainer.total_training_steps``; validation at steps divisible by ``trainer.test_freq`` and at step N,
+  only when ``test_freq > 0`` (verl's rule; its default -1 validates before training only).
 * The numbers come from a small model of a GRPO step on ``+fake.capacity_gb`` GPUs (default 80 GB) for a
   ``+fake.params_b`` billion-parameter model (default 8): rollout memory share, TP, max_num_seqs, micro
   batches, offload and checkpointing move throughput and memory; lr, KL, entropy, temperature and n move the
@@ -18,6 +19,7 @@
   ``+fake.ignore_sigterm=true`` makes it ignore SIGTERM); ``oom_hang`` (OOM text at step 4, then
   hangs); ``nan`` (NaN losses from step 3); ``truncate``
   (the last step's line is written half, then the process exits 1 as if killed mid-write).
+* ``+fake.leak_worker=true`` starts a worker in its own session (as Ray does with actors) that outlives the run.
 * ``+fake.step_s`` real seconds per step (default 0.05); ``+fake.steps_per_epoch`` (default 1000): with
   ``trainer.total_epochs`` it can end the run early with exit 0, as verl does.
 """
@@ -53,7 +55,7 @@ DEFAULTS = {
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
     "fake.mode": "normal", "fake.step_s": 0.05, "fake.capacity_gb": 80.0, "fake.params_b": 8.0,
-    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.seed": 0,
+    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.seed": 0, "fake.leak_worker": False,
 }
 
 
@@ -234,6 +236,11 @@ def main(argv: list[str]) -> int:
     mode = cfg["fake.mode"]
     if cfg["fake.ignore_sigterm"]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if cfg["fake.leak_worker"]:  # a Ray-actor-like worker in a session of its own: outlives the driver's group
+        import subprocess
+
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        print(f"(WorkerDict pid={worker.pid}) started", flush=True)
     run_dir = cfg.get("hydra.run.dir")
     if run_dir:
         os.makedirs(os.path.join(run_dir, ".hydra"), exist_ok=True)
@@ -291,7 +298,7 @@ def main(argv: list[str]) -> int:
             data["actor/pg_loss"] = float("nan")
             data["actor/grad_norm"] = float("nan")
             data["actor/entropy"] = float("nan")
-        if step == horizon or (test_freq > 0 and step % test_freq == 0):
+        if test_freq > 0 and (step == horizon or step % test_freq == 0):  # verl: no validation when test_freq <= 0
             data.update(model.validation(step, rng))
         if mode == "truncate" and step == min(horizon, max_steps):
             log(step, data, half=True)
