@@ -12,6 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Iterable
+from urllib.parse import quote
 
 import sqlite_utils
 
@@ -46,6 +47,19 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
 }
 
 
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection; falls back to ``immutable=1`` where SQLite cannot even make its WAL index
+    (read-only media)."""
+    uri = f"file:{quote(str(path))}"
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+
+
+
 def _num(v: float | None) -> float | None:
     return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
@@ -57,8 +71,12 @@ def _json(v: Any) -> str:
 class Ledger:
     """Queryable record of a run. One instance per process; writes are small and immediate."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        if readonly:  # status and listings: never write (read-only media, someone else's run)
+            self.db = sqlite_utils.Database(connect_readonly(self.path))
+            return
         conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         self.db = sqlite_utils.Database(conn)

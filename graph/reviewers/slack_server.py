@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from mart.graph.reviewers.slack import (
 )
 from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import ReviewDecision
+from mart.trial_runner.registry import allowed_from_env
 
 SECRET_ENV = "SLACK_SIGNING_SECRET"
 REVIEWERS_ENV = "MART_SLACK_REVIEWERS"
@@ -63,16 +64,19 @@ class SlackReviewService:
         reviewers: Slack user ids allowed to decide.
         client: ``WebClient`` with the bot token (and the API base URL).
         token_verification: call ``auth.test`` at start (fails early on a bad token).
+        allowed_backends: plugin backend specs and launch commands the runs may name (builtins need none):
+            a run folder is untrusted input, and a click must not run code that the server's owner did not allow.
     """
 
     def __init__(self, runs_dir: str | Path, *, signing_secret: str, reviewers: set[str], client: Any,
-                 token_verification: bool = True) -> None:
+                 token_verification: bool = True, allowed_backends: Collection[str] = ()) -> None:
         from slack_bolt import App
 
         if not signing_secret:
             raise SlackConfigError(f"set {SECRET_ENV} (the Slack app's signing secret) in the environment")
         self.runs_dir = Path(runs_dir).resolve()
         self.reviewers = set(reviewers)
+        self.allowed_backends = frozenset(allowed_backends)
         self.client = client
         self._guard = threading.Lock()
         self._busy: dict[str, str] = {}  # run id -> who is deciding it now
@@ -118,7 +122,7 @@ class SlackReviewService:
 
     def check(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         """The pending request if the button's review is still the run's pending one, else a note why not."""
-        from mart.graph.session import pending_review
+        from mart.graph.session import load_options, pending_review
         from mart.state.run_store import RunError
 
         run = meta["run"]
@@ -133,6 +137,9 @@ class SlackReviewService:
             if holder:
                 return None, f"Run `{run}` is being driven right now (pid {holder}); nothing changed."
             request = pending_review(store)
+            load_options(store, allowed=self.allowed_backends)  # before anything is shown as decided
+        except RunError as e:
+            return None, f"Run `{run}` cannot be continued by this server: {e}"
         finally:
             store.close()
         if request is None or request["interrupt_id"] != meta.get("interrupt"):
@@ -143,12 +150,13 @@ class SlackReviewService:
     def validate(self, meta: dict[str, Any], decision: ReviewDecision) -> str | None:
         """Why an edit cannot run (the knob and the rule), or None."""
         from mart.graph.session import load_options, state_snapshot, validate_decision
+        from mart.state.run_store import RunError
         from mart.state.search_space import ConfigError
 
         store = self._open_store(meta["run"])
         try:
-            validate_decision(store, load_options(store), state_snapshot(store), decision)
-        except ConfigError as e:
+            validate_decision(store, load_options(store, allowed=self.allowed_backends), state_snapshot(store), decision)
+        except (ConfigError, RunError) as e:
             return str(e)
         finally:
             store.close()
@@ -244,8 +252,8 @@ class SlackReviewService:
         applied = False
         try:
             reviewer = SlackReviewer(channel=channel, client=self.client)
-            summary = resume(self.runs_dir / run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
-                             reviewer=reviewer, quiet=True)
+            summary = resume(run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
+                             reviewer=reviewer, quiet=True, allowed=self.allowed_backends)
             applied = True
             if summary.get("status") == "completed":
                 self._post(channel, completion_text(summary), None)
@@ -361,13 +369,13 @@ def reviewers_from_env(extra: list[str] | None = None) -> set[str]:
 
 
 def serve(runs_dir: str | Path, *, host: str = "127.0.0.1", port: int = 3000, reviewers: list[str] | None = None,
-          api_url: str | None = None, path: str = EVENTS_PATH) -> None:
+          api_url: str | None = None, path: str = EVENTS_PATH, allowed_backends: Collection[str] = ()) -> None:
     """Run the Slack endpoint until SIGTERM/SIGINT (``mart slack serve``)."""
     allowed = reviewers_from_env(reviewers)
     if not allowed:
         raise SlackConfigError(f"no reviewers allowed: set {REVIEWERS_ENV} or pass --reviewer (Slack user ids)")
     service = SlackReviewService(runs_dir, signing_secret=os.environ.get(SECRET_ENV, ""), reviewers=allowed,
-                                 client=slack_client(api_url))
+                                 client=slack_client(api_url), allowed_backends=allowed_from_env(allowed_backends))
     server = service.http_server(host, port, path)
     stop = threading.Event()
 
