@@ -39,7 +39,7 @@ from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
 from mart.trial_runner.registry import check_backend_options
 
-SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes")
+SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
 
 
 class StaleReview(RunError):

@@ -43,7 +43,7 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "profiles": ({"run_id": str, "stage": str, "trial_id": str, "profile": str}, ("run_id", "stage")),
     "agent_calls": ({"call_id": str, "run_id": str, "role": str, "strategy": str, "ok": int,
                      "fallback_reason": str, "error": str, "model": str, "prompt_version": str, "prompt_tokens": int, "completion_tokens": int, "cost_usd": float,
-                     "latency_s": float, "created_at": float}, "call_id"),
+                     "latency_s": float, "attempt": int, "raw_answer": str, "created_at": float}, "call_id"),
 }
 
 
@@ -223,8 +223,9 @@ class Ledger:
                  "ok": int(c.ok), "fallback_reason": c.fallback_reason, "error": c.error, "model": c.model,
                  "prompt_version": c.prompt_version, "prompt_tokens": c.prompt_tokens,
                  "completion_tokens": c.completion_tokens, "cost_usd": _num(c.cost_usd),
-                 "latency_s": c.latency_s, "created_at": time.time()} for i, c in enumerate(calls)
-            ], pk="call_id")
+                 "latency_s": c.latency_s, "attempt": getattr(c, "attempt", None),
+                 "raw_answer": getattr(c, "raw_answer", None), "created_at": time.time()} for i, c in enumerate(calls)
+            ], pk="call_id", alter=True)
 
     def agent_usage(self, run_id: str) -> dict[str, Any]:
         rows = list(self.db["agent_calls"].rows_where("run_id = ?", [run_id]))
@@ -234,6 +235,8 @@ class Ledger:
             "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
             "completion_tokens": sum(r["completion_tokens"] or 0 for r in rows),
             "cost_usd": round(sum(r["cost_usd"] or 0.0 for r in rows), 6),
+            "repairs": sum(1 for r in rows if (r.get("attempt") or 1) > 1),
+            "invalid_answers": sum(1 for r in rows if r["strategy"] == "llm" and not r["ok"]),
         }
 
     def set_profile(self, run_id: str, stage: str, trial_id: str, profile: Any) -> None:

@@ -329,3 +329,12 @@ def test_current_directory_never_shadows_installed_modules(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "colorsys from" in out.stdout and str(tmp_path) not in out.stdout.split("colorsys from")[1]
     assert Path(out.stdout.split("colorsys from")[1].strip()).name == "colorsys.py"
+
+
+# -- 6. --json shows what the agents used -----------------------------------------------------------
+def test_json_summary_includes_agent_usage(tmp_path):
+    out = cli("tune", "--backend", TOY, "--approve", "auto", "--runs-dir", str(tmp_path), "--json", "-q",
+              "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "2")
+    assert out.exit_code == 0, out.stderr
+    agents = json.loads(out.stdout)["agents"]
+    assert agents["calls"] >= 1 and {"prompt_tokens", "completion_tokens", "fallbacks", "repairs"} <= set(agents)
