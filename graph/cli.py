@@ -591,6 +591,8 @@ app.add_typer(slack_app, name="slack")
 
 @slack_app.command("serve")
 def slack_serve(
+    mode: str = typer.Option("socket", help="socket: dial out to Slack (Socket Mode, $SLACK_APP_TOKEN; no public "
+                                            "URL needed); http: receive Slack's requests on HOST:PORT."),
     port: int = typer.Option(3000, min=0, max=65535, help="Port (0: any free port, printed at start)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; put a TLS proxy or tunnel in front for Slack."),
     runs_dir: Path = RUNS_DIR,
@@ -602,9 +604,10 @@ def slack_serve(
                                     "$MART_ALLOWED_BACKENDS); builtin backends need none."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each decision (never secrets or headers)."),
 ) -> None:
-    """Receive Slack's Approve / Edit / Reject clicks (request URL: http://HOST:PORT/slack/events).
+    """Receive Slack's Approve / Edit / Reject clicks: Socket Mode (default) or HTTP (request URL:
+    http://HOST:PORT/slack/events behind your TLS proxy).
 
-    Secrets from the environment only: SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN.
+    Secrets from the environment only: SLACK_BOT_TOKEN, and SLACK_APP_TOKEN (socket) or SLACK_SIGNING_SECRET (http).
     """
     import logging
 
@@ -614,7 +617,8 @@ def slack_serve(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        serve(runs_dir, host=host, port=port, reviewers=reviewer, api_url=api_url, allowed_backends=allow_backend)
+        serve(runs_dir, host=host, port=port, reviewers=reviewer, api_url=api_url, allowed_backends=allow_backend,
+              mode=mode)
     except (SlackConfigError, OSError) as e:
         _fail(str(e))
     except Exception as e:  # bolt's start-up check of the token (auth.test) and the like
