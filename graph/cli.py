@@ -420,7 +420,7 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     if runs_dir.exists() and not runs_dir.is_dir():
         _fail(f"--runs-dir {runs_dir} is not a directory")
     infos = []
-    for path in sorted(p for p in runs_dir.glob("*") if (p / DB_FILE).exists()):
+    for path in sorted(p for p in runs_dir.glob("*") if not p.name.startswith(".") and (p / DB_FILE).exists()):
         try:
             store = RunStore.open(path, runs_dir, readonly=True)
             try:

@@ -212,10 +212,9 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     # an option the backend does not take is refused before a run directory exists
     check_backend_options(options.backend, backend_options(options))
     reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
-    store = RunStore.create(options.runs_dir, run_id)
+    store = RunStore.create(options.runs_dir, run_id, options=options.model_dump(mode="json"))
     started = False
     try:
-        store.ledger.upsert_run(store.run_id, options=options.model_dump(mode="json"))
         with store.lock():
             progress = ConsoleProgress(options.quiet)
             if not options.quiet:
@@ -326,7 +325,9 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}
                 first = Command(resume=answer.model_dump(mode="json"))
             elif not snap.values:
-                raise RunError(f"run {store.run_id} has no checkpoint yet; start a new one with `mart tune`")
+                # killed between creating the run and its first checkpoint: nothing ran yet, start it now
+                first = {"options": options.model_dump(mode="json"), "run_id": store.run_id,
+                         "run_dir": str(store.run_dir)}
             else:
                 first = None  # continue from the last checkpoint (re-attaches a running trial)
             if not options.quiet:

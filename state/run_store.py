@@ -17,7 +17,7 @@ import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from mart.state.ledger import DB_FILE, Ledger, connect_readonly
 
@@ -59,7 +59,12 @@ class RunStore:
 
     # -- creation and lookup ----------------------------------------------------------------------
     @classmethod
-    def create(cls, runs_dir: str | Path, run_id: str | None = None) -> "RunStore":
+    def create(cls, runs_dir: str | Path, run_id: str | None = None, **fields: Any) -> "RunStore":
+        """Make a new run directory with its database and ``fields`` (e.g. ``options``) in the ledger.
+
+        The directory is built under a hidden temporary name and renamed into place once complete, so a
+        crash or a kill never leaves a run folder without its database and options.
+        """
         run_id = run_id or new_run_id()
         root = Path(runs_dir).resolve()
         if root.exists() and not root.is_dir():
@@ -67,18 +72,23 @@ class RunStore:
         run_dir = root / run_id
         if run_dir.exists():
             raise RunError(f"run directory {run_dir} already exists")
+        tmp = root / f".new-{run_id}-{secrets.token_hex(3)}"
         try:
-            (run_dir / "trials").mkdir(parents=True)
+            (tmp / "trials").mkdir(parents=True)
         except OSError as e:
             raise RunError(f"cannot create the run directory in {root}: {e.strerror or e}") from None
-        store = cls(run_dir, run_id)
+        building = cls(tmp, run_id)
         try:
-            store.ledger.upsert_run(run_id, status="created")
+            building.ledger.upsert_run(run_id, status="created", **fields)
+            building.close()  # SQLite reopens its -wal/-shm by path: close before the rename
+            os.rename(tmp, run_dir)
         except (OSError, sqlite3.Error) as e:
-            store.close()
-            _remove_tree(run_dir)
-            raise RunError(f"cannot write the run's database in {run_dir}: {e}") from None
-        return store
+            building.close()
+            _remove_tree(tmp)
+            if isinstance(e, OSError) and run_dir.exists():
+                raise RunError(f"run directory {run_dir} already exists") from None
+            raise RunError(f"cannot write the run's database in {root}: {e}") from None
+        return cls(run_dir, run_id)
 
     @classmethod
     def open(cls, ref: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False) -> "RunStore":
