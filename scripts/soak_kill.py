@@ -56,7 +56,7 @@ class Soak:
         self.runs.mkdir(parents=True, exist_ok=True)
         self.config = work / "tiny.json"
         self.config.write_text(json.dumps(TINY))
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "MART_CACHE_DIR": str(work / "cache")}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "MART_CACHE_DIR": os.environ.get("MART_CACHE_DIR") or str(work / "cache")}
         self.rng = random.Random(args.seed)
         self.kills = 0
         self.kill_moments: list[float] = []

@@ -338,3 +338,13 @@ def test_json_summary_includes_agent_usage(tmp_path):
     assert out.exit_code == 0, out.stderr
     agents = json.loads(out.stdout)["agents"]
     assert {"calls", "prompt_tokens", "completion_tokens", "fallbacks", "repairs"} <= set(agents)
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes(tmp_path):
+    # what a kill -9 right after the run was created leaves: the run, its options, no checkpoint
+    opts = TuneOptions(backend=TOY, approve="auto", runs_dir=str(tmp_path), system_trials=2, learning_trials=0,
+                       system_horizon=2, watch_interval_s=0.01, quiet=True)
+    store = RunStore.create(tmp_path, "r1", options=opts.model_dump(mode="json"))
+    store.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["r1"]  # built under a hidden name, then renamed
+    assert resume("r1", tmp_path, quiet=True)["status"] == "completed"
