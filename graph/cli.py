@@ -508,7 +508,7 @@ def report(
     if fmt not in ("html", "md"):
         _fail(f"--format must be html or md, got {fmt!r}")
     try:
-        store = RunStore.open(run, runs_dir)
+        store = RunStore.open(run, runs_dir, contained=False)  # reads the run, writes only its report
         run_dir = store.run_dir
         store.close()
     except RunError as e:

@@ -91,11 +91,13 @@ class RunStore:
         return cls(run_dir, run_id)
 
     @classmethod
-    def open(cls, ref: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False) -> "RunStore":
-        """Open a run by id (looked up in ``runs_dir``) or by its directory's path, which must lie in ``runs_dir``.
+    def open(cls, ref: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False,
+             contained: bool | None = None) -> "RunStore":
+        """Open a run by id (looked up in ``runs_dir``) or by its directory's path.
 
-        Runs resolve only inside ``runs_dir`` (symlinks followed first), so a folder elsewhere is never
-        taken for a run by accident. ``readonly``: open the database read-only (status on read-only media).
+        ``readonly``: open the database read-only (status on read-only media). ``contained`` (default: not
+        ``readonly``): the run must lie in ``runs_dir`` (symlinks followed first), so a folder elsewhere is
+        never driven by accident; a read-only look (status, trials, report) may name any run folder.
 
         Raises:
             RunNotFound: no such run; RunOutsideRunsDir: a path outside ``runs_dir``.
@@ -110,7 +112,7 @@ class RunStore:
             hint = f" Known runs in {runs_dir}: {', '.join(known)}." if known else f" No runs in {runs_dir}."
             raise RunNotFound(f"no run {str(ref)!r} (looked in {runs_dir}/ and as a path).{hint}")
         run_dir = run_dir.resolve()
-        if run_dir.parent != root:
+        if (not readonly if contained is None else contained) and run_dir.parent != root:
             raise RunOutsideRunsDir(f"{ref} is not a run directory inside --runs-dir {runs_dir} (it resolves to "
                                     f"{run_dir}); pass the folder that holds it as --runs-dir")
         db = run_dir / DB_FILE

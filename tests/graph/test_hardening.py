@@ -103,6 +103,7 @@ def test_runs_resolve_only_inside_the_runs_dir(tmp_path):
     with pytest.raises(RunOutsideRunsDir):
         RunStore.open("link", runs)
     assert RunStore.open(run, elsewhere).run_id == run
+    assert RunStore.open(str(elsewhere / run), runs, readonly=True).run_id == run  # a look is fine
 
 
 def test_slack_server_refuses_a_crafted_run_before_showing_it_decided(tmp_path):
