@@ -62,6 +62,7 @@ class Soak:
         self.kill_moments: list[float] = []
         self.starts_killed_before_a_run = 0
         self.resumes = 0
+        self.started = 0
 
     def mart(self, *argv: str) -> list[str]:
         return [sys.executable, "-m", "mart.graph.cli", *argv]
@@ -83,43 +84,58 @@ class Soak:
         rows = query(self.runs / run / "mart.sqlite", "SELECT status FROM runs")
         return rows[0][0] if rows else None
 
-    def drive_with_kill(self, cmd: list[str]) -> bool:
-        """Start ``cmd``, SIGKILL it after a random time; True if it was killed (False: it ended first)."""
+    def drive_with_kill(self, cmd: list[str], run: str | None) -> tuple[bool, str | None]:
+        """Start ``cmd``; once it drives its run (holds the run's lock), SIGKILL it after a random time.
+
+        Returns (killed, run id). The delay counts from the moment the driver holds the lock, so every
+        kill lands while a run is being driven (the interpreter's start-up is not what is tested).
+        """
+        before = self.run_ids()
         proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            if run is None:
+                run = next(iter(self.run_ids() - before), None)
+            if run is not None and self.lock_pid(run) == proc.pid:
+                break
+            time.sleep(0.05)
         delay = self.rng.uniform(self.args.min_wait, self.args.max_wait)
         try:
             proc.wait(delay)
             out, err = proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[3:5])} failed ({proc.returncode}): {err.decode()[-2000:]}")
-            return False
+            return False, run or next(iter(self.run_ids() - before), None)
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(30)
             proc.communicate()
             self.kills += 1
             self.kill_moments.append(round(delay, 2))
-            return True
+            if run is None:
+                run = next(iter(self.run_ids() - before), None)
+            return True, run
+
+    def lock_pid(self, run: str) -> int | None:
+        try:
+            text = (self.runs / run / "lock").read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
 
     def run(self) -> dict:
         t0 = time.monotonic()
         current: str | None = None
         while self.kills < self.args.kills:
             if current is None:
-                before = self.run_ids()
-                killed = self.drive_with_kill(self.tune_cmd())
-                new = self.run_ids() - before
-                current = next(iter(new), None)
+                killed, current = self.drive_with_kill(self.tune_cmd(), None)
                 if killed and current is None:
                     self.starts_killed_before_a_run += 1
-                if not killed:
-                    current = None  # completed in one go
+                self.started += 1
             else:
                 self.resumes += 1
-                killed = self.drive_with_kill(self.resume_cmd(current))
-                if not killed:
-                    current = None
-            if current is not None and self.status(current) == "completed":
+                killed, _ = self.drive_with_kill(self.resume_cmd(current), current)
+            if not killed or (current is not None and self.status(current) == "completed"):
                 current = None
         # the end: every run to completion, without kills
         finals = {}
@@ -177,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=50, help="how many kill -9s in all")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--min-wait", type=float, default=0.5, help="shortest time before a kill (s)")
-    ap.add_argument("--max-wait", type=float, default=12.0, help="longest time before a kill (s)")
+    ap.add_argument("--min-wait", type=float, default=0.0, help="shortest time driving before a kill (s)")
+    ap.add_argument("--max-wait", type=float, default=10.0, help="longest time driving before a kill (s)")
     ap.add_argument("--system-trials", type=int, default=3)
     ap.add_argument("--learning-trials", type=int, default=2)
     ap.add_argument("--system-horizon", type=int, default=4)
@@ -190,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         soak = Soak(args, work)
         timing = soak.run()
         result = soak.check()
-    report = {"kills": soak.kills, "resumes_killed_or_not": soak.resumes,
+    report = {"kills": soak.kills, "runs_started": soak.started, "resumes_killed_or_not": soak.resumes,
               "starts_killed_before_a_run_existed": soak.starts_killed_before_a_run, **timing, **result,
               "lost_or_duplicated_trials": sum("trials, budget" in p or "ran twice" in p for p in result["problems"]),
               "kill_moments_s": {"min": min(soak.kill_moments, default=None),
