@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -134,10 +135,13 @@ def test_bracketed_trial_and_llm_text_prints_as_is():
 
     progress.console = Console(file=io.StringIO(), width=300)
     for event in ({"event": "trial_failed", "trial_id": "t[/x]", "reason": BRACKETS},
-                  {"event": "health", "severity": "stop", "rule": "[/r]", "message": BRACKETS},
-                  {"event": "trial_stopped", "reason": BRACKETS},
+                  {"event": "health", "trial_id": "t1", "severity": "stop", "rule": "[/r]", "message": BRACKETS},
+                  {"event": "trial_stopped", "trial_id": "t1", "reason": BRACKETS, "status": "failed"},
                   {"event": "critique", "pick": None, "feedback": BRACKETS},
                   {"event": "trial_done", "trial_id": "t1", "status": "failed", "eligible": False, "reason": BRACKETS}):
+        from mart.nodes.progress import parse_event
+
+        event = parse_event(event)
         progress(event)
     text = progress.console.file.getvalue()
     assert text.count("[/data/gsm8k/train.parquet]") == 5 and "[/r]" in text and "[bold]x[/bold" in text
@@ -243,7 +247,11 @@ def test_trial_processes_get_no_mart_secrets(tmp_path, monkeypatch):
     trial_dir.mkdir()
     spec = TrialSpec(trial_id="t", trial_dir=str(trial_dir), steps=1, config={}, seed=0)
     handle = runner.launch(spec)
-    runner._procs[handle.pid].wait(30)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "env.json").exists() or not (tmp_path / "env.json").read_text().endswith("}"):
+        assert time.monotonic() < deadline, "the trial process did not write its environment"
+        time.sleep(0.05)
+    time.sleep(0.1)
     env = json.loads((tmp_path / "env.json").read_text())
     assert not set(secrets) & set(env)
     assert env["HF_TOKEN"] == "hf-keep"
