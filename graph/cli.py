@@ -469,7 +469,10 @@ def status(
         return
     try:
         store = RunStore.open(run, runs_dir, readonly=True)  # status never writes: read-only media work
-        info = run_status(store)
+        try:
+            info = run_status(store)
+        finally:
+            store.close()
     except RunError as e:
         _fail(str(e))
     if as_json:
@@ -566,7 +569,10 @@ def trials(
         store = RunStore.open(run, runs_dir, readonly=True)
     except RunError as e:
         _fail(str(e))
-    rows = store.ledger.trials()
+    try:
+        rows = store.ledger.trials()
+    finally:
+        store.close()
     if as_json:
         _print_json(rows)
         return
