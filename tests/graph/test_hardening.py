@@ -246,7 +246,7 @@ def test_trial_processes_get_no_mart_secrets(tmp_path, monkeypatch):
     trial_dir = tmp_path / "t"
     trial_dir.mkdir()
     spec = TrialSpec(trial_id="t", trial_dir=str(trial_dir), steps=1, config={}, seed=0)
-    handle = runner.launch(spec)
+    runner.launch(spec)
     deadline = time.monotonic() + 30
     while not (tmp_path / "env.json").exists() or not (tmp_path / "env.json").read_text().endswith("}"):
         assert time.monotonic() < deadline, "the trial process did not write its environment"
