@@ -23,7 +23,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
 # A run's stored options are untrusted input (anyone who can write the run folder wrote them): every
 # value that names code to import or a command to run must be one the user allows again.
 ALLOW_ENV = "MART_ALLOWED_BACKENDS"
-COMMAND_OPTIONS = ("entrypoint", "runner_options")
+COMMAND_OPTIONS = ("entrypoint", "verl_python", "runner_options")
 
 
 def allowed_from_env(extra: Collection[str] = ()) -> set[str]:
@@ -36,14 +36,16 @@ def untrusted_parts(spec: str, options: Mapping[str, Any], allowed: Collection[s
     """What in a stored backend spec and its options would run code the user has not allowed.
 
     A builtin name without command options is always fine; a plugin spec (``module:factory``) must be
-    in ``allowed``; so must a launch command (``entrypoint``); ``runner_options`` only with full trust.
+    in ``allowed``; so must a launch command (``entrypoint``, ``verl_python``); ``runner_options`` only with
+    full trust.
     """
     parts = []
     if spec not in BUILTIN_BACKENDS and spec not in allowed:
         parts.append(f"plugin backend {spec!r}")
-    entry = options.get("entrypoint")
-    if entry is not None and str(entry) not in allowed:
-        parts.append(f"launch command {str(entry)!r}")
+    for key in ("entrypoint", "verl_python"):  # a command / an interpreter to run
+        value = options.get(key)
+        if value is not None and str(value) not in allowed:
+            parts.append(f"launch command {key}={str(value)!r}")
     if options.get("runner_options") is not None:
         parts.append("runner_options")
     return parts

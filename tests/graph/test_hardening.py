@@ -69,6 +69,9 @@ def test_crafted_plugin_backend_in_a_run_folder_is_refused(tmp_path, monkeypatch
     set_stored_options(tmp_path, run, {**crafted, "backend": "verl", "backend_options": {"entrypoint": f"touch {marker}"}})
     with pytest.raises(UntrustedRun, match="launch command"):
         resume(run, tmp_path, decision=APPROVE, quiet=True)
+    set_stored_options(tmp_path, run, {**crafted, "backend": "verl", "backend_options": {"verl_python": "/tmp/x"}})
+    with pytest.raises(UntrustedRun, match="verl_python"):
+        resume(run, tmp_path, decision=APPROVE, quiet=True)
     assert not marker.exists()
 
 
