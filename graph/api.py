@@ -19,7 +19,7 @@ LangGraph Studio). The handle holds the run's writer lock until ``close()``, so 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -41,11 +41,14 @@ class RunHandle:
         store: the opened run.
         api_key: for LLM agents (kept in memory only; default ``$OPENAI_API_KEY``).
         lock: hold the run's writer lock while open (default). Without it, only read.
+        allowed, trust: plugin backends / launch commands the run may name (see ``session.load_options``).
     """
 
-    def __init__(self, store: RunStore, *, api_key: str | None = None, lock: bool = True) -> None:
+    def __init__(self, store: RunStore, *, api_key: str | None = None, lock: bool = True,
+                 allowed: Collection[str] = (), trust: bool = False) -> None:
         self.store = store
         self._api_key = api_key
+        self._allowed, self._trust = tuple(allowed), trust
         self._stack = ExitStack()
         if lock:
             self._stack.enter_context(store.lock())
@@ -62,7 +65,7 @@ class RunHandle:
     def context(self) -> Services:
         """The run's services (backend, runner, ledger, agents), built on first use; pass as ``context=``."""
         if self._context is None:
-            self._context = build_services(load_options(self.store), self.store, api_key=self._api_key)
+            self._context = build_services(load_options(self.store, allowed=self._allowed, trust=self._trust), self.store, api_key=self._api_key)
         return self._context
 
     def state(self):
@@ -115,7 +118,7 @@ class RunHandle:
 
 
 def open_run(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,
-             lock: bool = True) -> RunHandle:
+             lock: bool = True, allowed: Collection[str] = (), trust: bool = False) -> RunHandle:
     """Open a run by id (in ``runs_dir``) or path.
 
     Raises:
@@ -124,7 +127,7 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | N
     """
     store = RunStore.open(run, runs_dir)
     try:
-        return RunHandle(store, api_key=api_key, lock=lock)
+        return RunHandle(store, api_key=api_key, lock=lock, allowed=allowed, trust=trust)
     except BaseException:
         store.close()
         raise

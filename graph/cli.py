@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Optional
 
@@ -113,6 +114,39 @@ RUNS_DIR = typer.Option("runs", "--runs-dir", help="Where run directories live."
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
 
 
+BACKEND_AGAIN = typer.Option(
+    [], "--backend", help="Allow this plugin backend spec (package.module:factory) stored in the run: a run folder "
+                          "is untrusted, so code it names runs only when given again; repeatable.")
+ENTRYPOINT_AGAIN = typer.Option(None, "--verl-entrypoint", help="Allow this launch command stored in the run.")
+TRUST_RUN = typer.Option(False, "--trust-run", help="Run whatever backend and commands the run folder names "
+                                                    "(only for folders you wrote).")
+
+
+def _allowed(backends: list[str], entrypoint: str | None) -> set[str]:
+    return {*backends, *([entrypoint] if entrypoint else [])}
+
+
+def _api_key(path: Path | None) -> str | None:
+    """The LLM API key from a file (first line); None: the agents read $OPENAI_API_KEY."""
+    if path is None:
+        return None
+    try:
+        key = path.read_text().strip().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(f"--llm-api-key-file {path}: cannot read it ({getattr(e, 'strerror', None) or e})")
+    if not key or not key[0].strip():
+        _fail(f"--llm-api-key-file {path}: the file is empty")
+    return key[0].strip()
+
+
+def _io_fail(e: BaseException) -> None:
+    """A file-system or database failure (disk full, read-only, run folder deleted) as one line."""
+    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    where = getattr(e, "filename", None)
+    _fail(f"{type(e).__name__}: {detail}" + (f": {where}" if where else "")
+          + "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`", 1)
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -166,8 +200,9 @@ def _console():
 
     from rich.console import Console
 
-    # piped output (CI, logs) gets a wide table instead of rich's 80-column default
-    return Console(width=None if sys.stdout.isatty() else 200)
+    # piped output (CI, logs) gets a wide table instead of rich's 80-column default. markup off: every
+    # string shown here (run ids, configs, reasons, notes, paths) is data, and "[/x]" must print as is
+    return Console(width=None if sys.stdout.isatty() else 200, markup=False, highlight=False)
 
 
 def _finish(summary: dict, as_json: bool) -> None:
@@ -199,7 +234,10 @@ def tune(
         None, help="With --approve slack: channel id to post reviews to (default $MART_SLACK_CHANNEL)."),
     slack_api_url: Optional[str] = typer.Option(
         None, help="Slack Web API base URL (default $MART_SLACK_API_URL, else Slack's); the token is $SLACK_BOT_TOKEN."),
-    llm_api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY); never stored."),
+    llm_api_key: Optional[str] = typer.Option(None, hidden=True, help="Refused: a key on the command line is "
+                                                                      "visible to every user in the process list."),
+    llm_api_key_file: Optional[Path] = typer.Option(
+        None, help="File holding the API key (default $OPENAI_API_KEY); never stored, never on the command line."),
     verl_entrypoint: Optional[str] = typer.Option(None, help="verl backend: launch command."),
     verl_python: Optional[str] = typer.Option(None, help="verl backend: interpreter that runs verl."),
     base_config: Optional[Path] = typer.Option(None, help="The user's base config (verl, local): YAML/JSON of KEY: VALUE."),
@@ -217,6 +255,10 @@ def tune(
     from mart.graph.session import tune as run_tune
     from mart.state.run_store import RunError
 
+    if llm_api_key is not None:
+        _fail("--llm-api-key: a key on the command line is visible in the process list; set $OPENAI_API_KEY or "
+              "pass --llm-api-key-file PATH")
+    api_key = _api_key(llm_api_key_file)
     backend_options = {"entrypoint": verl_entrypoint, "verl_python": verl_python,
                        "base_config": str(base_config) if base_config else None,
                        "ray_address": ray_address, "scenario": scenario,
@@ -239,11 +281,13 @@ def tune(
         except SlackConfigError as e:
             _fail(str(e))
     try:
-        summary = run_tune(options, api_key=llm_api_key, reviewer=reviewer)
+        summary = run_tune(options, api_key=api_key, reviewer=reviewer)
     except (RunError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("interrupted; the run is saved: continue with `mart resume RUN`", 130)
+    except (OSError, sqlite3.Error) as e:
+        _io_fail(e)
     _finish(summary, as_json)
 
 
@@ -253,7 +297,11 @@ def resume(
     runs_dir: Path = RUNS_DIR,
     approve: Optional[str] = typer.Option(None, help="Reviewer channel from now on (default: the run's)."),
     detach: bool = typer.Option(False, "--detach", help="Exit at the next review."),
-    llm_api_key: Optional[str] = typer.Option(None, help="API key for LLM agents (default $OPENAI_API_KEY)."),
+    llm_api_key_file: Optional[Path] = typer.Option(
+        None, help="File holding the API key for LLM agents (default $OPENAI_API_KEY); never on the command line."),
+    backend: list[str] = BACKEND_AGAIN,
+    verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    trust_run: bool = TRUST_RUN,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     as_json: bool = JSON,
 ) -> None:
@@ -262,12 +310,14 @@ def resume(
     from mart.state.run_store import RunError
 
     try:
-        summary = run_resume(run, runs_dir, api_key=llm_api_key, approve="none" if detach else approve,
-                             quiet=quiet or None)
+        summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file), approve="none" if detach else approve,
+                             quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
     except (RunError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("interrupted; continue with `mart resume RUN`", 130)
+    except (OSError, sqlite3.Error) as e:
+        _io_fail(e)
     _finish(summary, as_json)
 
 
@@ -279,6 +329,13 @@ def review(
     reject: Optional[str] = typer.Option(None, "--reject", help="Reject with this feedback for the proposer."),
     edit: list[str] = typer.Option([], "--edit", help="Edit KEY=VALUE (repeatable), then run it."),
     reviewer: Optional[str] = typer.Option(None, help="Who decides (default: your user name)."),
+    review_no: Optional[int] = typer.Option(
+        None, "--review", help="Answer only if review #N is the pending one (scripts: never approve a review unseen)."),
+    interrupt: Optional[str] = typer.Option(
+        None, "--interrupt", help="Answer only if this interrupt id (from `mart status --json`) is pending."),
+    backend: list[str] = BACKEND_AGAIN,
+    verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    trust_run: bool = TRUST_RUN,
     detach: bool = typer.Option(False, "--detach", help="After answering, exit again at the next review."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     as_json: bool = JSON,
@@ -287,10 +344,13 @@ def review(
 
     Without flags the review is asked on this terminal, and so are the run's later reviews (unless
     --detach). With a flag, later reviews go to the run's own channel (--detach: exit at the next one).
+    The decision applies only to the review shown (and to --review N / --interrupt ID when given): if
+    another one is pending by the time it is applied, nothing changes.
     """
     import getpass
+    import sys
 
-    from mart.graph.reviewers.base import TTYReviewer
+    from mart.graph.reviewers.base import TTYReviewer, format_request
     from mart.graph.session import pending_review
     from mart.graph.session import resume as run_resume
     from mart.state.config_values import parse_assignments
@@ -302,39 +362,51 @@ def review(
     if sum(chosen) > 1:
         _fail("give one of --approve, --reject or --edit")
     who = reviewer or getpass.getuser()
-    decision, channel, interrupt_id = None, None, None
+    decision, channel = None, None
+    out = sys.stderr if as_json else sys.stdout  # keep --json output clean
     try:
+        store = RunStore.open(run, runs_dir, readonly=True)
+        try:
+            request = pending_review(store)
+            state = (store.ledger.run(store.run_id) or {}).get("status")
+        finally:
+            store.close()
+        if request is None:
+            _fail(f"run {store.run_id} ({state}) has no pending review (see `mart status {store.run_id}`)")
+        if review_no is not None and request.get("review_no") != review_no:
+            _fail(f"run {store.run_id}: the pending review is #{request.get('review_no')}, not #{review_no}; "
+                  "nothing changed")
+        if interrupt is not None and request["interrupt_id"] != interrupt:
+            _fail(f"run {store.run_id}: the pending review's interrupt is {request['interrupt_id']}, not "
+                  f"{interrupt}; nothing changed")
+        interrupt_id = request["interrupt_id"]
         if approve_:
             decision = ReviewDecision(action="approve", reviewer=who, channel="cli")
         elif reject is not None:
             decision = ReviewDecision(action="reject", feedback=reject, reviewer=who, channel="cli")
         elif edit:
             decision = ReviewDecision(action="edit", edits=parse_assignments(edit), reviewer=who, channel="cli")
+        if decision is not None:  # say what is being decided: the applied answer is pinned to this review
+            out.write(format_request(request) + f"\n-> {decision.action} (interrupt {interrupt_id})\n")
+            out.flush()
         else:  # interactive: ask now, answer exactly this review (unless someone else answers it first)
-            store = RunStore.open(run, runs_dir)
-            try:
-                request = pending_review(store)
-            finally:
-                store.close()
-            if request is None:
-                _fail(f"run {store.run_id} has no pending review (see `mart status {store.run_id}`)")
-            import sys
-
-            tty = TTYReviewer(stdout=sys.stderr if as_json else None)  # keep --json output clean
+            tty = TTYReviewer(stdout=out)
             decision = tty.review(request)
             if decision is None:
                 _finish({"run_id": store.run_id, "status": "paused", "pending_review": request}, as_json)
                 return
             if reviewer:
                 decision = decision.model_copy(update={"reviewer": reviewer})
-            interrupt_id = request["interrupt_id"]
             channel = None if detach else tty
         summary = run_resume(run, runs_dir, decision=decision, interrupt_id=interrupt_id, reviewer=channel,
-                             approve="none" if detach else None, quiet=quiet or None)
+                             approve="none" if detach else None, quiet=quiet or None,
+                             allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
     except (RunError, ConfigError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("interrupted; continue with `mart resume RUN`", 130)
+    except (OSError, sqlite3.Error) as e:
+        _io_fail(e)
     _finish(summary, as_json)
 
 
@@ -345,10 +417,12 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     from mart.state.ledger import DB_FILE
     from mart.state.run_store import RunError, RunStore
 
+    if runs_dir.exists() and not runs_dir.is_dir():
+        _fail(f"--runs-dir {runs_dir} is not a directory")
     infos = []
-    for path in sorted(p for p in runs_dir.glob("*") if (p / DB_FILE).exists()):
+    for path in sorted(p for p in runs_dir.glob("*") if not p.name.startswith(".") and (p / DB_FILE).exists()):
         try:
-            store = RunStore.open(path, runs_dir)
+            store = RunStore.open(path, runs_dir, readonly=True)
             try:
                 infos.append(run_status(store))
             finally:
@@ -394,8 +468,11 @@ def status(
         _list_runs(runs_dir, pending, as_json)
         return
     try:
-        store = RunStore.open(run, runs_dir)
-        info = run_status(store)
+        store = RunStore.open(run, runs_dir, readonly=True)  # status never writes: read-only media work
+        try:
+            info = run_status(store)
+        finally:
+            store.close()
     except RunError as e:
         _fail(str(e))
     if as_json:
@@ -434,7 +511,7 @@ def report(
     if fmt not in ("html", "md"):
         _fail(f"--format must be html or md, got {fmt!r}")
     try:
-        store = RunStore.open(run, runs_dir)
+        store = RunStore.open(run, runs_dir, contained=False)  # reads the run, writes only its report
         run_dir = store.run_dir
         store.close()
     except RunError as e:
@@ -489,10 +566,13 @@ def trials(
     from mart.state.run_store import RunError, RunStore
 
     try:
-        store = RunStore.open(run, runs_dir)
+        store = RunStore.open(run, runs_dir, readonly=True)
     except RunError as e:
         _fail(str(e))
-    rows = store.ledger.trials()
+    try:
+        rows = store.ledger.trials()
+    finally:
+        store.close()
     if as_json:
         _print_json(rows)
         return
@@ -517,17 +597,23 @@ app.add_typer(slack_app, name="slack")
 
 @slack_app.command("serve")
 def slack_serve(
+    mode: str = typer.Option("socket", help="socket: dial out to Slack (Socket Mode, $SLACK_APP_TOKEN; no public "
+                                            "URL needed); http: receive Slack's requests on HOST:PORT."),
     port: int = typer.Option(3000, min=0, max=65535, help="Port (0: any free port, printed at start)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; put a TLS proxy or tunnel in front for Slack."),
     runs_dir: Path = RUNS_DIR,
     reviewer: list[str] = typer.Option([], "--reviewer", help="Slack user id allowed to decide (repeatable; "
                                                                "also $MART_SLACK_REVIEWERS, comma-separated)."),
     api_url: Optional[str] = typer.Option(None, help="Slack Web API base URL (default $MART_SLACK_API_URL)."),
+    allow_backend: list[str] = typer.Option(
+        [], "--allow-backend", help="Plugin backend spec or launch command the runs may name (repeatable; also "
+                                    "$MART_ALLOWED_BACKENDS); builtin backends need none."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each decision (never secrets or headers)."),
 ) -> None:
-    """Receive Slack's Approve / Edit / Reject clicks (request URL: http://HOST:PORT/slack/events).
+    """Receive Slack's Approve / Edit / Reject clicks: Socket Mode (default) or HTTP (request URL:
+    http://HOST:PORT/slack/events behind your TLS proxy).
 
-    Secrets from the environment only: SLACK_SIGNING_SECRET and SLACK_BOT_TOKEN.
+    Secrets from the environment only: SLACK_BOT_TOKEN, and SLACK_APP_TOKEN (socket) or SLACK_SIGNING_SECRET (http).
     """
     import logging
 
@@ -537,7 +623,8 @@ def slack_serve(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        serve(runs_dir, host=host, port=port, reviewers=reviewer, api_url=api_url)
+        serve(runs_dir, host=host, port=port, reviewers=reviewer, api_url=api_url, allowed_backends=allow_backend,
+              mode=mode)
     except (SlackConfigError, OSError) as e:
         _fail(str(e))
     except Exception as e:  # bolt's start-up check of the token (auth.test) and the like

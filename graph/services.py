@@ -11,7 +11,7 @@ from mart.nodes.agents.registry import make_critic, make_proposer
 from mart.nodes.runtime import Services, register_services_factory
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore
-from mart.trial_runner.registry import load_backend
+from mart.trial_runner.registry import ALLOW_ENV, allowed_from_env, load_backend, untrusted_parts
 
 
 def backend_options(options: TuneOptions) -> dict:
@@ -34,4 +34,15 @@ def build_services(options: TuneOptions, store: RunStore, api_key: str | None = 
     )
 
 
-register_services_factory(build_services)
+def _services_from_state(options: TuneOptions, store: RunStore, api_key: str | None = None) -> Services:
+    """For runs without a runtime context (LangGraph Studio, a notebook's ``graph.invoke``): the options
+    come from a thread's state, so the backend must be builtin or in ``$MART_ALLOWED_BACKENDS``, read when
+    the server starts a run (see ``mart.trial_runner.registry.untrusted_parts``)."""
+    parts = untrusted_parts(options.backend, options.backend_options, allowed_from_env())
+    if parts:
+        raise ValueError(f"run {store.run_id} names {', '.join(parts)}, which this server does not allow: "
+                         f"add it to ${ALLOW_ENV} (comma-separated) before starting the server")
+    return build_services(options, store, api_key=api_key)
+
+
+register_services_factory(_services_from_state)

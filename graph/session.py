@@ -8,11 +8,14 @@ processes and are re-attached, not relaunched.
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Callable
 
 from langgraph.types import Command
+from rich.markup import escape
 
 from mart.graph.builder import compile_graph
 from mart.graph.reviewers import Reviewer, make_reviewer
@@ -36,11 +39,15 @@ from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
 from mart.trial_runner.registry import check_backend_options
 
-SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes")
+SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
 
 
 class StaleReview(RunError):
     """The decision answers a review that is no longer the pending one (already decided, or re-asked)."""
+
+
+class UntrustedRun(RunError):
+    """The run's stored options name code (a plugin backend, a launch command) the user has not allowed."""
 
 
 def review_request(snap) -> dict[str, Any] | None:
@@ -117,7 +124,10 @@ def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None
     """The console line of a progress event (typed, or its JSON form from the custom stream)."""
     if isinstance(event, dict):
         event = parse_event(event)
-    return FORMATTERS[type(event)](event)
+    # every text in an event is foreign (trial logs, LLM output, feedback, paths): escaped, so that
+    # "[/data/x]" prints as itself instead of being read as rich markup (or crashing its parser)
+    foreign = {k: escape(v) for k, v in event if isinstance(v, str)}
+    return FORMATTERS[type(event)](event.model_copy(update=foreign))
 
 
 class ConsoleProgress:
@@ -166,7 +176,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 ledger.upsert_run(store.run_id, status="paused", pid=None)
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
-                                           f"answer with `mart review {store.run_id}` (or from Slack/Studio)")
+                                           f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
             inp = Command(resume=decision.model_dump(mode="json"))
     except KeyboardInterrupt:
@@ -201,40 +211,94 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     """
     # an option the backend does not take is refused before a run directory exists
     check_backend_options(options.backend, backend_options(options))
-    store = RunStore.create(options.runs_dir, run_id)
+    reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
+    store = RunStore.create(options.runs_dir, run_id, options=options.model_dump(mode="json"))
+    started = False
     try:
-        reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
-        store.ledger.upsert_run(store.run_id, options=options.model_dump(mode="json"))
         with store.lock():
             progress = ConsoleProgress(options.quiet)
             if not options.quiet:
-                progress.console.print(f"[bold]mart[/] run {store.run_id} in {store.run_dir}")
+                progress.console.print(f"[bold]mart[/] run {store.run_id} in {escape(str(store.run_dir))}")
             first = {"options": options.model_dump(mode="json"), "run_id": store.run_id, "run_dir": str(store.run_dir)}
+            started = True
             return _drive(store, options, first, reviewer, api_key, progress)
+    except Exception:
+        if not _has_progress(store, started):
+            # a start that failed before anything ran (bad plugin, missing model, ...): leave no run
+            # folder behind that could only fail again on resume
+            store.close()
+            shutil.rmtree(store.run_dir, ignore_errors=True)
+        raise
     finally:
         store.close()
 
 
-def load_options(store: RunStore, **overrides: Any) -> TuneOptions:
-    row = store.ledger.run(store.run_id) or {}
-    data = dict(row.get("options") or {})
+def _has_progress(store: RunStore, started: bool) -> bool:
+    """Whether the run got far enough to be worth resuming (a checkpoint or a trial)."""
+    if not started:
+        return False
+    try:
+        if store.ledger.trials():
+            return True
+        return bool(state_snapshot(store).values)
+    except Exception:
+        return True  # cannot tell: keep it
+
+
+def load_options(store: RunStore, *, allowed: Collection[str] = (), trust: bool = False,
+                 **overrides: Any) -> TuneOptions:
+    """The run's stored options (plus ``overrides``), refused when they name code the user did not allow.
+
+    Args:
+        allowed: backend specs and launch commands the user allows (``--backend`` again, a server's
+            allow-list), besides those in ``$MART_ALLOWED_BACKENDS``; builtin backends without a launch
+            command need none.
+        trust: the user vouches for the run folder (``--trust-run``).
+
+    Raises:
+        UntrustedRun: a plugin spec or command not in ``allowed``; RunError: options that do not parse.
+    """
+    from pydantic import ValidationError
+
+    from mart.trial_runner.registry import allowed_from_env, untrusted_parts
+
+    try:
+        row = store.ledger.run(store.run_id) or {}
+    except ValueError as e:  # the ledger's JSON columns do not parse
+        raise RunError(f"run {store.run_id}: its stored options are not valid JSON ({e})") from None
+    data = row.get("options")
+    if not isinstance(data, dict):
+        raise RunError(f"run {store.run_id}: its stored options are missing or not a JSON object")
+    data = dict(data)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return TuneOptions(**data)
+    try:
+        options = TuneOptions(**data)
+    except (ValidationError, TypeError) as e:
+        raise RunError(f"run {store.run_id}: its stored options are invalid ({str(e).splitlines()[0]})") from None
+    parts = [] if trust else untrusted_parts(options.backend, options.backend_options, allowed_from_env(allowed))
+    if parts:
+        raise UntrustedRun(
+            f"run {store.run_id} names {', '.join(parts)}: a run folder could have been written by anyone, so "
+            "code it names runs only when you allow it again (`--backend SPEC` / `--verl-entrypoint CMD` with "
+            "the same value, or `--trust-run`; servers: `--allow-backend` or $MART_ALLOWED_BACKENDS)")
+    return options
 
 
 def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,
            reviewer: Reviewer | None = None, decision: ReviewDecision | None = None,
-           interrupt_id: str | None = None, **option_overrides: Any) -> dict[str, Any]:
+           interrupt_id: str | None = None, allowed: Collection[str] = (), trust: bool = False,
+           **option_overrides: Any) -> dict[str, Any]:
     """Continue a run: after a crash, a Ctrl-C, or a pause (``decision`` answers the pending review).
 
     Args:
         interrupt_id: answer only if this is still the pending review's interrupt (checked under the
             run's writer lock); else ``StaleReview``. Channels that answer asynchronously (Slack) use it.
+        allowed, trust: which code named by the run's stored options may run (see ``load_options``).
     """
     store = RunStore.open(run, runs_dir)
     try:
         with store.lock():
-            options = load_options(store, **option_overrides)
+            options = load_options(store, allowed=allowed, trust=trust, **option_overrides)
             status = (store.ledger.run(store.run_id) or {}).get("status")
             if status == "completed":
                 if decision is not None:
@@ -261,11 +325,13 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}
                 first = Command(resume=answer.model_dump(mode="json"))
             elif not snap.values:
-                raise RunError(f"run {store.run_id} has no checkpoint yet; start a new one with `mart tune`")
+                # killed between creating the run and its first checkpoint: nothing ran yet, start it now
+                first = {"options": options.model_dump(mode="json"), "run_id": store.run_id,
+                         "run_dir": str(store.run_dir)}
             else:
                 first = None  # continue from the last checkpoint (re-attaches a running trial)
             if not options.quiet:
-                progress.console.print(f"[bold]mart[/] resuming run {store.run_id}")
+                progress.console.print(f"[bold]mart[/] resuming run {escape(store.run_id)}")
             return _drive(store, options, first, reviewer, api_key, progress)
     finally:
         store.close()

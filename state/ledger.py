@@ -12,6 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Iterable
+from urllib.parse import quote
 
 import sqlite_utils
 
@@ -42,8 +43,21 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "profiles": ({"run_id": str, "stage": str, "trial_id": str, "profile": str}, ("run_id", "stage")),
     "agent_calls": ({"call_id": str, "run_id": str, "role": str, "strategy": str, "ok": int,
                      "fallback_reason": str, "error": str, "model": str, "prompt_version": str, "prompt_tokens": int, "completion_tokens": int, "cost_usd": float,
-                     "latency_s": float, "created_at": float}, "call_id"),
+                     "latency_s": float, "attempt": int, "raw_answer": str, "created_at": float}, "call_id"),
 }
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection; falls back to ``immutable=1`` where SQLite cannot even make its WAL index
+    (read-only media)."""
+    uri = f"file:{quote(str(path))}"
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+
 
 
 def _num(v: float | None) -> float | None:
@@ -57,8 +71,12 @@ def _json(v: Any) -> str:
 class Ledger:
     """Queryable record of a run. One instance per process; writes are small and immediate."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        if readonly:  # status and listings: never write (read-only media, someone else's run)
+            self.db = sqlite_utils.Database(connect_readonly(self.path))
+            return
         conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         self.db = sqlite_utils.Database(conn)
@@ -205,8 +223,9 @@ class Ledger:
                  "ok": int(c.ok), "fallback_reason": c.fallback_reason, "error": c.error, "model": c.model,
                  "prompt_version": c.prompt_version, "prompt_tokens": c.prompt_tokens,
                  "completion_tokens": c.completion_tokens, "cost_usd": _num(c.cost_usd),
-                 "latency_s": c.latency_s, "created_at": time.time()} for i, c in enumerate(calls)
-            ], pk="call_id")
+                 "latency_s": c.latency_s, "attempt": getattr(c, "attempt", None),
+                 "raw_answer": getattr(c, "raw_answer", None), "created_at": time.time()} for i, c in enumerate(calls)
+            ], pk="call_id", alter=True)
 
     def agent_usage(self, run_id: str) -> dict[str, Any]:
         rows = list(self.db["agent_calls"].rows_where("run_id = ?", [run_id]))
@@ -216,6 +235,8 @@ class Ledger:
             "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
             "completion_tokens": sum(r["completion_tokens"] or 0 for r in rows),
             "cost_usd": round(sum(r["cost_usd"] or 0.0 for r in rows), 6),
+            "repairs": sum(1 for r in rows if (r.get("attempt") or 1) > 1),
+            "invalid_answers": sum(1 for r in rows if r["strategy"] == "llm" and not r["ok"]),
         }
 
     def set_profile(self, run_id: str, stage: str, trial_id: str, profile: Any) -> None:

@@ -73,6 +73,22 @@ class TuneOptions(BaseModel):
                 raise ValueError(f"backend option {key!r} looks like a secret: pass secrets through the environment")
         return v
 
+    @field_validator("llm_base_url")
+    @classmethod
+    def _no_userinfo(cls, v: str | None) -> str | None:
+        # "https://user:password@host/v1" would land in the ledger and every checkpoint: keep host and path
+        if not v:
+            return v
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(v)
+        if parts.username is None and parts.password is None:
+            return v
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+
     def proposer_strategy(self) -> str:
         return self.proposer or self.agents
 

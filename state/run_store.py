@@ -13,12 +13,13 @@ import fcntl
 import os
 import secrets
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from mart.state.ledger import DB_FILE, Ledger
+from mart.state.ledger import DB_FILE, Ledger, connect_readonly
 
 
 class RunError(Exception):
@@ -37,6 +38,10 @@ class RunLocked(RunError):
     pass
 
 
+class RunOutsideRunsDir(RunNotFound):
+    """A run reference that resolves outside the runs directory (a path elsewhere, ``..``, a symlink)."""
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -44,40 +49,72 @@ def new_run_id() -> str:
 class RunStore:
     """Paths and connections of one run. ``open`` validates that the directory really is a mart run."""
 
-    def __init__(self, run_dir: Path, run_id: str) -> None:
+    def __init__(self, run_dir: Path, run_id: str, *, readonly: bool = False) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
+        self.readonly = readonly
         self.db_path = run_dir / DB_FILE
         self._lock_fd: int | None = None
         self._ledger: Ledger | None = None
 
     # -- creation and lookup ----------------------------------------------------------------------
     @classmethod
-    def create(cls, runs_dir: str | Path, run_id: str | None = None) -> "RunStore":
+    def create(cls, runs_dir: str | Path, run_id: str | None = None, **fields: Any) -> "RunStore":
+        """Make a new run directory with its database and ``fields`` (e.g. ``options``) in the ledger.
+
+        The directory is built under a hidden temporary name and renamed into place once complete, so a
+        crash or a kill never leaves a run folder without its database and options.
+        """
         run_id = run_id or new_run_id()
-        run_dir = Path(runs_dir).resolve() / run_id
+        root = Path(runs_dir).resolve()
+        if root.exists() and not root.is_dir():
+            raise RunError(f"--runs-dir {runs_dir} is not a directory")
+        run_dir = root / run_id
         if run_dir.exists():
             raise RunError(f"run directory {run_dir} already exists")
-        (run_dir / "trials").mkdir(parents=True)
-        store = cls(run_dir, run_id)
-        store.ledger.upsert_run(run_id, status="created")
-        return store
+        tmp = root / f".new-{run_id}-{secrets.token_hex(3)}"
+        try:
+            (tmp / "trials").mkdir(parents=True)
+        except OSError as e:
+            raise RunError(f"cannot create the run directory in {root}: {e.strerror or e}") from None
+        building = cls(tmp, run_id)
+        try:
+            building.ledger.upsert_run(run_id, status="created", **fields)
+            building.close()  # SQLite reopens its -wal/-shm by path: close before the rename
+            os.rename(tmp, run_dir)
+        except (OSError, sqlite3.Error) as e:
+            building.close()
+            _remove_tree(tmp)
+            if isinstance(e, OSError) and run_dir.exists():
+                raise RunError(f"run directory {run_dir} already exists") from None
+            raise RunError(f"cannot write the run's database in {root}: {e}") from None
+        return cls(run_dir, run_id)
 
     @classmethod
-    def open(cls, ref: str | Path, runs_dir: str | Path = "runs") -> "RunStore":
+    def open(cls, ref: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False,
+             contained: bool | None = None) -> "RunStore":
         """Open a run by id (looked up in ``runs_dir``) or by its directory's path.
 
+        ``readonly``: open the database read-only (status on read-only media). ``contained`` (default: not
+        ``readonly``): the run must lie in ``runs_dir`` (symlinks followed first), so a folder elsewhere is
+        never driven by accident; a read-only look (status, trials, report) may name any run folder.
+
         Raises:
-            RunNotFound: no such run.
+            RunNotFound: no such run; RunOutsideRunsDir: a path outside ``runs_dir``.
             NotAMartRun: the directory's SQLite file is missing, corrupted or not written by mart.
         """
+        root = Path(runs_dir).resolve()
         candidates = [Path(ref), Path(runs_dir) / str(ref)]
         run_dir = next((p for p in candidates if p.is_dir()), None)
         if run_dir is None:
-            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists())[-5:]
+            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists())[-5:] \
+                if root.is_dir() else []
             hint = f" Known runs in {runs_dir}: {', '.join(known)}." if known else f" No runs in {runs_dir}."
             raise RunNotFound(f"no run {str(ref)!r} (looked in {runs_dir}/ and as a path).{hint}")
         run_dir = run_dir.resolve()
+        if (not readonly if contained is None else contained) and run_dir.parent != root:
+            raise RunOutsideRunsDir(f"{ref} is not a run directory inside --runs-dir {runs_dir} (it resolves to "
+                                    f"{run_dir}); pass the folder that holds it as --runs-dir")
         db = run_dir / DB_FILE
         if not db.exists():
             raise NotAMartRun(f"{run_dir} is not a mart run: {DB_FILE} is missing")
@@ -92,13 +129,13 @@ class RunStore:
             raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
         if "runs" not in tables or "trials" not in tables or len(rows) != 1:
             raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")
-        return cls(run_dir, rows[0][0])
+        return cls(run_dir, rows[0][0], readonly=readonly)
 
     # -- resources --------------------------------------------------------------------------------
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
-            self._ledger = Ledger(self.db_path)
+            self._ledger = Ledger(self.db_path, readonly=self.readonly)
         return self._ledger
 
     def checkpointer(self):
@@ -107,6 +144,11 @@ class RunStore:
 
         from mart.state.serde import make_serde
 
+        if self.readonly:
+            conn = connect_readonly(self.db_path)
+            saver = SqliteSaver(conn, serde=make_serde())
+            saver.is_setup = True  # setup() writes (journal mode, tables); a mart run has them already
+            return saver
         conn = sqlite3.connect(self.db_path, check_same_thread=False, timeout=30)
         return SqliteSaver(conn, serde=make_serde())
 
@@ -120,7 +162,7 @@ class RunStore:
     def lock(self) -> Iterator[None]:
         """Hold the run's writer lock (non-blocking): a second driver gets ``RunLocked`` at once."""
         path = self.run_dir / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -144,14 +186,15 @@ class RunStore:
     def lock_holder(self) -> int | None:
         """Pid of the process driving the run now, or None when nobody holds the lock."""
         path = self.run_dir / "lock"
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return None
-        fd = os.open(path, os.O_RDWR)
+        # read-only: ``mart status`` must work on read-only media; flock needs no write access
+        fd = _open_lock(path, os.O_RDONLY)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                text = path.read_text().strip()
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
                 return int(text) if text.isdigit() else -1
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
@@ -162,3 +205,24 @@ class RunStore:
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
+
+
+def _open_lock(path: Path, flags: int) -> int:
+    """Open the run's lock file, refusing a symlink (else truncating it would empty the file it points to)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        if path.is_symlink():
+            raise RunError(f"{path} is a symbolic link: refusing to use it as the run's lock "
+                           "(remove it if you did not make it)") from None
+        raise RunError(f"cannot open the run's lock {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunError(f"{path} is not a regular file: refusing to use it as the run's lock")
+    return fd
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

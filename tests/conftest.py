@@ -30,6 +30,16 @@ LOCAL_TINY_CONFIG = {
 }
 
 
+TOY_BACKEND = "tests.support.toy_backend:make_backend"
+
+
+@pytest.fixture(autouse=True)
+def _allow_toy_backend(monkeypatch):
+    """Runs on the toy plugin backend resume without `--backend` again: the test's user allows it (a run
+    folder's plugin spec is otherwise refused, see ``mart.trial_runner.registry.untrusted_parts``)."""
+    monkeypatch.setenv("MART_ALLOWED_BACKENDS", TOY_BACKEND)
+
+
 @pytest.fixture(scope="session")
 def _local_cache_root(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("mart-cache"))

@@ -102,3 +102,18 @@ def read_status(trial_dir: str | os.PathLike) -> TrialPoll | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return TrialPoll(status=TrialStatus(data["status"]), reason=data.get("reason"), last_step=data.get("last_step"))
+
+
+# mart's own secrets, which no trial needs: the LLM agents' key, the Slack app's tokens, the Ray
+# cluster's token (mart submits the jobs; the job itself never talks to the dashboard). Secrets a
+# training job does need (HF_TOKEN to download a model, WANDB_API_KEY to log) are left alone.
+TRIAL_ENV_DROP = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+TRIAL_ENV_DROP_PREFIXES = ("SLACK_", "MART_SLACK_", "MART_LLM_")
+
+
+def trial_env(additions: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trial process: this process's (or ``base``), without mart's secrets, plus ``additions``."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in TRIAL_ENV_DROP and not k.startswith(TRIAL_ENV_DROP_PREFIXES)}
+    env.update(additions or {})
+    return env

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Callable
 
 from mart.trial_runner.base import Backend
@@ -17,6 +18,56 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "verl": "mart.trial_runner.verl.backend:VerlBackend",
     "sim": "mart.trial_runner.sim.backend:SimBackend",
 }
+
+
+# A run's stored options are untrusted input (anyone who can write the run folder wrote them): every
+# value that names code to import or a command to run must be one the user allows again.
+ALLOW_ENV = "MART_ALLOWED_BACKENDS"
+COMMAND_OPTIONS = ("entrypoint", "verl_python", "runner_options")
+
+
+def allowed_from_env(extra: Collection[str] = ()) -> set[str]:
+    """The allow-list of ``$MART_ALLOWED_BACKENDS`` (comma-separated specs or entrypoints) plus ``extra``."""
+    items = [x.strip() for x in os.environ.get(ALLOW_ENV, "").split(",")]
+    return {x for x in [*items, *extra] if x}
+
+
+def untrusted_parts(spec: str, options: Mapping[str, Any], allowed: Collection[str] = ()) -> list[str]:
+    """What in a stored backend spec and its options would run code the user has not allowed.
+
+    A builtin name without command options is always fine; a plugin spec (``module:factory``) must be
+    in ``allowed``; so must a launch command (``entrypoint``, ``verl_python``); ``runner_options`` only with
+    full trust.
+    """
+    parts = []
+    if spec not in BUILTIN_BACKENDS and spec not in allowed:
+        parts.append(f"plugin backend {spec!r}")
+    for key in ("entrypoint", "verl_python"):  # a command / an interpreter to run
+        value = options.get(key)
+        if value is not None and str(value) not in allowed:
+            parts.append(f"launch command {key}={str(value)!r}")
+    if options.get("runner_options") is not None:
+        parts.append("runner_options")
+    return parts
+
+
+def _import_plugin(module_name: str):
+    """Import a plugin module; the current directory is searched only for a module found nowhere else.
+
+    Putting the working directory first on ``sys.path`` would let any ``openai.py`` or ``json.py`` lying
+    there shadow installed packages; appending it (and only for this module) cannot.
+    """
+    top = module_name.split(".", 1)[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        cwd = os.getcwd()
+        here = os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top))
+        if here and cwd not in sys.path:
+            sys.path.append(cwd)
+    return importlib.import_module(module_name)
 
 
 def backend_factory(spec: str) -> Callable[..., Any]:
@@ -31,10 +82,8 @@ def backend_factory(spec: str) -> Callable[..., Any]:
             f"unknown backend {spec!r}: use one of {sorted(BUILTIN_BACKENDS)} or 'package.module:factory'"
         )
     module_name, _, attr = target.partition(":")
-    if os.getcwd() not in sys.path:  # plugins in the user's project import like `python -m` would
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = _import_plugin(module_name)
     except ImportError as e:
         raise ValueError(f"backend {spec!r}: cannot import {module_name!r} ({e})") from e
     factory: Callable[..., Any] | None = getattr(module, attr, None)

@@ -148,6 +148,6 @@ def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file:
     colour = "green" if poll.status is TrialStatus.COMPLETED else "red"
     console.print(f"[{colour}]{poll.status.value}[/]" + (f": {escape(poll.reason)}" if poll.reason else "")
                   + f" (last step {poll.last_step}, val {_fmt(val)})", highlight=False, soft_wrap=True)
-    console.print(f"metrics: {Path(spec.trial_dir) / METRICS_FILE}   log: {Path(spec.trial_dir) / 'trial.log'}",
+    console.print(escape(f"metrics: {Path(spec.trial_dir) / METRICS_FILE}   log: {Path(spec.trial_dir) / 'trial.log'}"),
                   soft_wrap=True)
     return EXIT_CODES.get(poll.status, 1)

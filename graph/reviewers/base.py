@@ -60,8 +60,25 @@ class DetachReviewer(Reviewer):
         return None
 
 
+# Terminal controls a foreign string must not carry to a reviewer's screen: C0/C1 controls (ESC starts
+# sequences that clear the screen, set the window title, move the cursor) and the bidirectional
+# overrides that make text read differently from what it is (CVE-2021-42574, "Trojan Source").
+_BIDI = dict.fromkeys(map(ord, "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"))
+_CONTROLS = {c: None for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0)]}
+_STRIP = {**_CONTROLS, **_BIDI, 0x0d: None}
+
+
+def plain(text: Any) -> str:
+    """``text`` without control characters and bidi overrides (newlines and tabs kept)."""
+    return str(text).translate(_STRIP)
+
+
 def format_request(request: dict[str, Any]) -> str:
-    """Plain-text rendering of a review request (tty, logs, Slack fallback text)."""
+    """Plain-text rendering of a review request (tty, logs, Slack fallback text), without control characters."""
+    return plain(_format_request(request))
+
+
+def _format_request(request: dict[str, Any]) -> str:
     lines = [f"Review #{request.get('review_no')} - run {request.get('run_id')} - {request.get('stage')} stage "
              f"(trials so far: {request.get('trials_done')})",
              f"Candidate {request.get('candidate_id')} from {request.get('source')}:"]

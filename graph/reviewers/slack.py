@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from mart.graph.reviewers.base import Reviewer, format_request
+from mart.graph.reviewers.base import Reviewer, format_request, plain
 from mart.state.config_values import format_value
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
@@ -77,8 +77,20 @@ def _clip(text: str, n: int = 2900) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def esc(text: Any) -> str:
+    """Foreign text for a Slack mrkdwn field: ``&<>`` escaped as Slack asks, so ``<!channel>``, ``<@U1>`` and
+    ``<https://evil|docs>`` show as the text they are (no mention, no disguised link), and no control characters.
+    See https://api.slack.com/reference/surfaces/formatting#escaping."""
+    return plain(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code(text: Any) -> str:
+    # a backtick inside would end the code span early
+    return "`" + esc(text).replace("`", "'") + "`"
+
+
 def _fmt(v: Any) -> str:
-    return f"`{v!r}`" if not isinstance(v, str) else f"`{v}`"
+    return _code(repr(v) if not isinstance(v, str) else v)
 
 
 def summary_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,11 +103,11 @@ def summary_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
         {"type": "header", "text": {"type": "plain_text", "text": _clip(
             f"mart review #{request.get('review_no')}: {request.get('stage')} stage", 150)}},
         {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": f"*Run*\n`{request.get('run_id')}`"},
-            {"type": "mrkdwn", "text": f"*Candidate*\n`{request.get('candidate_id')}` ({request.get('source')})"},
+            {"type": "mrkdwn", "text": f"*Run*\n{_code(request.get('run_id'))}"},
+            {"type": "mrkdwn", "text": f"*Candidate*\n{_code(request.get('candidate_id'))} ({esc(request.get('source'))})"},
             {"type": "mrkdwn", "text": f"*Predicted peak memory*\n{mem}"},
-            {"type": "mrkdwn", "text": f"*Trials so far*\n{request.get('trials_done')}"
-                                       + (f", bottleneck {request['bottleneck']}" if request.get("bottleneck") else "")},
+            {"type": "mrkdwn", "text": f"*Trials so far*\n{esc(request.get('trials_done'))}"
+                                       + (f", bottleneck {esc(request['bottleneck'])}" if request.get("bottleneck") else "")},
         ]},
         {"type": "section", "text": {"type": "mrkdwn", "text": _clip("*Changes against the current best*\n" + diff)}},
     ]
@@ -104,14 +116,14 @@ def summary_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
             "*Read your feedback as*\n" + ", ".join(request["feedback_read"]))}})
     if request.get("rationale"):
         blocks.append({"type": "section", "text": {"type": "mrkdwn",
-                                                   "text": _clip(f"*Rationale*\n{request['rationale']}")}})
+                                                   "text": _clip(f"*Rationale*\n{esc(request['rationale'])}")}})
     crit = request.get("critique") or {}
     if crit:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(
-            f"*Critic* (risk {crit.get('risk')})\n" + "\n".join(f"• {r}" for r in crit.get("reasons") or []))}})
+            f"*Critic* (risk {esc(crit.get('risk'))})\n" + "\n".join(f"• {esc(r)}" for r in crit.get("reasons") or []))}})
     if request.get("error"):
         blocks.append({"type": "section", "text": {"type": "mrkdwn",
-                                                   "text": _clip(f":warning: *Previous answer refused*: {request['error']}")}})
+                                                   "text": _clip(f":warning: *Previous answer refused*: {esc(request['error'])}")}})
     return blocks
 
 
@@ -126,7 +138,7 @@ def review_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
             {"type": "button", "action_id": ACTION_REJECT, "style": "danger", "value": value,
              "text": {"type": "plain_text", "text": "Reject with feedback…"}},
         ]}, {
-        "type": "context", "elements": [{"type": "mrkdwn", "text": f"or from a terminal: `mart review {request['run_id']}`"}],
+        "type": "context", "elements": [{"type": "mrkdwn", "text": "or from a terminal: " + _code(f"mart review {request['run_id']}")}],
     }]
 
 
@@ -134,9 +146,9 @@ def describe_decision(decision: ReviewDecision) -> str:
     if decision.action == "approve":
         return "approved"
     if decision.action == "edit":
-        edits = ", ".join(f"{k}={v!r}" for k, v in decision.edits.items())
-        return f"edited ({edits})" + (f" - “{decision.feedback}”" if decision.feedback else "")
-    return "rejected" + (f": “{decision.feedback}”" if decision.feedback else "")
+        edits = ", ".join(f"{esc(k)}={esc(repr(v))}" for k, v in decision.edits.items())
+        return f"edited ({edits})" + (f" - “{esc(decision.feedback)}”" if decision.feedback else "")
+    return "rejected" + (f": “{esc(decision.feedback)}”" if decision.feedback else "")
 
 
 def decided_blocks(request: dict[str, Any], decision: ReviewDecision, user_id: str) -> list[dict[str, Any]]:
@@ -149,7 +161,7 @@ def decided_blocks(request: dict[str, Any], decision: ReviewDecision, user_id: s
 
 def decision_modal(action: str, meta: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     """The form for Edit (KEY=VALUE lines + optional note) or Reject (feedback for the proposer)."""
-    keys = ", ".join(f"`{k}`" for k in (request.get("overrides") or {})) or "the stage's knobs"
+    keys = ", ".join(_code(k) for k in (request.get("overrides") or {})) or "the stage's knobs"
     if action == "edit":
         inputs = [
             {"type": "input", "block_id": EDITS_BLOCK, "label": {"type": "plain_text", "text": "Edits (KEY=VALUE, one per line)"},
@@ -168,8 +180,8 @@ def decision_modal(action: str, meta: dict[str, Any], request: dict[str, Any]) -
         "submit": {"type": "plain_text", "text": "Run edited" if action == "edit" else "Reject"},
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": _clip(
-            f"Review #{request.get('review_no')} of run `{request.get('run_id')}`, candidate "
-            f"`{request.get('candidate_id')}` (changes {keys})")}}, *inputs],
+            f"Review #{request.get('review_no')} of run {_code(request.get('run_id'))}, candidate "
+            f"{_code(request.get('candidate_id'))} (changes {keys})")}}, *inputs],
     }
 
 
@@ -241,7 +253,7 @@ class SlackReviewer(Reviewer):
         if request.get("interrupt_id") in posted:
             return  # already posted (a resumed driver reached the same pause): don't post twice
         try:
-            resp = self.client.chat_postMessage(channel=self._channel(), text=_clip(format_request(request), 3000),
+            resp = self.client.chat_postMessage(channel=self._channel(), text=_clip(esc(format_request(request)), 3000),
                                                 blocks=review_blocks(request), unfurl_links=False)
         except (SlackConfigError, SlackApiError, SlackClientError, OSError) as e:
             # the run is paused either way: say so instead of failing the session

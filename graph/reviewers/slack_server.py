@@ -1,29 +1,41 @@
 """``mart slack serve``: receive Slack's button clicks and form submissions, and continue the runs.
 
-Every request goes through slack_bolt's signature check (a bad or old signature gets 401), then the
+Two transports for the same slack_bolt app:
+
+- **Socket Mode** (default, ``--mode socket``): the server dials out to Slack over a WebSocket
+  (slack_bolt's built-in Socket Mode client, https://api.slack.com/apis/socket-mode), so a team needs no
+  public URL, TLS proxy or ingress; it needs an app-level token (``SLACK_APP_TOKEN``, ``xapp-...``).
+- **HTTP** (``--mode http``): a Starlette app on uvicorn (https://www.uvicorn.org) at ``/slack/events``,
+  behind the team's TLS proxy. The signature is checked on the raw body before anything parses it
+  (anything unsigned, malformed or not, gets 401); bodies are capped at ``MAX_BODY`` and must arrive
+  within ``BODY_TIMEOUT_S``; a connection that sends no complete request within ``IDLE_TIMEOUT_S`` is
+  closed; at most ``MAX_CONNECTIONS`` at once (uvicorn answers 503 beyond).
+
+Every HTTP request goes through the signature check (a bad or old signature gets 401), then the
 reviewer allow-list (anyone else gets 403 and an ephemeral note), then a check that the clicked review is
 still the run's pending interrupt (a second click or a stale message changes nothing and gets an
 ephemeral note). An accepted decision updates the message (who decided what) and continues the run in a
 worker thread of this server, holding the run's writer lock, until the next review (posted as a new
 message) or the end. While nobody clicks, the server sleeps in ``select``: no CPU.
 
-Secrets come from the environment only and are never logged: ``SLACK_SIGNING_SECRET`` (verifies
-requests), ``SLACK_BOT_TOKEN`` (posts and updates messages). Reviewers: ``MART_SLACK_REVIEWERS``
+Secrets come from the environment only and are never logged: ``SLACK_SIGNING_SECRET`` (verifies HTTP
+requests), ``SLACK_APP_TOKEN`` (opens the Socket Mode connection), ``SLACK_BOT_TOKEN`` (posts and
+updates messages). Reviewers: ``MART_SLACK_REVIEWERS``
 (comma-separated Slack user ids) and ``--reviewer`` flags.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
+import socket
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from mart.graph.reviewers.slack import (
     ACTION_APPROVE,
@@ -39,16 +51,22 @@ from mart.graph.reviewers.slack import (
     decided_blocks,
     decision_modal,
     describe_decision,
+    esc,
     mark_decided,
     parse_button_value,
     slack_client,
 )
 from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import ReviewDecision
+from mart.trial_runner.registry import allowed_from_env
 
 SECRET_ENV = "SLACK_SIGNING_SECRET"
+APP_TOKEN_ENV = "SLACK_APP_TOKEN"
 REVIEWERS_ENV = "MART_SLACK_REVIEWERS"
-MAX_BODY = 1 << 20
+MAX_BODY = 1 << 20  # Slack's interaction payloads are a few KB
+BODY_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 10
+MAX_CONNECTIONS = 100
 EVENTS_PATH = "/slack/events"
 
 log = logging.getLogger("mart.slack")
@@ -63,24 +81,27 @@ class SlackReviewService:
         reviewers: Slack user ids allowed to decide.
         client: ``WebClient`` with the bot token (and the API base URL).
         token_verification: call ``auth.test`` at start (fails early on a bad token).
+        allowed_backends: plugin backend specs and launch commands the runs may name (builtins need none):
+            a run folder is untrusted input, and a click must not run code that the server's owner did not allow.
     """
 
-    def __init__(self, runs_dir: str | Path, *, signing_secret: str, reviewers: set[str], client: Any,
-                 token_verification: bool = True) -> None:
+    def __init__(self, runs_dir: str | Path, *, signing_secret: str | None, reviewers: set[str], client: Any,
+                 token_verification: bool = True, allowed_backends: Collection[str] = ()) -> None:
         from slack_bolt import App
 
-        if not signing_secret:
-            raise SlackConfigError(f"set {SECRET_ENV} (the Slack app's signing secret) in the environment")
+        self.signing_secret = signing_secret or None  # only the HTTP transport needs it (Socket Mode: the app token)
         self.runs_dir = Path(runs_dir).resolve()
         self.reviewers = set(reviewers)
+        self.allowed_backends = frozenset(allowed_backends)
         self.client = client
         self._guard = threading.Lock()
         self._busy: dict[str, str] = {}  # run id -> who is deciding it now
         self._workers: set[threading.Thread] = set()
         bolt_log = logging.getLogger("mart.slack.bolt")
         bolt_log.setLevel(logging.WARNING)  # bolt logs request bodies at debug level
-        self.app = App(client=client, signing_secret=signing_secret, token_verification_enabled=token_verification,
-                       process_before_response=True, logger=bolt_log)
+        self.app = App(client=client, signing_secret=signing_secret or None,
+                       request_verification_enabled=bool(signing_secret),
+                       token_verification_enabled=token_verification, process_before_response=True, logger=bolt_log)
         self.app.middleware(self._allow_list)
         for action_id in (ACTION_APPROVE, ACTION_EDIT, ACTION_REJECT):
             self.app.action(action_id)(self._on_button)
@@ -90,7 +111,7 @@ class SlackReviewService:
         return self.app.dispatch(request)
 
     # -- gatekeeping -------------------------------------------------------------------------------
-    def _allow_list(self, body: dict[str, Any], next: Callable[[], Any]):
+    def _allow_list(self, req: Any, body: dict[str, Any], next: Callable[[], Any]):
         from slack_bolt import BoltResponse
 
         if not isinstance(body, dict) or not body.get("type"):
@@ -102,7 +123,9 @@ class SlackReviewService:
             channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
             if channel and user:
                 self._ephemeral(channel, user, "You are not on this mart server's reviewer allow-list; nothing changed.")
-            return BoltResponse(status=403, body="not a mart reviewer")
+            # Socket Mode acknowledges only a 200 (else Slack redelivers the click); the note above says no
+            socket_mode = req.mode == "socket_mode"
+            return BoltResponse(status=200 if socket_mode else 403, body="" if socket_mode else "not a mart reviewer")
         return next()
 
     def _ephemeral(self, channel: str, user: str, text: str) -> None:
@@ -118,7 +141,7 @@ class SlackReviewService:
 
     def check(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         """The pending request if the button's review is still the run's pending one, else a note why not."""
-        from mart.graph.session import pending_review
+        from mart.graph.session import load_options, pending_review
         from mart.state.run_store import RunError
 
         run = meta["run"]
@@ -133,6 +156,9 @@ class SlackReviewService:
             if holder:
                 return None, f"Run `{run}` is being driven right now (pid {holder}); nothing changed."
             request = pending_review(store)
+            load_options(store, allowed=self.allowed_backends)  # before anything is shown as decided
+        except RunError as e:
+            return None, f"Run `{run}` cannot be continued by this server: {e}"
         finally:
             store.close()
         if request is None or request["interrupt_id"] != meta.get("interrupt"):
@@ -143,12 +169,13 @@ class SlackReviewService:
     def validate(self, meta: dict[str, Any], decision: ReviewDecision) -> str | None:
         """Why an edit cannot run (the knob and the rule), or None."""
         from mart.graph.session import load_options, state_snapshot, validate_decision
+        from mart.state.run_store import RunError
         from mart.state.search_space import ConfigError
 
         store = self._open_store(meta["run"])
         try:
-            validate_decision(store, load_options(store), state_snapshot(store), decision)
-        except ConfigError as e:
+            validate_decision(store, load_options(store, allowed=self.allowed_backends), state_snapshot(store), decision)
+        except (ConfigError, RunError) as e:
             return str(e)
         finally:
             store.close()
@@ -244,19 +271,19 @@ class SlackReviewService:
         applied = False
         try:
             reviewer = SlackReviewer(channel=channel, client=self.client)
-            summary = resume(self.runs_dir / run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
-                             reviewer=reviewer, quiet=True)
+            summary = resume(run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
+                             reviewer=reviewer, quiet=True, allowed=self.allowed_backends)
             applied = True
             if summary.get("status") == "completed":
                 self._post(channel, completion_text(summary), None)
         except (StaleReview, RunError) as e:  # raised before the decision reached the graph
             log.warning("run %s: decision of %s not applied: %s", run, user, e)
-            self._ephemeral(channel, user, f"Your decision was not applied: {e}")
-            self._post(channel, f":warning: <@{user}>'s decision on run `{run}` was not applied: {e}", meta.get("ts"))
+            self._ephemeral(channel, user, f"Your decision was not applied: {esc(e)}")
+            self._post(channel, f":warning: <@{user}>'s decision on run `{run}` was not applied: {esc(e)}", meta.get("ts"))
         except Exception as e:
             applied = True
             log.exception("run %s failed after a Slack decision", run)
-            self._post(channel, f":boom: run `{run}` failed: {type(e).__name__}: {e}", meta.get("ts"))
+            self._post(channel, f":boom: run `{run}` failed: {type(e).__name__}: {esc(e)}", meta.get("ts"))
         finally:
             if applied:
                 self._record(run, meta["interrupt"], user, decision.action)
@@ -288,13 +315,6 @@ class SlackReviewService:
             w.join(timeout)
         return not any(w.is_alive() for w in workers)
 
-    # -- HTTP --------------------------------------------------------------------------------------
-    def http_server(self, host: str = "127.0.0.1", port: int = 3000, path: str = EVENTS_PATH) -> ThreadingHTTPServer:
-        server = ThreadingHTTPServer((host, port), _handler(self, path))
-        server.daemon_threads = True
-        return server
-
-
 def _who(body: dict[str, Any]) -> str:
     u = body.get("user") or {}
     name = u.get("username") or u.get("name")
@@ -313,46 +333,115 @@ def completion_text(summary: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _handler(service: SlackReviewService, path: str) -> type[BaseHTTPRequestHandler]:
+# -- HTTP transport ----------------------------------------------------------------------------------
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Any, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def asgi_app(service: SlackReviewService, path: str = EVENTS_PATH, *, max_body: int = MAX_BODY,
+             body_timeout_s: float = BODY_TIMEOUT_S):
+    """The Starlette app of the HTTP transport: ``POST path`` (Slack's requests) and ``GET /healthz``.
+
+    The signature is verified on the raw bytes first (slack_sdk's ``SignatureVerifier``: HMAC and a
+    5-minute replay window); only a signed body is decoded and handed to bolt, in a worker thread.
+    """
     from slack_bolt.request import BoltRequest
+    from slack_sdk.signature import SignatureVerifier
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.routing import Route
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "mart-slack"
+    if not service.signing_secret:
+        raise SlackConfigError(f"set {SECRET_ENV} (the Slack app's signing secret) in the environment")
+    verifier = SignatureVerifier(service.signing_secret)
 
-        def _send(self, status: int, body: bytes, headers: dict[str, Any] | None = None) -> None:
-            self.send_response(status)
-            for key, values in (headers or {"content-type": ["text/plain; charset=utf-8"]}).items():
-                for value in values:
-                    self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def events(request):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > max_body):
+            return PlainTextResponse("too large" if length.isdigit() else "bad content-length",
+                                     status_code=413 if length.isdigit() else 400)
+        try:
+            body = await asyncio.wait_for(_read_body(request, max_body), body_timeout_s)
+        except _BodyTooLarge:
+            return PlainTextResponse("too large", status_code=413)
+        except (asyncio.TimeoutError, TimeoutError):
+            return PlainTextResponse("request body too slow", status_code=408)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if not verifier.is_valid_request(body, headers):
+            return PlainTextResponse("invalid signature", status_code=401)
+        try:  # signed by Slack, but still parsed defensively
+            bolt_request = BoltRequest(body=body.decode("utf-8"), query=request.url.query,
+                                       headers={k: [v] for k, v in headers.items()})
+        except Exception as e:  # noqa: BLE001 - a body bolt cannot parse
+            log.warning("unparseable signed request: %s", type(e).__name__)
+            return PlainTextResponse("bad request", status_code=400)
+        resp = await run_in_threadpool(service.dispatch, bolt_request)
+        out_headers = {k: v[0] for k, v in (resp.headers or {}).items() if v and k.lower() != "content-length"}
+        return Response(content=(resp.body or "").encode(), status_code=resp.status, headers=out_headers)
 
-        def do_GET(self) -> None:
-            if urlparse(self.path).path == "/healthz":
-                self._send(200, b"ok")
-            else:
-                self._send(404, b"not found")
+    async def healthz(request):
+        return PlainTextResponse("ok")
 
-        def do_POST(self) -> None:
-            url = urlparse(self.path)
-            if url.path != path:
-                self._send(404, b"not found")
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self._send(413, b"too large")
-                return
-            body = self.rfile.read(length).decode("utf-8", "replace")
-            headers = {k.lower(): [v] for k, v in self.headers.items()}
-            resp = service.dispatch(BoltRequest(body=body, query=url.query, headers=headers))
-            self._send(resp.status, (resp.body or "").encode(), resp.headers)
+    return Starlette(routes=[Route(path, events, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])])
 
-        def log_message(self, fmt: str, *args: Any) -> None:
-            # the request line and status only: never headers (they carry the signature)
-            log.debug("%s %s", self.address_string(), fmt % args)
 
-    return Handler
+def _idle_timeout_protocol():
+    """uvicorn's h11 protocol, plus a timer from the moment a connection opens until its request is
+    complete: uvicorn's own keep-alive timeout starts only after a first response, so a client that
+    connects and sends nothing (or dribbles its headers) would hold the connection for ever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport):  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_idle()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is None and not self.transport.is_closing():
+                self._arm_idle()  # headers still incomplete: the clock keeps running from the last byte
+
+        def _arm_idle(self) -> None:
+            if self.timeout_keep_alive_task is not None:
+                self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = self.loop.call_later(IDLE_TIMEOUT_S, self.timeout_keep_alive_handler)
+
+    return Protocol
+
+
+def http_server(service: SlackReviewService, host: str = "127.0.0.1", port: int = 3000, path: str = EVENTS_PATH):
+    """A uvicorn server for ``asgi_app`` and its bound socket (port 0: any free port)."""
+    import uvicorn
+
+    sock = socket.create_server((host, port), reuse_port=False)
+    config = uvicorn.Config(asgi_app(service, path), http=_idle_timeout_protocol(), lifespan="off",
+                            timeout_keep_alive=5, limit_concurrency=MAX_CONNECTIONS, log_level="warning",
+                            access_log=False, server_header=False, h11_max_incomplete_event_size=16 * 1024,
+                            timeout_graceful_shutdown=10)
+    return uvicorn.Server(config), sock
+
+
+# -- Socket Mode transport -----------------------------------------------------------------------------
+def socket_mode_handler(service: SlackReviewService, app_token: str | None = None):
+    """slack_bolt's built-in Socket Mode handler for the service's app (no extra dependency)."""
+    from slack_bolt.adapter.socket_mode import SocketModeHandler
+
+    token = app_token or os.environ.get(APP_TOKEN_ENV)
+    if not token:
+        raise SlackConfigError(f"set {APP_TOKEN_ENV} (an app-level token, xapp-..., with connections:write) for "
+                               "Socket Mode, or use --mode http with a public request URL")
+    return SocketModeHandler(service.app, app_token=token, web_client=service.client)
 
 
 def reviewers_from_env(extra: list[str] | None = None) -> set[str]:
@@ -361,29 +450,44 @@ def reviewers_from_env(extra: list[str] | None = None) -> set[str]:
 
 
 def serve(runs_dir: str | Path, *, host: str = "127.0.0.1", port: int = 3000, reviewers: list[str] | None = None,
-          api_url: str | None = None, path: str = EVENTS_PATH) -> None:
-    """Run the Slack endpoint until SIGTERM/SIGINT (``mart slack serve``)."""
+          api_url: str | None = None, path: str = EVENTS_PATH, allowed_backends: Collection[str] = (),
+          mode: str = "socket") -> None:
+    """Run the Slack endpoint until SIGTERM/SIGINT (``mart slack serve``): Socket Mode or HTTP."""
+    if mode not in ("socket", "http"):
+        raise SlackConfigError(f"--mode must be socket or http, got {mode!r}")
     allowed = reviewers_from_env(reviewers)
     if not allowed:
         raise SlackConfigError(f"no reviewers allowed: set {REVIEWERS_ENV} or pass --reviewer (Slack user ids)")
-    service = SlackReviewService(runs_dir, signing_secret=os.environ.get(SECRET_ENV, ""), reviewers=allowed,
-                                 client=slack_client(api_url))
-    server = service.http_server(host, port, path)
-    stop = threading.Event()
-
-    def _stop(*_: Any) -> None:
-        if not stop.is_set():
-            stop.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    bound_host, bound_port = server.server_address[:2]
-    print(f"mart slack: listening on http://{bound_host}:{bound_port}{path} for {len(allowed)} reviewer(s), "
-          f"runs in {service.runs_dir}", flush=True)
+    secret = os.environ.get(SECRET_ENV, "")
+    if mode == "http" and not secret:
+        raise SlackConfigError(f"set {SECRET_ENV} (the Slack app's signing secret) in the environment")
+    if mode == "socket" and not os.environ.get(APP_TOKEN_ENV):
+        raise SlackConfigError(f"set {APP_TOKEN_ENV} (an app-level token, xapp-..., with connections:write) for "
+                               "Socket Mode, or use --mode http with a public request URL")
+    service = SlackReviewService(runs_dir, signing_secret=secret if mode == "http" else None, reviewers=allowed,
+                                 client=slack_client(api_url), allowed_backends=allowed_from_env(allowed_backends))
     try:
-        server.serve_forever(poll_interval=2.0)
+        if mode == "http":
+            server, sock = http_server(service, host, port, path)
+            bound_host, bound_port = sock.getsockname()[:2]
+            print(f"mart slack: listening on http://{bound_host}:{bound_port}{path} for {len(allowed)} reviewer(s), "
+                  f"runs in {service.runs_dir}", flush=True)
+            # uvicorn handles SIGTERM/SIGINT (stops accepting, finishes requests), then re-raises the signal
+            # to the handler it found: a no-op one here, so that a requested stop exits with 0
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: None)
+            server.run(sockets=[sock])
+        else:
+            handler = socket_mode_handler(service)
+            handler.connect()
+            print(f"mart slack: connected to Slack in Socket Mode for {len(allowed)} reviewer(s), "
+                  f"runs in {service.runs_dir}", flush=True)
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            while not stop.wait(1.0):
+                pass
+            handler.close()
     finally:
-        server.server_close()
         if not service.wait_idle(timeout=10):
             log.warning("a run was still being continued at shutdown; continue it with `mart resume RUN`")

@@ -86,6 +86,8 @@ class AgentCallInfo(BaseModel):
     latency_s: float = 0.0
     model: str | None = None
     prompt_version: str | None = None
+    attempt: int | None = Field(None, description="1 = the first ask of a round, 2.. = repair turns")
+    raw_answer: str | None = Field(None, description="the unusable answer, cut to a few KB (what the model said)")
 
 
 class Proposer(abc.ABC):

@@ -9,8 +9,11 @@ Guard rails (the same for both roles):
 3. If it is still unusable, or the endpoint fails (timeout; 429/5xx after the client's bounded retries),
    the rules strategy answers this round, and the reason is recorded (``AgentCallInfo.fallback_reason``
    on a ``strategy="rules"`` row, which the nodes write to the ledger's ``agent_calls`` table).
-4. After ``MAX_CONSECUTIVE_FAILURES`` endpoint failures in a row (or one auth/unknown-model error) the
-   strategy stops calling the endpoint for the rest of the session and says so in every fallback reason.
+4. After ``MAX_CONSECUTIVE_FAILURES`` endpoint failures in a row (or one auth/unknown-model error), or
+   ``MAX_INVALID_ROUNDS`` rounds in a row without a usable answer, the strategy stops calling the endpoint
+   for the rest of the session and says so in every fallback reason.
+5. A repair turn quotes at most ``MAX_QUOTED_ANSWER`` characters of the bad answer (a huge answer is never
+   sent back); the ledger keeps the bad answer cut to ``MAX_RAW_ANSWER`` characters, with its attempt number.
 
 Every LLM call yields one ``AgentCallInfo`` with its tokens, cost (when a price is configured) and latency.
 """
@@ -41,6 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3
+MAX_INVALID_ROUNDS = 3
+MAX_QUOTED_ANSWER = 4000
+MAX_RAW_ANSWER = 4000
 MAX_TEXT = 1200
 """Longest rationale / reason kept from an LLM answer (they travel in graph state and the ledger)."""
 GAIN_RANGE = (-1.0, 3.0)
@@ -61,6 +67,7 @@ class _LLMStrategy:
         self.prompt_version = PROMPT_VERSION
         self._calls: list[AgentCallInfo] = []
         self._failures = 0
+        self._invalid_rounds = 0
         self._disabled: str | None = None
 
     def __repr__(self) -> str:
@@ -85,7 +92,7 @@ class _LLMStrategy:
             try:
                 reply = self.chat.invoke(messages)
             except LLMCallError as e:
-                self._record(None, ok=False, error=str(e), latency_s=e.latency_s)
+                self._record(None, ok=False, error=str(e), latency_s=e.latency_s, attempt=attempt)
                 self._failures += 1
                 if e.fatal or self._failures >= MAX_CONSECUTIVE_FAILURES:
                     self._disabled = (f"LLM endpoint disabled for this session after {self._failures} failed "
@@ -95,18 +102,28 @@ class _LLMStrategy:
             new_result, errors = check(reply)
             if new_result is not None:
                 result = new_result
-            self._record(reply, ok=not errors, error="; ".join(errors) if errors else None)
+            self._record(reply, ok=not errors, error="; ".join(errors) if errors else None, attempt=attempt)
             if not errors:
+                self._invalid_rounds = 0
                 return result, None
             if attempt < attempts:
                 messages = [*messages, _assistant_turn(reply), build_repair_message(
                     errors, attempt=attempt, attempts=attempts, role=self.role)]
         rounds = self.settings.repair_rounds
-        return result, (f"LLM answer still invalid after {rounds} repair round{'s' if rounds != 1 else ''}: "
-                        + "; ".join(errors))
+        reason = (f"LLM answer still invalid after {rounds} repair round{'s' if rounds != 1 else ''}: "
+                  + "; ".join(errors))
+        if result is None:
+            self._invalid_rounds += 1
+            if self._invalid_rounds >= MAX_INVALID_ROUNDS:
+                self._disabled = (f"LLM disabled for this session: no usable answer in {self._invalid_rounds} "
+                                  f"rounds in a row (last: {_clip(reason, 300)})")
+        else:
+            self._invalid_rounds = 0  # a partial answer is usable
+        return result, reason
 
     def _record(self, reply: LLMReply | None, *, ok: bool, error: str | None = None,
-                strategy: str = "llm", fallback_reason: str | None = None, latency_s: float = 0.0) -> None:
+                strategy: str = "llm", fallback_reason: str | None = None, latency_s: float = 0.0,
+                attempt: int | None = None) -> None:
         pt = reply.prompt_tokens if reply else 0
         ct = reply.completion_tokens if reply else 0
         self._calls.append(AgentCallInfo(
@@ -121,6 +138,8 @@ class _LLMStrategy:
             latency_s=round(reply.latency_s if reply else latency_s, 4),
             model=self.settings.model if strategy == "llm" else None,
             prompt_version=self.prompt_version if strategy == "llm" else None,
+            attempt=attempt,
+            raw_answer=None if ok or reply is None else _clip(reply.text, MAX_RAW_ANSWER),
         ))
         if error:
             log.info("%s LLM call not usable: %s", self.role, error)
@@ -133,7 +152,10 @@ class _LLMStrategy:
 def _assistant_turn(reply: LLMReply) -> Any:
     from langchain_core.messages import AIMessage
 
-    return AIMessage(content=reply.text or "(empty answer)")
+    text = reply.text or "(empty answer)"
+    if len(text) > MAX_QUOTED_ANSWER:  # quote the head only: a huge answer must not grow every request
+        text = text[:MAX_QUOTED_ANSWER] + f"\n[... answer cut by mart: {len(reply.text)} characters in all]"
+    return AIMessage(content=text)
 
 
 def _safe_predict(ctx: AgentContext, config: dict[str, Any]) -> float | None:

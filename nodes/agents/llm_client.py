@@ -14,7 +14,11 @@ structured output      ``structured`` argument        ``MART_LLM_STRUCTURED`` = 
 HTTP retries           ``max_retries`` argument       ``MART_LLM_MAX_RETRIES`` (default 2)
 repair rounds          ``repair_rounds`` argument     ``MART_LLM_REPAIR_ROUNDS`` (default 2, max 2)
 streaming (SSE)        ``streaming`` argument         ``MART_LLM_STREAM`` = 1 (default off)
+answer tokens          ``max_tokens`` argument        ``MART_LLM_MAX_TOKENS`` (default 4096)
 =====================  =============================  ===========================================
+
+An answer longer than ``MAX_ANSWER_CHARS`` is refused unread (an endpoint that ignores ``max_tokens``
+cannot make mart parse, store or re-send megabytes).
 
 Timeouts, 429 and 5xx are retried by the openai client with exponential backoff (it honours
 ``Retry-After``), at most ``max_retries`` times: one call takes at most about
@@ -45,6 +49,9 @@ DEFAULT_MAX_RETRIES = 2
 MAX_MAX_RETRIES = 6
 DEFAULT_REPAIR_ROUNDS = 2
 MAX_REPAIR_ROUNDS = 2
+DEFAULT_MAX_TOKENS = 4096
+MAX_ANSWER_CHARS = 64_000
+"""Longest answer parsed; a few candidates with rationales fit in ~4k characters."""
 PLACEHOLDER_API_KEY = "EMPTY"
 """Sent to a custom base URL when no key is configured (``vllm serve`` without ``--api-key`` accepts any)."""
 
@@ -66,6 +73,7 @@ class LLMSettings:
     streaming: bool
     strict: bool = True
     price_per_mtok: tuple[float, float] | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
 
     @classmethod
     def resolve(
@@ -76,6 +84,7 @@ class LLMSettings:
         max_retries: int | None = None,
         repair_rounds: int | None = None,
         streaming: bool | None = None,
+        max_tokens: int | None = None,
         env: Mapping[str, str] | None = None,
     ) -> LLMSettings:
         """Options and arguments first, then the environment, then defaults.
@@ -95,6 +104,9 @@ class LLMSettings:
         retries = max_retries if max_retries is not None else _env_int(env, "MART_LLM_MAX_RETRIES", DEFAULT_MAX_RETRIES)
         repairs = repair_rounds if repair_rounds is not None else _env_int(env, "MART_LLM_REPAIR_ROUNDS", DEFAULT_REPAIR_ROUNDS)
         stream = streaming if streaming is not None else env.get("MART_LLM_STREAM", "").lower() in ("1", "true", "yes")
+        tokens = max_tokens if max_tokens is not None else _env_int(env, "MART_LLM_MAX_TOKENS", DEFAULT_MAX_TOKENS)
+        if tokens < 1:
+            raise LLMConfigError(f"MART_LLM_MAX_TOKENS must be at least 1, but got {tokens}")
         return cls(
             model=model,
             base_url=options.llm_base_url or env.get("OPENAI_BASE_URL") or None,
@@ -104,6 +116,7 @@ class LLMSettings:
             repair_rounds=max(0, min(int(repairs), MAX_REPAIR_ROUNDS)),
             streaming=stream,
             price_per_mtok=options.llm_price_per_mtok,
+            max_tokens=int(tokens),
         )
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float | None:
@@ -230,6 +243,7 @@ class StructuredChat:
             timeout=settings.timeout_s,
             max_retries=settings.max_retries,
             streaming=settings.streaming,
+            max_tokens=settings.max_tokens,
             stream_usage=True,
             use_responses_api=False,
         )
@@ -273,20 +287,33 @@ class StructuredChat:
 
     def _parse(self, raw: Any) -> tuple[str, Any, str | None]:
         for call in getattr(raw, "tool_calls", None) or []:
-            return json.dumps(call.get("args")), call.get("args"), None
+            text = json.dumps(call.get("args"))
+            if len(text) > MAX_ANSWER_CHARS:
+                return _too_long(text)
+            return text, call.get("args"), None
         for bad in getattr(raw, "invalid_tool_calls", None) or []:
             text = str(bad.get("args") or "")
+            if len(text) > MAX_ANSWER_CHARS:
+                return _too_long(text)
             return text, None, f"the tool call's arguments are not valid JSON ({_json_error(text)})"
         content = getattr(raw, "content", "")
         if isinstance(content, list):
             content = "".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
         text = str(content or "")
+        if len(text) > MAX_ANSWER_CHARS:
+            return _too_long(text)
         if not text.strip():
             return text, None, "the answer is empty (expected one JSON object)"
         try:
             return text, json.loads(_strip_fences(text)), None
         except json.JSONDecodeError:
             return text, None, f"the answer is not valid JSON ({_json_error(_strip_fences(text))})"
+
+
+def _too_long(text: str) -> tuple[str, Any, str | None]:
+    # keep only the head: it is quoted back (cut again) and recorded; the rest is dropped unparsed
+    return (text[:2000], None, f"the answer is {len(text)} characters long, over the limit of {MAX_ANSWER_CHARS}; "
+            "answer with one short JSON object")
 
 
 def _strip_fences(text: str) -> str:

@@ -70,7 +70,7 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
                           "--quiet", "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
-    assert set(summary) == {"run_id", "status", "system", "learning", "trials", "notes"}  # --json carries the notes
+    assert set(summary) == {"run_id", "status", "system", "learning", "trials", "notes", "agents"}
     assert summary["status"] == "completed"
     assert summary["trials"]["total"] == 5
     rows = _query(db, "select trial_id, candidate_id, status, handle from trials")

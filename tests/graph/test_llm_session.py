@@ -109,19 +109,24 @@ def test_mart_tune_agents_llm_on_the_local_workload(tmp_path):
     if importlib.util.find_spec("mart.trial_runner.local.backend") is None:
         pytest.skip("the local backend (mart.trial_runner.local.backend) is not there yet")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MART_LLM_"))}
+    keyfile = tmp_path / "key"  # never on the command line (the process list shows argv)
+    keyfile.write_text(SECRET + "\n")
+    runs = tmp_path / "runs"
     # a few minutes on an idle 2-core box; the bounds leave room for a box shared with other jobs
     with OpenAIStub(default=PlausibleAgent(seed=5), max_lifetime_s=950) as stub:
         cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--agents", "llm",
                "--approve", "auto", "--system-trials", "2", "--learning-trials", "2", "--system-horizon", "4",
                "--learning-horizon", "6", "--llm-model", "stub-model", "--llm-base-url", stub.base_url,
-               "--llm-api-key", SECRET, "--runs-dir", str(tmp_path), "--json", "--quiet"]
+               "--llm-api-key-file", str(keyfile), "--runs-dir", str(runs), "--json", "--quiet"]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
         n_requests = len(stub.completions())
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["status"] == "completed"
     assert SECRET not in proc.stdout and SECRET not in proc.stderr
-    run_dir = tmp_path / summary["run_id"]
+    assert all(SECRET in r.headers.get("authorization", "")
+               for r in stub.completions())  # the key from the file was used
+    run_dir = runs / summary["run_id"]
     ledger = Ledger.open(run_dir)
     calls = ledger.table_rows("agent_calls")
     llm_calls = [c for c in calls if c["strategy"] == "llm"]

@@ -110,7 +110,7 @@ def env(stub):
 
 @pytest.fixture
 def server(tmp_path, env):
-    proc = subprocess.Popen([sys.executable, "-m", "mart.graph.cli", "slack", "serve", "--port", "0", "--runs-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "mart.graph.cli", "slack", "serve", "--mode", "http", "--port", "0", "--runs-dir",
                              str(tmp_path), "--verbose"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
@@ -291,7 +291,7 @@ def test_tune_with_slack_needs_a_token_and_a_channel(tmp_path, monkeypatch):
     out = CliRunner().invoke(app, tune, env={"SLACK_BOT_TOKEN": TOKEN})
     assert out.exit_code == 2 and "--slack-channel" in out.output
     assert not list(tmp_path.iterdir())  # refused before a run was created
-    serve = ["slack", "serve", "--port", "0", "--runs-dir", str(tmp_path)]
+    serve = ["slack", "serve", "--mode", "http", "--port", "0", "--runs-dir", str(tmp_path)]
     out = CliRunner().invoke(app, serve, env={"SLACK_BOT_TOKEN": TOKEN, "SLACK_SIGNING_SECRET": SECRET})
     assert out.exit_code == 2 and "no reviewers" in out.output
     out = CliRunner().invoke(app, [*serve, "--reviewer", ALICE], env={"SLACK_BOT_TOKEN": TOKEN})

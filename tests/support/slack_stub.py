@@ -1,7 +1,8 @@
 """A loopback stand-in for the Slack Web API that records the calls it gets (for tests).
 
 ``SlackStub`` listens on 127.0.0.1 (a free port), answers ``auth.test``, ``chat.postMessage``,
-``chat.update``, ``chat.postEphemeral`` and ``views.open`` like Slack does (just enough for slack_sdk and
+``chat.update``, ``chat.postEphemeral``, ``views.open`` and (with an app token) ``apps.connections.open``
+like Slack does (just enough for slack_sdk and
 slack_bolt), and keeps the calls with its replies in ``calls`` (bounded). Point a client at it with
 ``WebClient(token=..., base_url=stub.api_url)`` or ``MART_SLACK_API_URL=stub.api_url``. It checks the
 bearer token (a wrong one gets ``invalid_auth``) but records only whether it matched, never the token.
@@ -25,8 +26,11 @@ MAX_BODY = 1 << 20
 
 
 class SlackStub:
-    def __init__(self, token: str, *, team_id: str = "T0MART", bot_user_id: str = "U0BOT") -> None:
+    def __init__(self, token: str, *, team_id: str = "T0MART", bot_user_id: str = "U0BOT",
+                 app_token: str | None = None, socket_url: str | None = None) -> None:
         self.token = token
+        self.app_token = app_token  # Socket Mode: apps.connections.open answers socket_url to this token
+        self.socket_url = socket_url
         self.team_id = team_id
         self.bot_user_id = bot_user_id
         self.calls: list[dict[str, Any]] = []
@@ -98,7 +102,10 @@ class SlackStub:
             if isinstance(params.get(key), str):
                 params[key] = json.loads(params[key])
         method = h.path.split("/api/", 1)[-1].split("?")[0]
-        authorized = h.headers.get("Authorization") == f"Bearer {self.token}"
+        if method == "apps.connections.open":
+            authorized = self.app_token is not None and h.headers.get("Authorization") == f"Bearer {self.app_token}"
+        else:
+            authorized = h.headers.get("Authorization") == f"Bearer {self.token}"
         reply = self._reply(method, params) if authorized else {"ok": False, "error": "invalid_auth"}
         call = {"method": method, "params": params, "authorized": authorized, "reply": reply, "at": time.time()}
         with self._cond:
@@ -124,6 +131,8 @@ class SlackStub:
             return {"ok": True, "channel": p.get("channel"), "ts": p.get("ts"), "text": p.get("text")}
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": ts}
+        if method == "apps.connections.open" and self.socket_url:
+            return {"ok": True, "url": self.socket_url}
         if method == "views.open":
             return {"ok": True, "view": {"id": f"V{next(self._seq):06d}", **(p.get("view") or {})}}
         return {"ok": False, "error": "unknown_method"}

@@ -9,14 +9,13 @@ this runner started are reaped here, so they never linger as zombies.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
 
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import TrialRunner, read_status, write_status
+from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.process import ProcessGroup
 
@@ -62,8 +61,11 @@ class LocalRunner(TrialRunner):
         return argv
 
     def build_env(self, spec: TrialSpec) -> dict[str, str]:
-        """Environment additions of the worker (the Ray runner reuses them)."""
-        return {"PYTHONUNBUFFERED": "1"}
+        """Environment additions of the worker (the Ray runner reuses them).
+
+        ``PYTHONSAFEPATH``: ``python -m`` would put the current directory first on the path, so a stray
+        ``numpy.py`` there would run inside the trial (Python 3.11+; older versions ignore it)."""
+        return {"PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"}
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
         self._reap()
@@ -72,7 +74,7 @@ class LocalRunner(TrialRunner):
         for stale in (STATUS_FILE, METRICS_FILE):  # a fresh trial: nothing left from an earlier one
             (trial_dir / stale).unlink(missing_ok=True)
         self._tails.pop(str(trial_dir), None)
-        env = {**os.environ, **self.build_env(spec)}
+        env = trial_env(self.build_env(spec))
         with open(trial_dir / LOG_FILE, "wb") as log:
             group = ProcessGroup.spawn(self.build_command(spec), env=env, output=log)
         self._groups[group.pid] = group

@@ -35,7 +35,7 @@ from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import TrialRunner, read_status, write_status
+from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
 from mart.trial_runner.process import ProcessGroup
 from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
@@ -437,7 +437,7 @@ class VerlRunner(TrialRunner):
             log_offset = log.tell()
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
-            env = {**os.environ, **env_add}
+            env = trial_env(env_add)
             group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=trial_dir, env=env, output=log)
         launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
         (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
