@@ -176,10 +176,16 @@ def _print_summary(summary: dict) -> None:
     def fmt(v, spec=".4g"):
         return "-" if v is None else format(v, spec)
 
-    table.add_row("system (tokens/s)", fmt(sys_["baseline_throughput"], ".1f"), fmt(sys_["best_throughput"], ".1f"),
-                  fmt(sys_["throughput_gain_pct"], "+.1f") + "%", str(sys_["best_config"] or "baseline"))
-    table.add_row("learning (val score)", fmt(learn["baseline_score"]), fmt(learn["best_score"]),
-                  fmt(learn["score_gain"], "+.3f"), str(learn["best_config"] or "baseline"))
+    def config(overrides) -> str:  # key=value lines in the names a reviewer edits, never a dict repr
+        if not overrides:
+            return "baseline"
+        short = lambda k: k.rsplit(".", 1)[-1]  # noqa: E731
+        return "\n".join(f"{short(k)}={v}" for k, v in sorted(overrides.items()))
+
+    table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"), fmt(sys_["best_throughput"], ",.0f"),
+                  fmt(sys_["throughput_gain_pct"], "+.1f") + "%", config(sys_["best_config"]))
+    table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
+                  fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
     console.print(table)
     console.print(f"memory limit {fmt(sys_['memory_limit_gb'], '.2f')} GB, best system peak "
                   f"{fmt(sys_['best_peak_memory_gb'], '.2f')} GB; trials: {trials['total']} total, "
@@ -284,8 +290,8 @@ def tune(
         summary = run_tune(options, api_key=api_key, reviewer=reviewer)
     except (RunError, ValueError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; the run is saved: continue with `mart resume RUN`", 130)
+    except KeyboardInterrupt as e:
+        _fail(f"interrupted; the run is saved: continue with `mart resume {getattr(e, 'run_id', 'RUN')}`", 130)
     except (OSError, sqlite3.Error) as e:
         _io_fail(e)
     _finish(summary, as_json)
@@ -314,8 +320,8 @@ def resume(
                              quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
     except (RunError, ValueError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; continue with `mart resume RUN`", 130)
+    except KeyboardInterrupt as e:
+        _fail(f"interrupted; continue with `mart resume {getattr(e, 'run_id', run)}`", 130)
     except (OSError, sqlite3.Error) as e:
         _io_fail(e)
     _finish(summary, as_json)
@@ -403,8 +409,8 @@ def review(
                              allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
     except (RunError, ConfigError, ValueError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; continue with `mart resume RUN`", 130)
+    except KeyboardInterrupt as e:
+        _fail(f"interrupted; continue with `mart resume {getattr(e, 'run_id', run)}`", 130)
     except (OSError, sqlite3.Error) as e:
         _io_fail(e)
     _finish(summary, as_json)

@@ -68,7 +68,8 @@ def graph_config(run_id: str) -> dict[str, Any]:
 
 
 def _fmt_launched(e: TrialLaunched) -> tuple[str, str | None]:
-    return f"[bold]▶ {e.trial_id}[/] {e.kind} ({e.stage} stage, {e.horizon} steps)", None
+    what = ", ".join(e.changes) if e.changes else e.kind
+    return f"[bold]▶ {e.trial_id}[/]: {what} ({e.stage} stage, {e.horizon} steps)", None
 
 
 def _fmt_reattached(e: TrialReattached) -> tuple[str, str | None]:
@@ -97,9 +98,15 @@ def _fmt_stopped(e: TrialStopped) -> tuple[str, str | None]:
 
 
 def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
-    objective = e.throughput if e.score is None else e.score
-    return (f"  ✓ {e.trial_id}: {e.status}"
-            + (f", objective {objective:.4g}" if objective is not None else "")
+    if e.score is not None:
+        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs best)"
+                                                 if e.best_before is not None else "")
+    elif e.throughput is not None:
+        result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs best)"
+                                                    if e.best_before else "")
+    else:
+        result = ""
+    return (f"  ✓ {e.trial_id}: {e.status}{result}"
             + (f", peak {e.peak_memory_gb:.2f} GB" if e.peak_memory_gb else "")
             + ("" if e.eligible else f" (not eligible: {e.reason or 'see ledger'})")), None
 
@@ -131,20 +138,35 @@ def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None
 
 
 class ConsoleProgress:
-    """Human-readable progress lines (rich); silent when quiet."""
+    """Human-readable progress lines (rich) with each running trial's ETA; silent when quiet."""
 
     def __init__(self, quiet: bool = False) -> None:
         self.quiet = quiet
+        self._running: dict[str, tuple[float, int]] = {}  # trial -> (launch time, horizon)
         if not quiet:
+            import sys
+
             from rich.console import Console
 
-            self.console = Console(stderr=True, highlight=False)
+            # piped stderr (CI, log files) keeps whole lines instead of rich's 80-column wrapping
+            self.console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
     def __call__(self, event: ProgressEvent) -> None:
         if self.quiet:
             return
         text, style = format_event(event)
+        if isinstance(event, TrialLaunched):
+            self._running[event.trial_id] = (time.monotonic(), event.horizon)
+        elif isinstance(event, TrialStep) and event.trial_id in self._running:
+            text += self._eta(event.trial_id, event.step)
         self.console.print(text, style=style)
+
+    def _eta(self, trial_id: str, step: int) -> str:
+        started, horizon = self._running[trial_id]
+        if step <= 0 or step >= horizon:
+            return f"  [{step}/{horizon}]"
+        left = (time.monotonic() - started) / step * (horizon - step)
+        return f"  [{step}/{horizon}, ETA {int(left // 60)}:{int(left % 60):02d}]"
 
 
 def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,
@@ -179,8 +201,9 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                                            f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
             inp = Command(resume=decision.model_dump(mode="json"))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         ledger.upsert_run(store.run_id, status="paused", pid=None)
+        e.run_id = store.run_id  # the CLI's hint names the run to resume
         raise
     except Exception as e:
         ledger.upsert_run(store.run_id, status="failed", pid=None, error=f"{type(e).__name__}: {e}")

@@ -26,6 +26,8 @@ class TrialLaunched(_Event):
     kind: str
     """``baseline`` or ``candidate``."""
     horizon: int
+    changes: list[str] = []
+    """What the trial changes against the stage's current best, e.g. ``micro_batch 16→32``."""
 
 
 class TrialReattached(_Event):
@@ -83,6 +85,8 @@ class TrialDone(_Event):
     score: float | None = None
     peak_memory_gb: float | None = None
     eligible: bool
+    best_before: float | None = None
+    """The stage's best objective before this trial (to say how it compares)."""
 
 
 class ProposedCandidate(_Event):

@@ -21,6 +21,13 @@ def _finite(v: float) -> float | None:
     return None if v is None or math.isnan(v) else float(v)
 
 
+def _best_before(state: TuningState, stage: str) -> float | None:
+    best = (state.get("best") or {}).get(stage)
+    if best is None:
+        return None
+    return best.throughput if stage == "system" else best.score
+
+
 def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["profiler", "stage_control"]]:
     services = services_for(state, runtime)
     ledger = services.ledger
@@ -67,7 +74,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     ledger.upsert_trial(done, run_id=services.run_id, ended_at=time.time())
     emit(services, TrialDone(trial_id=done.trial_id, status=done.status.value, reason=done.reason,
                              throughput=done.throughput, score=done.score, peak_memory_gb=done.peak_memory_gb,
-                             eligible=eligible))
+                             eligible=eligible, best_before=_best_before(state, record.stage)))
 
     stage = record.stage
     trials_done = dict(state.get("trials_done") or {})

@@ -14,10 +14,20 @@ from langgraph.types import Command
 
 from mart.nodes.progress import TrialFailed, TrialLaunched, TrialReattached, emit
 from mart.nodes.runtime import Services, services_for
-from mart.nodes.stage_control import overrides_of, stage_horizon
+from mart.nodes.stage_control import overrides_of, stage_base_config, stage_horizon
 from mart.state.graph_state import TuningState
 from mart.state.models import TrialStatus
 from mart.state.trials import TrialHandle, TrialSpec
+
+
+def _changes(state: TuningState, services: Services, record) -> list[str]:
+    """The trial's config against the stage's current best, in the names a reviewer edits."""
+    current = {**stage_base_config(state, services, record.stage),
+               **(state.get("best_overrides") or {}).get(record.stage, {})}
+    space = services.backend.search_space()
+    name = space.edit_name
+    return [f"{name(k) if k in space else k} {current.get(k)!r}→{v!r}"
+            for k, v in sorted(record.config.items()) if k in current and current[k] != v]
 
 
 def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["watch_trial", "collect_trial"]]:
@@ -49,6 +59,7 @@ def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
         emit(services, TrialFailed(trial_id=record.trial_id, reason=str(e)))
         return Command(goto="collect_trial", update={**fresh, "active": None, "trial_finished": True})
     ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
-    emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon))
+    emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon,
+                                 changes=_changes(state, services, record)))
     return Command(goto="watch_trial", update={**fresh, "active": handle})
 

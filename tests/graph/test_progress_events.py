@@ -52,13 +52,21 @@ def test_json_form_round_trips(event) -> None:
 
 def test_lines_say_what_happened() -> None:
     lines = {type(e): format_event(e) for e in SAMPLES}
-    assert lines[TrialLaunched] == ("[bold]▶ sys-01-baseline[/] baseline (system stage, 6 steps)", None)
+    assert lines[TrialLaunched] == ("[bold]▶ sys-01-baseline[/]: baseline (system stage, 6 steps)", None)
     assert lines[TrialStep] == ("  step   3  1234 tok/s  1.50 GB  reward 0.250", "dim")  # absent metrics left out
     assert lines[HealthNotice] == ("  health stop: entropy_collapse: entropy 0.01 < 0.05", "red")
-    assert lines[TrialDone] == ("  ✓ sys-01-baseline: completed, objective 1234, peak 1.50 GB", None)
+    assert lines[TrialDone] == ("  ✓ sys-01-baseline: completed, 1,234 tok/s, peak 1.50 GB", None)
     assert lines[CritiqueDone] == ("[cyan]critic[/] all over the memory margin", None)
     not_eligible = TrialDone(trial_id="t", status="oom", reason="out of memory", eligible=False)
     assert format_event(not_eligible)[0] == "  ✓ t: oom (not eligible: out of memory)"
+    # a candidate says what it changes, and its result how it compares with the stage's best, with units
+    change = TrialLaunched(trial_id="sys-03", stage="system", kind="candidate", horizon=6,
+                           changes=["dynamic_bsz False→True", "micro_batch 16→32"])
+    assert format_event(change)[0] == "[bold]▶ sys-03[/]: dynamic_bsz False→True, micro_batch 16→32 (system stage, 6 steps)"
+    faster = TrialDone(trial_id="sys-03", status="completed", throughput=3134.0, best_before=2912.0, eligible=True)
+    assert format_event(faster)[0] == "  ✓ sys-03: completed, 3,134 tok/s (+7.6% vs best)"
+    scored = TrialDone(trial_id="lea-02", status="completed", score=0.4466, best_before=0.4361, eligible=True)
+    assert format_event(scored)[0] == "  ✓ lea-02: completed, val score 0.4466 (+0.0105 vs best)"
 
 
 def test_bad_events_are_refused() -> None:
@@ -102,7 +110,7 @@ def test_console_prints_each_kind_and_is_silent_when_quiet() -> None:
         console(event)
     text = console.console.file.getvalue()
     assert text.count("\n") == len(SAMPLES)
-    assert "▶ sys-01-baseline baseline (system stage, 6 steps)" in text and "■ stopped" in text
+    assert "▶ sys-01-baseline: baseline (system stage, 6 steps)" in text and "■ stopped" in text
     quiet = ConsoleProgress(quiet=True)
     quiet(SAMPLES[0])  # prints nothing and needs no console
     assert not hasattr(quiet, "console")
