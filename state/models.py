@@ -126,6 +126,11 @@ class TrialRecord(BaseModel):
     score: float | None = Field(None, description="stage-2 objective: final validation score")
     early_stopped: bool = False
     wall_s: float = 0.0
+    # the trial tree: a trial started from another trial's checkpoint (None = from the base model)
+    parent_trial: str | None = None
+    parent_checkpoint: str | None = Field(None, description="checkpoint directory the trial started from")
+    parent_step: int | None = Field(None, description="global step of that checkpoint")
+    save_steps: list[int] = Field(default_factory=list, description="global steps after which it saves a checkpoint")
 
     def objective(self, stage: Stage) -> float | None:
         return self.throughput if stage == "system" else self.score
