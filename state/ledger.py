@@ -28,7 +28,9 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
                 "started_at": float, "ended_at": float, "steps_done": int, "horizon": int, "throughput": float,
                 "peak_memory_gb": float, "score": float, "early_stopped": int, "wall_s": float,
                 # the trial tree (null: started from the base model)
-                "parent_trial": str, "parent_checkpoint": str, "parent_step": int}, "trial_id"),
+                "parent_trial": str, "parent_checkpoint": str, "parent_step": int,
+                # re-evaluations under noise: the trial's own seed, the trial whose config it repeats
+                "seed": int, "confirms": str}, "trial_id"),
     "metrics": ({"trial_id": str, "step": int, "key": str, "value": float}, ("trial_id", "step", "key")),
     "proposals": ({"candidate_id": str, "run_id": str, "stage": str, "round": int, "overrides": str,
                    "rationale": str, "source": str, "predicted_memory_gb": float, "expected_gain": float,
@@ -131,7 +133,7 @@ class Ledger:
             "peak_memory_gb": _num(record.peak_memory_gb), "score": _num(record.score),
             "early_stopped": int(record.early_stopped), "wall_s": record.wall_s,
             "parent_trial": record.parent_trial, "parent_checkpoint": record.parent_checkpoint,
-            "parent_step": record.parent_step,
+            "parent_step": record.parent_step, "seed": record.seed, "confirms": record.confirms,
         }
         if seq is not None:
             row["seq"] = seq

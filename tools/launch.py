@@ -40,7 +40,8 @@ def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
     )
     spec = TrialSpec(
         trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=str(trial_dir),
-        memory_capacity_gb=services.memory_capacity_gb(), seed=services.options.seed, stage=record.stage,
+        memory_capacity_gb=services.memory_capacity_gb(), stage=record.stage,
+        seed=services.options.seed if record.seed is None else record.seed,
         save_steps=record.save_steps,
         init_from=(CheckpointRef(path=record.parent_checkpoint, step=record.parent_step, trial_id=record.parent_trial)
                    if record.parent_checkpoint and record.parent_step else None),
