@@ -10,8 +10,12 @@ from pathlib import Path
 from mart.graph.session import tune
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
-from mart.state.objectives import (Contender, collapse_signals, pick_learning_winner, validation_noise,
-                                   validation_series)
+from mart.state.objectives import (
+    Contender,
+    collapse_signals,
+    pick_learning_winner,
+    validation_noise,
+)
 from mart.state.options import TuneOptions
 
 VAL = "val-core/task/reward/mean@1"
