@@ -171,15 +171,19 @@ def learning_selection(state, services) -> tuple[TrialRecord | None, dict[str, A
     # the plan depends only on the original runs, so a resumed session plans the same re-evaluations
     originals = [Contender(c.key, c.scores[:1], c.first_signals, c.is_baseline) for c in contenders]
     first_winner, close = pick_learning_winner(originals, noise)
-    plan = [first_winner] + [c for c in close if not c.signals or c.is_baseline] if close else []
+    # a changed config is always re-run once (a lucky run of a config that collapses in expectation looks
+    # like a clear winner), and so is every config too close to it to call
+    plan = [] if first_winner.is_baseline and not close else [first_winner]
+    plan += [c for c in close if not c.signals or c.is_baseline]
     budget = getattr(options, "learning_confirm_trials", 3)
     for c in plan[:budget]:
         tid = f"{c.key}-s{CONFIRM_SEED_OFFSET + 1}"
         if tid not in rows:
             orig = rows[c.key]
-            return TrialRecord(trial_id=tid, stage="learning", kind="confirm", candidate_id=orig.get("candidate_id"),
-                               config=orig["config"], seed=options.seed + CONFIRM_SEED_OFFSET, confirms=c.key), {}
-    winner, _ = pick_learning_winner(contenders, noise)
+            # no candidate_id: the candidate was approved and ran once; `confirms` links the re-evaluation to it
+            return TrialRecord(trial_id=tid, stage="learning", kind="confirm", config=orig["config"],
+                               seed=options.seed + CONFIRM_SEED_OFFSET, confirms=c.key), {}
+    winner, _ = pick_learning_winner(contenders, noise, guard_baseline=True)
     ranked = sorted(contenders, key=lambda c: -c.mean)
     selection = {
         "winner": winner.key, "mean": winner.mean, "spread": winner.spread, "runs": len(winner.scores),

@@ -158,12 +158,15 @@ class Contender:
         return math.sqrt(sum((s - m) ** 2 for s in self.scores) / (len(self.scores) - 1))
 
 
-def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2.0) -> tuple[Contender, list[Contender]]:
+def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2.0,
+                         guard_baseline: bool = False) -> tuple[Contender, list[Contender]]:
     """The winner by mean score, and the contenders too close to it to call (to re-evaluate).
 
     A contender with collapse signals only wins over healthy ones when its mean beats the best healthy mean
     by more than ``z`` x the noise of a difference; "too close" = within ``z`` x that noise of the winner
-    (with fewer seeds, a larger noise). The baseline always counts as a contender.
+    (with fewer seeds, a larger noise). The baseline always counts as a contender. ``guard_baseline`` (the
+    final call): a winner that does not beat the baseline by more than ``z`` x the difference noise gives
+    way to the baseline -- a change must be shown to help before it replaces the defaults.
     """
     def diff_noise(a: Contender, b: Contender) -> float:
         return noise * math.sqrt(1 / len(a.scores) + 1 / len(b.scores))
@@ -175,5 +178,9 @@ def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2
         h = healthy[0]
         if winner.mean - h.mean <= z * diff_noise(winner, h):
             winner = h
+    base = next((c for c in ranked if c.is_baseline), None)
+    if guard_baseline and base is not None and winner is not base and not base.signals:
+        if winner.mean - base.mean <= z * diff_noise(winner, base):
+            winner = base
     close = [c for c in ranked if c is not winner and winner.mean - c.mean <= z * diff_noise(winner, c)]
     return winner, close

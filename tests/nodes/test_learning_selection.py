@@ -64,6 +64,10 @@ def test_a_collapsing_config_never_beats_a_healthy_one_with_a_close_score():
     two = Contender("c", [0.415, 0.415], [])
     assert pick_learning_winner([base, two], noise=0.01)[1] == [base]
     assert math.isclose(two.spread, 0.0) and Contender("x", [0.1], []).spread is None
+    # the final call keeps the defaults unless a change beats them by more than the noise of the difference
+    assert pick_learning_winner([base, two], noise=0.01, guard_baseline=True)[0] is base
+    clear = Contender("c", [0.45, 0.44], [])
+    assert pick_learning_winner([base, clear], noise=0.01, guard_baseline=True)[0] is clear
 
 
 def test_sim_session_re_evaluates_close_configs_once_and_reports_the_mean_and_spread(tmp_path: Path):
