@@ -113,6 +113,7 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
 # whose trajectory shows collapse signals never wins over a healthy one with a close score. Pure parts:
 # ``mart.state.objectives`` (validation_noise, collapse_signals, pick_learning_winner).
 
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
 FALLBACK_NOISE_SHARE = 0.02  # noise = 2% of the baseline score when no trial has enough validation points
 
@@ -150,6 +151,12 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[st
         if row.get("early_stopped") or not usable:
             signals.append(f"run {tid} ended {row.get('status')}" + (" early" if row.get("early_stopped") else ""))
         runs.setdefault(row.get("confirms") or tid, []).append((float(row["score"]) if usable else math.nan, signals))
+    # the collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): a
+    # trial that collapsed (stopped by the health monitor, oom or failed) at some raised lr marks every
+    # raised-lr config at or below it as at risk -- one or two lucky seeds are no proof of safety
+    collapsed_lrs = [(_lr(r), tid) for tid, r in rows.items() if _lr(r) is not None and (
+        r.get("early_stopped") or r.get("status") in ("oom", "failed"))]
+    base_lr = _lr(rows.get(baseline.trial_id, {})) if baseline is not None else None
     contenders = []
     for key, rs in runs.items():
         scores = [s for s, _ in rs if not math.isnan(s)]
@@ -157,9 +164,24 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[st
             continue
         c = Contender(key=key, scores=scores, signals=[x for _, sig in rs for x in sig],
                       is_baseline=rows[key].get("kind") == "baseline")
-        c.first_signals = rs[0][1]
+        c.first_signals = list(rs[0][1])
+        lr = _lr(rows[key])
+        if lr is not None and base_lr is not None and lr > base_lr:
+            near = [tid for clr, tid in collapsed_lrs if clr >= lr and tid != key]
+            if near:
+                risk = f"lr {lr:g} raised, and a trial at lr >= it collapsed ({near[0]})"
+                c.signals.append(risk)
+                c.first_signals.append(risk)
         contenders.append(c)
     return contenders, noise, rows
+
+
+def _lr(row: dict[str, Any]) -> float | None:
+    v = (row.get("config") or {}).get(LR_KEY)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def learning_selection(state, services) -> tuple[TrialRecord | None, dict[str, Any]]:

@@ -159,11 +159,12 @@ class Contender:
 
 
 def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2.0,
-                         guard_baseline: bool = False) -> tuple[Contender, list[Contender]]:
+                         guard_baseline: bool = False, z_unhealthy: float = 3.0) -> tuple[Contender, list[Contender]]:
     """The winner by mean score, and the contenders too close to it to call (to re-evaluate).
 
-    A contender with collapse signals only wins over healthy ones when its mean beats the best healthy mean
-    by more than ``z`` x the noise of a difference; "too close" = within ``z`` x that noise of the winner
+    A contender with a run that ended early (oom, failed, stopped) loses to any contender whose runs all
+    finished; one with other collapse signals only wins over healthy ones when its mean beats the best
+    healthy mean by more than ``z_unhealthy`` x the noise of a difference; "too close" = within ``z`` x that noise of the winner
     (with fewer seeds, a larger noise). The baseline always counts as a contender. ``guard_baseline`` (the
     final call): a winner that does not beat the baseline by more than ``z`` x the difference noise gives
     way to the baseline -- a change must be shown to help before it replaces the defaults.
@@ -173,10 +174,13 @@ def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2
 
     ranked = sorted(contenders, key=lambda c: (-c.mean, not c.is_baseline))
     healthy = [c for c in ranked if not c.signals]
-    winner = ranked[0]
+    # a config with a run that did not finish (collapse, oom) never wins while another config finished all
+    # of its runs; one with other collapse signals needs a clear lead (z_unhealthy x the difference noise)
+    finished = [c for c in ranked if not any(" ended " in s for s in c.signals)] or ranked
+    winner = finished[0]
     if winner.signals and healthy:
         h = healthy[0]
-        if winner.mean - h.mean <= z * diff_noise(winner, h):
+        if winner.mean - h.mean <= z_unhealthy * diff_noise(winner, h):
             winner = h
     base = next((c for c in ranked if c.is_baseline), None)
     if guard_baseline and base is not None and winner is not base and not base.signals:

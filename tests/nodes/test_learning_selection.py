@@ -59,6 +59,9 @@ def test_a_collapsing_config_never_beats_a_healthy_one_with_a_close_score():
     # ... but a collapse signal does not hide a config that is far ahead
     far = Contender("far", [0.60], ["health: entropy_collapse"])
     assert pick_learning_winner([base, far, healthy], noise=0.01)[0] is far
+    # a config whose re-evaluation did not finish (collapse, oom) loses to any config that finished its runs
+    broke = Contender("broke", [0.60], ["run broke-s2 ended oom"])
+    assert pick_learning_winner([base, broke, healthy], noise=0.01, guard_baseline=True)[0] is not broke
     # a clear winner needs no re-evaluation; a close one does, and more seeds narrow "close"
     assert pick_learning_winner([base, Contender("c", [0.50], [])], noise=0.01)[1] == []
     two = Contender("c", [0.415, 0.415], [])
