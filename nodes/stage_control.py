@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any, Literal
 
@@ -12,6 +13,13 @@ from langgraph.types import Command
 from mart.nodes.runtime import Services, ensure_run, services_for
 from mart.state.graph_state import TuningState
 from mart.state.models import Stage, TrialRecord
+from mart.state.objectives import (
+    Contender,
+    collapse_signals,
+    pick_learning_winner,
+    validation_noise,
+    validation_series,
+)
 
 STAGES: tuple[Stage, ...] = ("system", "learning")
 
@@ -64,7 +72,7 @@ def out_of_time(state, options) -> bool:
     return bool(options.wall_clock_s) and time.time() - state.get("started_at", time.time()) > options.wall_clock_s
 
 
-def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["proposer", "profiler", "finish"]]:
+def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["proposer", "profiler", "launch_trial", "finish"]]:
     """After each finished trial (or a stage that gave up): continue, switch stage, or finish."""
     services = services_for(state, runtime)
     options = services.options
@@ -75,9 +83,15 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
         exhausted = exhausted or "wall-clock budget spent"
     if done < stage_budget(options, stage) and not exhausted:
         return Command(goto="proposer", update={"round": 0})
+    update: dict[str, Any] = {}
+    if stage == "learning" and not out_of_time(state, options):
+        nxt, update = learning_selection(state, services)
+        if nxt is not None:
+            return Command(goto="launch_trial", update={"pending_trial": nxt, **update})
+        state = {**state, **update}
     record_stage_result(state, services, stage, note=exhausted)
     if exhausted and out_of_time(state, options):
-        return Command(goto="finish")
+        return Command(goto="finish", update=update)
     if stage == "system" and options.learning_trials > 0:
         if (state.get("baseline") or {}).get("system") is not None and not (state.get("best") or {}).get("system"):
             # no system config completed within the memory margin: stage 2 would only rerun a failing one
@@ -89,7 +103,130 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
             update={"stage": "learning", "round": 0, "feedback": [], "candidates": [], "critiques": [],
                     "selected": None},
         )
-    return Command(goto="finish")
+    return Command(goto="finish", update=update)
+
+
+# --- stage 2: selection under noise (learning stage only) ----------------------------------------------
+# After the learning budget is spent, the winner is not taken from one noisy score: configs whose score is
+# within the measured noise of the winner's are re-run on another seed (kind "confirm", at most
+# ``learning_confirm_trials`` of them, one round), the winner is the best mean over seeds, and a config
+# whose trajectory shows collapse signals never wins over a healthy one with a close score. Pure parts:
+# ``mart.state.objectives`` (validation_noise, collapse_signals, pick_learning_winner).
+
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
+CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
+FALLBACK_NOISE_SHARE = 0.02  # noise = 2% of the baseline score when no trial has enough validation points
+
+
+def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[str, dict[str, Any]]]:
+    """Contenders (originals with their confirmations), the pooled noise, and the ledger rows by trial id."""
+    ledger = services.ledger
+    prefix = services.backend.score_metric_prefix
+    rows = {r["trial_id"]: r for r in ledger.trials("learning")}
+    events: dict[str, list[str]] = {}
+    for e in ledger.health_events():
+        events.setdefault(e.trial_id, []).append(e.rule)
+    used: list[tuple[str, dict[str, Any], bool, list]] = []
+    noises: list[float] = []
+    for tid, row in rows.items():
+        key = row.get("confirms") or tid
+        if key not in rows or rows[key].get("kind") not in ("baseline", "candidate"):
+            continue
+        usable = row.get("status") == "completed" and row.get("score") is not None
+        if not usable and row.get("kind") != "confirm":
+            continue  # an original that failed is no contender; a failed re-evaluation is evidence against it
+        records = ledger.metric_records(tid)
+        n = validation_noise(validation_series(records, prefix))
+        if n is not None and usable and not events.get(tid):
+            noises.append(n)
+        used.append((tid, row, usable, records))
+    noise = statistics.median(noises) if noises else None
+    baseline = (state.get("baseline") or {}).get("learning")
+    if noise is None:
+        noise = FALLBACK_NOISE_SHARE * abs(baseline.score or 0.0) if baseline is not None else 0.0
+    # per config: the original run first, then its re-evaluations (score or NaN, signals)
+    runs: dict[str, list[tuple[float, list[str]]]] = {}
+    for tid, row, usable, records in sorted(used, key=lambda u: u[1].get("confirms") is not None):
+        signals = collapse_signals(records, events.get(tid, []), noise, prefix) if usable else []
+        if row.get("early_stopped") or not usable:
+            signals.append(f"run {tid} ended {row.get('status')}" + (" early" if row.get("early_stopped") else ""))
+        runs.setdefault(row.get("confirms") or tid, []).append((float(row["score"]) if usable else math.nan, signals))
+    # the collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): a
+    # trial that collapsed (stopped by the health monitor, oom or failed) at some raised lr marks every
+    # raised-lr config at or below it as at risk -- one or two lucky seeds are no proof of safety
+    collapsed_lrs = [(_lr(r), tid) for tid, r in rows.items() if _lr(r) is not None and (
+        r.get("early_stopped") or r.get("status") in ("oom", "failed"))]
+    base_lr = _lr(rows.get(baseline.trial_id, {})) if baseline is not None else None
+    contenders = []
+    for key, rs in runs.items():
+        scores = [s for s, _ in rs if not math.isnan(s)]
+        if not scores or math.isnan(rs[0][0]):
+            continue
+        c = Contender(key=key, scores=scores, signals=[x for _, sig in rs for x in sig],
+                      is_baseline=rows[key].get("kind") == "baseline")
+        c.first_signals = list(rs[0][1])
+        lr = _lr(rows[key])
+        if lr is not None and base_lr is not None and lr > base_lr:
+            near = [tid for clr, tid in collapsed_lrs if clr >= lr and tid != key]
+            if near:
+                risk = f"lr {lr:g} raised, and a trial at lr >= it collapsed ({near[0]})"
+                c.signals.append(risk)
+                c.first_signals.append(risk)
+        contenders.append(c)
+    return contenders, noise, rows
+
+
+def _lr(row: dict[str, Any]) -> float | None:
+    v = (row.get("config") or {}).get(LR_KEY)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def learning_selection(state, services) -> tuple[TrialRecord | None, dict[str, Any]]:
+    """The next re-evaluation to run, or None and the state update naming the final learning winner."""
+    options = services.options
+    contenders, noise, rows = _learning_evidence(state, services)
+    if not contenders:
+        return None, {}
+    # the plan depends only on the original runs, so a resumed session plans the same re-evaluations
+    originals = [Contender(c.key, c.scores[:1], c.first_signals, c.is_baseline) for c in contenders]
+    first_winner, close = pick_learning_winner(originals, noise)
+    # a changed config is always re-run once (a lucky run of a config that collapses in expectation looks
+    # like a clear winner), and so is every config too close to it to call
+    plan = [] if first_winner.is_baseline and not close else [first_winner]
+    plan += [c for c in close if not c.signals or c.is_baseline]
+    budget = getattr(options, "learning_confirm_trials", 3)
+    for c in plan[:budget]:
+        tid = f"{c.key}-s{CONFIRM_SEED_OFFSET + 1}"
+        if tid not in rows:
+            orig = rows[c.key]
+            # no candidate_id: the candidate was approved and ran once; `confirms` links the re-evaluation to it
+            return TrialRecord(trial_id=tid, stage="learning", kind="confirm", config=orig["config"],
+                               seed=options.seed + CONFIRM_SEED_OFFSET, confirms=c.key), {}
+    winner, _ = pick_learning_winner(contenders, noise, guard_baseline=True)
+    ranked = sorted(contenders, key=lambda c: -c.mean)
+    selection = {
+        "winner": winner.key, "mean": winner.mean, "spread": winner.spread, "runs": len(winner.scores),
+        "noise": noise, "reevaluated": [c.key for c in plan[:budget]],
+        "contenders": [{"trial_id": c.key, "mean": round(c.mean, 6), "runs": len(c.scores),
+                        "spread": None if c.spread is None else round(c.spread, 6), "signals": c.signals}
+                       for c in ranked],
+    }
+    update: dict[str, Any] = {"selection": {**(state.get("selection") or {}), "learning": selection}}
+    best = dict(state.get("best") or {})
+    incumbent = best.get("learning")
+    if incumbent is None or incumbent.trial_id != winner.key:
+        row = rows[winner.key]
+        rec = TrialRecord(trial_id=winner.key, stage="learning", kind=row.get("kind") or "candidate",
+                          candidate_id=row.get("candidate_id"), config=row.get("config") or {},
+                          status=row.get("status"), score=row.get("score"), steps_done=row.get("steps_done") or 0)
+        best["learning"] = rec
+        best_overrides = dict(state.get("best_overrides") or {})
+        best_overrides["learning"] = {} if winner.is_baseline else (row.get("overrides") or {})
+        update.update(best=best, best_overrides=best_overrides)
+    return None, update
 
 
 def record_stage_result(state, services, stage: Stage, note: str | None = None) -> None:
@@ -127,11 +264,16 @@ def build_summary(state, services) -> dict[str, Any]:
     exhausted = state.get("exhausted") or {}
     sys_base, sys_best = baseline.get("system"), best.get("system")
     learn_base, learn_best = baseline.get("learning"), best.get("learning")
+    sel = (state.get("selection") or {}).get("learning") or {}
     b_thr = sys_base.throughput if sys_base else None
     t_thr = sys_best.throughput if sys_best else None
     gain = (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
     b_score = learn_base.score if learn_base else None
     t_score = learn_best.score if learn_best else None
+    if sel and learn_best is not None and sel.get("winner") == learn_best.trial_id:
+        t_score = sel["mean"]  # the mean over its runs (seeds), not its luckiest run
+        base_row = next((c for c in sel.get("contenders", []) if learn_base and c["trial_id"] == learn_base.trial_id), None)
+        b_score = base_row["mean"] if base_row else b_score
     trials = services.ledger.trials()
     notes = []
     objective = {"system": "throughput", "learning": "score"}
@@ -170,6 +312,12 @@ def build_summary(state, services) -> dict[str, Any]:
             "best_score": _clean(t_score),
             "score_gain": _clean(t_score - b_score) if t_score is not None and b_score is not None else None,
             "best_config": best_overrides.get("learning", {}),
+            # selection under noise: the winner's score is a mean over `best_score_runs` seeds
+            "best_score_spread": _clean(sel.get("spread")),
+            "best_score_runs": sel.get("runs", 1 if learn_best else 0),
+            "score_noise": _clean(sel.get("noise")),
+            "reevaluated": sel.get("reevaluated", []),
+            "contenders": sel.get("contenders", []),
         },
         "trials": {
             "total": len(trials),

@@ -66,6 +66,8 @@ class TuningState(InputState, total=False):
     stop_reason: str | None
     """Set by the health monitor when the active trial must be stopped."""
     exhausted: dict[str, str]
+    selection: dict[str, Any]
+    """Per stage, how the winner was chosen under noise: mean, spread and runs of each contender, the noise."""
     """Stages that ended before their budget, with the reason (nothing new to try, critic gave up)."""
     last_trial: TrialRecord | None
     summary: dict[str, Any] | None

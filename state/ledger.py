@@ -26,7 +26,11 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "trials": ({"trial_id": str, "run_id": str, "seq": int, "stage": str, "kind": str, "candidate_id": str,
                 "config": str, "overrides": str, "status": str, "reason": str, "handle": str, "trial_dir": str,
                 "started_at": float, "ended_at": float, "steps_done": int, "horizon": int, "throughput": float,
-                "peak_memory_gb": float, "score": float, "early_stopped": int, "wall_s": float}, "trial_id"),
+                "peak_memory_gb": float, "score": float, "early_stopped": int, "wall_s": float,
+                # the trial tree (null: started from the base model)
+                "parent_trial": str, "parent_checkpoint": str, "parent_step": int,
+                # re-evaluations under noise: the trial's own seed, the trial whose config it repeats
+                "seed": int, "confirms": str}, "trial_id"),
     "metrics": ({"trial_id": str, "step": int, "key": str, "value": float}, ("trial_id", "step", "key")),
     "proposals": ({"candidate_id": str, "run_id": str, "stage": str, "round": int, "overrides": str,
                    "rationale": str, "source": str, "predicted_memory_gb": float, "expected_gain": float,
@@ -88,8 +92,14 @@ class Ledger:
 
     def ensure_schema(self) -> None:
         for name, (columns, pk) in _SCHEMAS.items():
-            if not self.db[name].exists():
-                self.db[name].create(columns, pk=pk)
+            table = self.db[name]
+            if not table.exists():
+                table.create(columns, pk=pk)
+                continue
+            have = set(table.columns_dict)
+            for col, typ in columns.items():  # a ledger from an older mart gains the new nullable columns
+                if col not in have:
+                    table.add_column(col, typ)
 
     def close(self) -> None:
         self.db.conn.close()
@@ -122,6 +132,8 @@ class Ledger:
             "reason": record.reason, "steps_done": record.steps_done, "throughput": _num(record.throughput),
             "peak_memory_gb": _num(record.peak_memory_gb), "score": _num(record.score),
             "early_stopped": int(record.early_stopped), "wall_s": record.wall_s,
+            "parent_trial": record.parent_trial, "parent_checkpoint": record.parent_checkpoint,
+            "parent_step": record.parent_step, "seed": record.seed, "confirms": record.confirms,
         }
         if seq is not None:
             row["seq"] = seq

@@ -115,7 +115,7 @@ class TrialRecord(BaseModel):
 
     trial_id: str
     stage: Stage
-    kind: Literal["baseline", "candidate"] = "candidate"
+    kind: Literal["baseline", "candidate", "confirm"] = "candidate"  # confirm: a re-evaluation on another seed
     candidate_id: str | None = None
     config: dict[str, Any] = Field(default_factory=dict, description="full flat config of the trial")
     status: TrialStatus = TrialStatus.RUNNING
@@ -126,6 +126,13 @@ class TrialRecord(BaseModel):
     score: float | None = Field(None, description="stage-2 objective: final validation score")
     early_stopped: bool = False
     wall_s: float = 0.0
+    # the trial tree: a trial started from another trial's checkpoint (None = from the base model)
+    parent_trial: str | None = None
+    parent_checkpoint: str | None = Field(None, description="checkpoint directory the trial started from")
+    parent_step: int | None = Field(None, description="global step of that checkpoint")
+    save_steps: list[int] = Field(default_factory=list, description="global steps after which it saves a checkpoint")
+    seed: int | None = Field(None, description="the trial's seed (None: the session's)")
+    confirms: str | None = Field(None, description="kind confirm: the trial whose config it re-evaluates")
 
     def objective(self, stage: Stage) -> float | None:
         return self.throughput if stage == "system" else self.score

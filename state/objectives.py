@@ -9,7 +9,7 @@ logged at step 0 (verl's ``val_before_train``) scores the untrained model and is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mart.state.metrics import StepRecord, last_value, mean_over_steps
 
@@ -79,3 +79,112 @@ def unscored_reason(records: list[StepRecord], prefix: str = "val-core/") -> str
         return (f"unscored: the only validation ({prefix}...) is the step-0 one, before training; "
                 "it never counts as a result (trainer.test_freq must make verl validate at the last step)")
     return f"unscored: no validation metric ({prefix}...) after training"
+
+
+# --- stage 2 under noise: the trajectory behind a score -----------------------------------------------
+#: health rules whose events mark a trajectory as unhealthy (warnings included: a collapse that had not yet
+#: persisted long enough to stop the trial is still a collapse signal)
+COLLAPSE_RULES = frozenset({"entropy_collapse", "reward_collapse", "kl_blowup", "grad_norm_explosion", "nan",
+                            "response_clipping"})
+ENTROPY_COLLAPSE_RATIO = 0.15  # as the health monitor's entropy_collapse rule
+
+
+def validation_series(records: list[StepRecord], prefix: str = "val-core/") -> list[tuple[int, float]]:
+    """(step, value) of the first finite validation metric under ``prefix`` in each record."""
+    out = []
+    for rec in records:
+        for k, v in rec.data.items():
+            if k.startswith(prefix) and not math.isnan(v):
+                out.append((rec.step, v))
+                break
+    return out
+
+
+def validation_noise(series: list[tuple[int, float]]) -> float | None:
+    """Measurement noise of one trial's validation score: the residual std around a straight line over the
+    second half of its validation points (None with fewer than 4 points there)."""
+    tail = series[len(series) // 2:]
+    if len(tail) < 4:
+        return None
+    xs, ys = [float(s) for s, _ in tail], [v for _, v in tail]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    rss = sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys))
+    return math.sqrt(rss / (len(tail) - 2))
+
+
+def collapse_signals(records: list[StepRecord], rules_fired: list[str], noise: float | None,
+                     prefix: str = "val-core/") -> list[str]:
+    """Why a trajectory looks unhealthy (empty = healthy): health events of the collapse rules, a validation
+    score that fell from its best by more than 3x the noise (the best of several noisy points sits ~1.3
+    noise above the truth), an entropy below 0.15 x its early level."""
+    signals = sorted({f"health: {r}" for r in rules_fired if r in COLLAPSE_RULES})
+    series = validation_series(records, prefix)
+    if len(series) >= 3:
+        best = max(v for _, v in series)
+        drop = best - series[-1][1]
+        tol = 3 * noise if noise else 0.0
+        if drop > max(tol, 0.01 * max(abs(best), 1e-9)):
+            signals.append(f"validation fell {drop:.4g} from its best {best:.4g}")
+    ent = [r.data["actor/entropy"] for r in records if not math.isnan(r.data.get("actor/entropy", math.nan))]
+    if len(ent) >= 4:
+        early = sum(ent[:2]) / 2
+        if early > 0 and ent[-1] < ENTROPY_COLLAPSE_RATIO * early:
+            signals.append(f"entropy {ent[-1]:.3g} < {ENTROPY_COLLAPSE_RATIO} x early {early:.3g}")
+    return signals
+
+
+@dataclass
+class Contender:
+    """One learning config's evidence: its scores over seeds and whether any of its runs looked unhealthy."""
+
+    key: str  # the trial id of its first run
+    scores: list[float]
+    signals: list[str]
+    is_baseline: bool = False
+    first_signals: list[str] = field(default_factory=list)  # those of its first run alone
+
+    @property
+    def mean(self) -> float:
+        return sum(self.scores) / len(self.scores)
+
+    @property
+    def spread(self) -> float | None:
+        """Sample std over seeds (None with one run)."""
+        if len(self.scores) < 2:
+            return None
+        m = self.mean
+        return math.sqrt(sum((s - m) ** 2 for s in self.scores) / (len(self.scores) - 1))
+
+
+def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2.0,
+                         guard_baseline: bool = False, z_unhealthy: float = 3.0) -> tuple[Contender, list[Contender]]:
+    """The winner by mean score, and the contenders too close to it to call (to re-evaluate).
+
+    A contender with a run that ended early (oom, failed, stopped) loses to any contender whose runs all
+    finished; one with other collapse signals only wins over healthy ones when its mean beats the best
+    healthy mean by more than ``z_unhealthy`` x the noise of a difference; "too close" = within ``z`` x that noise of the winner
+    (with fewer seeds, a larger noise). The baseline always counts as a contender. ``guard_baseline`` (the
+    final call): a winner that does not beat the baseline by more than ``z`` x the difference noise gives
+    way to the baseline -- a change must be shown to help before it replaces the defaults.
+    """
+    def diff_noise(a: Contender, b: Contender) -> float:
+        return noise * math.sqrt(1 / len(a.scores) + 1 / len(b.scores))
+
+    ranked = sorted(contenders, key=lambda c: (-c.mean, not c.is_baseline))
+    healthy = [c for c in ranked if not c.signals]
+    # a config with a run that did not finish (collapse, oom) never wins while another config finished all
+    # of its runs; one with other collapse signals needs a clear lead (z_unhealthy x the difference noise)
+    finished = [c for c in ranked if not any(" ended " in s for s in c.signals)] or ranked
+    winner = finished[0]
+    if winner.signals and healthy:
+        h = healthy[0]
+        if winner.mean - h.mean <= z_unhealthy * diff_noise(winner, h):
+            winner = h
+    base = next((c for c in ranked if c.is_baseline), None)
+    if guard_baseline and base is not None and winner is not base and not base.signals:
+        if winner.mean - base.mean <= z * diff_noise(winner, base):
+            winner = base
+    close = [c for c in ranked if c is not winner and winner.mean - c.mean <= z * diff_noise(winner, c)]
+    return winner, close

@@ -26,6 +26,9 @@ class TuneOptions(BaseModel):
     learning_trials: int = Field(5, ge=0, description="Stage-2 trial budget (baseline included; 0 skips stage 2).")
     system_horizon: int = Field(6, ge=1, description="Steps per stage-1 trial (throughput over updates 3-5).")
     learning_horizon: int = Field(30, ge=1, description="Steps per stage-2 trial.")
+    learning_confirm_trials: int = Field(
+        3, ge=0, description="Stage 2: at most this many re-evaluations on a second seed, after the budget, of the "
+        "configs whose score is within the measured noise of the winner's (0 = trust one run).")
     memory_margin: float = Field(0.1, ge=0.0, lt=1.0,
                                  description="GPU-memory margin: keep peak <= (1 - margin) x capacity.")
     memory_capacity_gb: float | None = Field(None, gt=0, description="Memory capacity in GB (default: the backend's).")

@@ -8,13 +8,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from mart.state.models import TrialStatus
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trial.log"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def checkpoint_dir(trial_dir: str, step: int) -> str:
+    """Where a trial keeps its checkpoint of global step ``step`` (verl's ``global_step_N`` naming)."""
+    return f"{trial_dir.rstrip('/')}/{CHECKPOINTS_DIR}/global_step_{int(step)}"
+
+
+class CheckpointRef(BaseModel):
+    """A saved training state a new trial starts from: the parent trial's checkpoint at ``step``."""
+
+    path: str = Field(description="the checkpoint directory (``<trial_dir>/checkpoints/global_step_N``)")
+    step: int = Field(ge=1, description="the global step the checkpoint was saved after")
+    trial_id: str | None = Field(None, description="the parent trial (for the ledger's tree)")
 
 
 class TrialSpec(BaseModel):
@@ -28,6 +42,20 @@ class TrialSpec(BaseModel):
     seed: int = 0
     stage: str | None = Field(None, description="'system' (throughput: no validation) or 'learning'; None = a "
                                                 "standalone trial, run like a learning trial")
+    save_steps: list[int] = Field(default_factory=list, description="global steps after which to save a checkpoint")
+    init_from: CheckpointRef | None = Field(
+        None, description="start from this checkpoint (policy, optimizer, data position, global step) instead of the "
+        "base model; ``steps`` stays the last global step, so the trial trains steps init_from.step+1..steps")
+
+    @model_validator(mode="after")
+    def _check_steps(self) -> "TrialSpec":
+        if self.init_from is not None and self.init_from.step >= self.steps:
+            raise ValueError(f"`steps` ({self.steps}) must be > `init_from.step` ({self.init_from.step}): "
+                             "steps is the last global step of the trial, not a count after the checkpoint.")
+        bad = [s for s in self.save_steps if not 1 <= s <= self.steps]
+        if bad:
+            raise ValueError(f"`save_steps` must lie in [1, steps={self.steps}], but got {bad}.")
+        return self
 
 
 class TrialHandle(BaseModel):

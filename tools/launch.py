@@ -17,7 +17,7 @@ from mart.nodes.runtime import Services, services_for
 from mart.nodes.stage_control import overrides_of, stage_base_config, stage_horizon
 from mart.state.graph_state import TuningState
 from mart.state.models import TrialStatus
-from mart.state.trials import TrialHandle, TrialSpec
+from mart.state.trials import CheckpointRef, TrialHandle, TrialSpec
 
 
 def _changes(state: TuningState, services: Services, record) -> list[str]:
@@ -50,7 +50,11 @@ def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
     )
     spec = TrialSpec(
         trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=str(trial_dir),
-        memory_capacity_gb=services.memory_capacity_gb(), seed=services.options.seed, stage=record.stage,
+        memory_capacity_gb=services.memory_capacity_gb(), stage=record.stage,
+        seed=services.options.seed if record.seed is None else record.seed,
+        save_steps=record.save_steps,
+        init_from=(CheckpointRef(path=record.parent_checkpoint, step=record.parent_step, trial_id=record.parent_trial)
+                   if record.parent_checkpoint and record.parent_step else None),
     )
     try:
         handle: TrialHandle = services.runner.launch(spec)

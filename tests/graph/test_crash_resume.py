@@ -45,6 +45,7 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
     runs = tmp_path / "runs"
     cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", backend, "--approve", "auto",
            "--system-trials", "3", "--learning-trials", "2", "--system-horizon", "4", "--learning-horizon", "6",
+           "--learning-confirm-trials", "0",  # stage-2 re-evaluations are tested in tests/nodes/test_learning_selection.py
            "--runs-dir", str(runs), "--quiet", "--json"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     tuner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -61,8 +61,12 @@ def test_two_stage_session_improves_and_fills_the_ledger(tmp_path):
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     trials = ledger.trials()
     assert [t["stage"] for t in trials].count("system") == 4
-    assert [t["stage"] for t in trials].count("learning") == 3
-    assert summary["trials"]["total"] == 7
+    # the learning budget (3), plus stage 2's re-evaluations on a second seed (selection under noise)
+    confirms = [t for t in trials if t["kind"] == "confirm"]
+    assert [t["stage"] for t in trials if t["kind"] != "confirm"].count("learning") == 3
+    assert len(confirms) <= TuneOptions().learning_confirm_trials
+    assert all(t["stage"] == "learning" and t["confirms"] and t["seed"] == 1 for t in confirms)
+    assert summary["trials"]["total"] == 7 + len(confirms)
     # learning trials keep the best system config fixed
     best_sys = sys_["best_config"]
     for t in trials:

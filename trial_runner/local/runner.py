@@ -58,6 +58,10 @@ class LocalRunner(TrialRunner):
         capacity = spec.memory_capacity_gb if spec.memory_capacity_gb is not None else self.memory_capacity_gb
         if capacity is not None:
             argv += ["--memory-capacity-gb", repr(float(capacity))]
+        if spec.save_steps:
+            argv += ["--save-steps", ",".join(str(s) for s in sorted(set(spec.save_steps)))]
+        if spec.init_from is not None:
+            argv += ["--init-from", spec.init_from.path]
         return argv
 
     def build_env(self, spec: TrialSpec) -> dict[str, str]:

@@ -1,11 +1,13 @@
 """The trial process: one GRPO run writing verl-format metrics into its own trial directory.
 
     python -m mart.trial_runner.local --out DIR --steps N --config DIR/config.json \\
-        [--memory-capacity-gb X] [--seed S]
+        [--memory-capacity-gb X] [--seed S] [--save-steps 10,20] [--init-from CKPT_DIR]
 
 Writes ``DIR/metrics.jsonl`` (a step-0 validation record, then one line per step 1..N), prints a
 console line per step (the runner sends stdout/stderr to ``DIR/trial.log``) and ends with
-``DIR/status.json`` and one of these exit codes:
+``DIR/status.json`` and one of these exit codes (checkpoints, when asked for, go to
+``DIR/checkpoints/global_step_N/``; a trial started ``--init-from`` a checkpoint of step K writes its
+validation at step K, then trains steps K+1..N: see ``checkpoint.py`` for what is restored):
 
     0  completed   all N steps done
     1  failed      an error (traceback in trial.log)
@@ -26,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from mart.state.search_space import ConfigError
-from mart.state.trials import METRICS_FILE
+from mart.state.trials import METRICS_FILE, checkpoint_dir
 from mart.trial_runner.base import write_status
 from mart.trial_runner.local import memory
 from mart.trial_runner.metrics import write_record
@@ -45,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="JSON file of flat verl keys (overrides of the defaults)")
     p.add_argument("--memory-capacity-gb", type=float, default=None, help="emulated device memory")
     p.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
+    p.add_argument("--save-steps", default="", help="comma-separated global steps after which to save a checkpoint")
+    p.add_argument("--init-from", default=None, help="checkpoint directory to start from (global_step_N)")
     return p.parse_args(argv)
 
 
@@ -63,7 +67,8 @@ def _console(step: int, m: dict) -> str:
 
 
 def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
-    from mart.trial_runner.local.config import load_config, resolve_threads
+    from mart.trial_runner.local.checkpoint import load_checkpoint, save_checkpoint
+    from mart.trial_runner.local.config import load_config, resolve_threads, to_flat
 
     overrides = json.loads(Path(args.config).read_text()) if args.config else {}
     if args.steps is not None:
@@ -72,6 +77,10 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
         overrides["seed"] = args.seed
     cfg = load_config(overrides)
     steps = cfg.total_training_steps
+    try:
+        save_steps = {int(s) for s in args.save_steps.split(",") if s.strip()}
+    except ValueError:
+        raise ConfigError(f"`--save-steps` must be comma-separated integers, but got {args.save_steps!r}.") from None
 
     import torch
 
@@ -93,6 +102,15 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     base = load_base_model(cfg, device, log=lambda s: print(s, flush=True))
     trainer = GRPOTrainer(cfg, base, device, steps)
     trainer.probe = monitor.sample  # after each forward, where activations peak
+    flat = to_flat(cfg)
+    start = 0
+    if args.init_from:
+        start = load_checkpoint(trainer, args.init_from, cfg, flat)
+        if start >= steps:
+            raise ConfigError(f"`trainer.total_training_steps` ({steps}) must be > the checkpoint's step ({start}).")
+        progress["last_step"] = start
+        print(f"branch: restored policy, optimizer and data position of global step {start} from {args.init_from}",
+              flush=True)
     monitor.check()
 
     def sync():
@@ -111,10 +129,10 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
         if cfg.val_before_train:
             metrics: dict = {}
             validate(metrics)
-            metrics["training/global_step"] = 0
-            write_record(f, 0, metrics)
-            print(_console(0, metrics), flush=True)
-        for step in range(1, steps + 1):
+            metrics["training/global_step"] = start
+            write_record(f, start, metrics)
+            print(_console(start, metrics), flush=True)
+        for step in range(start + 1, steps + 1):
             monitor.reset_peak()
             timer = Timer(device, on_enter=monitor.enter, on_exit=monitor.check)
             sync()
@@ -140,6 +158,10 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
             if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == steps):
                 validate(metrics)
             metrics["training/global_step"] = step
+            if step in save_steps:
+                t0 = time.perf_counter()
+                save_checkpoint(trainer, step, checkpoint_dir(str(out), step), flat)
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
             write_record(f, step, metrics)
             progress["last_step"] = step
             print(_console(step, metrics), flush=True)

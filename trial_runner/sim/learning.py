@@ -185,14 +185,22 @@ class LearningTrajectory:
     x: float
     quality: float
     hazard: list[float] = field(default_factory=list)
+    first_step: int = 1  # global step of index 0 (> 1 for a branch started from a checkpoint)
+    states: list[dict[str, Any]] = field(default_factory=list)  # the learning state after each step (checkpoints)
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        return self.states[step - self.first_step]
 
 
-def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collapse_draw: float) -> LearningTrajectory:
-    """The noise-free learning dynamics over ``steps`` steps.
+def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collapse_draw: float,
+                        start: dict[str, Any] | None = None) -> LearningTrajectory:
+    """The noise-free learning dynamics over global steps ``start_step+1 .. steps``.
 
     Args:
         collapse_draw: the Exp(1) threshold the cumulative collapse hazard must pass (``math.inf``: never;
             ``1.0``: the noise-free reference used by the ground truth).
+        start: a learning state from ``LearningTrajectory.states`` (a checkpoint): the trajectory continues
+            from it under ``config``'s knobs (a branch) instead of starting from the base model.
     """
     k = LearningKnobs.from_config(config, sc)
     lp = sc.learning
@@ -227,7 +235,16 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
     exhausted_at: int | None = None
     updates = k.updates_per_step
     s_pre, ent_pre = lp.score0, ent1
-    for t in range(1, steps + 1):
+    first = 1
+    if start is not None:  # a branch: the accumulated progress, entropy pressure, hazard and collapse carry over
+        first = int(start["step"]) + 1
+        progress, pressure, log_growth = start["progress"], start["pressure"], start["log_growth"]
+        cum_hazard, exhausted_at = start["cum_hazard"], start["exhausted_at"]
+        out.collapse_step, out.collapse_kind = start["collapse_step"], start["collapse_kind"]
+        s_pre, ent_pre = start["s_pre"], start["ent_pre"] * ent1 / start["ent1"]
+        out.score0 = start["score"]
+    out.first_step = first
+    for t in range(first, steps + 1):
         ramp = min(1.0, t / warm) if warm >= 1 else 1.0
         xt = x * ramp
         ent = ent1 * (plateau + (1 - plateau) * math.exp(-pressure / ENT_FAST)) * math.exp(-slow * pressure + log_growth)
@@ -277,6 +294,10 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
         out.pg_clipfrac.append(clipfrac)
         out.lr.append(k.lr * ramp)
         out.resp_mean_untruncated.append(mean_len)
+        out.states.append({"step": t, "progress": progress, "pressure": pressure, "log_growth": log_growth,
+                           "cum_hazard": cum_hazard, "exhausted_at": exhausted_at, "collapse_step": out.collapse_step,
+                           "collapse_kind": out.collapse_kind, "s_pre": s_pre, "ent_pre": ent_pre, "ent1": ent1,
+                           "score": score, "collapse_draw": collapse_draw})
     if out.collapse_step is None and out.entropy and out.entropy[-1] / ent1 < 0.15:
         out.collapse_kind = "entropy"
     return out

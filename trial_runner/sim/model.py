@@ -94,6 +94,7 @@ class SimResult:
     init_s: float
     planned_steps: int
     info: dict[str, Any] = field(default_factory=dict)
+    checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> learning state (see simulate)
 
     @property
     def gpu_hours(self) -> float:
@@ -145,8 +146,15 @@ def simulate(
     steps: int,
     seed: int = 0,
     memory_capacity_gb: float | None = None,
+    start: dict[str, Any] | None = None,
+    save_steps: tuple[int, ...] | list[int] = (),
 ) -> SimResult:
-    """Play one trial of ``steps`` steps of ``config`` (a full flat verl config) on ``scenario``."""
+    """Play one trial of ``steps`` steps of ``config`` (a full flat verl config) on ``scenario``.
+
+    ``save_steps``: global steps whose learning state goes to ``SimResult.checkpoints`` (a checkpoint).
+    ``start``: such a saved learning state; the trial then plays
+    global steps ``start["step"]+1 .. steps`` from it (a branch), keeping the parent's collapse draw.
+    """
     sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
@@ -159,10 +167,14 @@ def simulate(
     lk = L.LearningKnobs.from_config(config, sc)
     uses_ref = lk.use_kl or bool(config.get("algorithm.use_kl_in_reward", False))
     learn_hash = _hash(_learning_part(config))
-    rng_learn = np.random.default_rng(_hash("learn", seed, learn_hash, sc.name))
-    rng_sys = np.random.default_rng(_hash("sys", seed, config, sc.name))
+    first = 1 if start is None else int(start["step"]) + 1
+    branch = () if start is None else ("branch", first)
+    rng_learn = np.random.default_rng(_hash("learn", seed, learn_hash, sc.name, *branch))
+    rng_sys = np.random.default_rng(_hash("sys", seed, config, sc.name, *branch))
     collapse_draw = float(rng_learn.exponential(1.0))
-    traj = L.learning_trajectory(config, sc, steps, collapse_draw)
+    if start is not None:  # the run's fate carries over: the same threshold, the hazard accumulated so far
+        collapse_draw = float(start["collapse_draw"])
+    traj = L.learning_trajectory(config, sc, steps, collapse_draw, start=start)
     val_sigma = 0.05 * sc.learning.headroom + 0.0015
 
     events: list[SimEvent] = []
@@ -178,7 +190,7 @@ def simulate(
             out[f"val-aux/{name}/reward/mean@1"] = float(np.clip(noisy * mult + rng_learn.normal(0, 2 * val_sigma), 0, 1))
         return out
 
-    w1, _ = _workload(sc, lk, traj.resp_mean_untruncated[0] if steps else sc.learning.resp_len0, uses_ref)
+    w1, _ = _workload(sc, lk, traj.resp_mean_untruncated[0] if traj.score else sc.learning.resp_len0, uses_ref)
     t_val = validation_seconds(sc, k, w1)
     info: dict[str, Any] = {"collapse_step": traj.collapse_step, "collapse_kind": traj.collapse_kind, "x": traj.x}
 
@@ -191,11 +203,13 @@ def simulate(
 
     if config.get("trainer.val_before_train", True):
         t += t_val
-        events.append(SimEvent(t, 0, {**val_metrics(traj.score0), "timing_s/testing": t_val}))
+        events.append(SimEvent(t, first - 1, {**val_metrics(traj.score0), "timing_s/testing": t_val}))
+    checkpoints = {int(st): traj.state_at(int(st)) for st in save_steps if first <= int(st) <= steps}
 
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         lens_noise = float(np.exp(rng_learn.normal(0, 0.03)))
-        w, clip = _workload(sc, lk, traj.resp_mean_untruncated[step - 1] * lens_noise, uses_ref)
+        i = step - first
+        w, clip = _workload(sc, lk, traj.resp_mean_untruncated[i] * lens_noise, uses_ref)
         o = S.simulate_step(sc, k, w)
         slow = WARMUP_SLOWDOWN.get(step, 1.0)
         phases = {}
@@ -215,7 +229,8 @@ def simulate(
             if mems.get(phase, 0.0) > capacity:
                 reason = (f"CUDA out of memory in {phase} at step {step}: needs {mems[phase]:.1f} GiB of "
                           f"{capacity:.0f} GiB (mean response {w.resp_mean:.0f} tokens)")
-                return SimResult(events, "oom", reason, t + elapsed + 0.5 * phases[phase], step - 1, n_gpus, init_s, steps, info)
+                return SimResult(events, "oom", reason, t + elapsed + 0.5 * phases[phase], step - 1, n_gpus, init_s, steps, info,
+                                 {c: v for c, v in checkpoints.items() if c < step})
             elapsed += phases[phase]
         if not uses_ref:
             phases.pop("ref")
@@ -248,7 +263,6 @@ def simulate(
         if uses_ref:
             data["timing_per_token_ms/ref"] = 1000 * phases["ref"] / tokens
             data["sim/memory/ref_gb"] = mems["ref"]
-        i = step - 1
         noise = lambda sigma: float(np.exp(rng_learn.normal(0, sigma)))
         reward = float(np.clip(traj.reward[i] + rng_learn.normal(0, 0.01), 0, 1))
         data.update(
@@ -283,7 +297,7 @@ def simulate(
             data.update(val_metrics(traj.score[i]))
             data["timing_s/testing"] = tv
         events.append(SimEvent(t, step, data))
-    return SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info)
+    return SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info, checkpoints)
 
 
 # ---------------------------------------------------------------------------------------------- ground truth

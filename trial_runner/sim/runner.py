@@ -16,6 +16,9 @@ Files besides the trial contract (``metrics.jsonl``, ``status.json``, ``trial.lo
     ``sim_trial.json``  the spec, scenario, clock settings and start time (written once);
     ``sim_plan.json``   the precomputed trial (metric lines with their simulated times, the ending);
     ``sim_state.json``  progress: lines written, simulated seconds used, GPU-hours used and planned.
+    ``checkpoints/global_step_N/learning_state.json``  the learning state after step N (``spec.save_steps``),
+                        written once the simulated clock has passed step N; a trial launched with
+                        ``spec.init_from`` pointing at it continues the trajectory from there (a branch).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mart.state.models import TrialStatus
-from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec, checkpoint_dir
 from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import write_record
 from mart.trial_runner.sim import model
@@ -39,6 +42,7 @@ from mart.trial_runner.sim.scenarios import Scenario, load_scenario
 META_FILE = "sim_trial.json"
 PLAN_FILE = "sim_plan.json"
 STATE_FILE = "sim_state.json"
+CHECKPOINT_FILE = "learning_state.json"
 LOCK_FILE = ".sim.lock"
 
 
@@ -88,7 +92,14 @@ class SimRunner(TrialRunner):
             (trial_dir / stale).unlink(missing_ok=True)
         capacity = spec.memory_capacity_gb or self.memory_capacity_gb
         seed = self.seed * 1_000_003 + spec.seed
-        result = model.simulate(spec.config, self.sc, spec.steps, seed=seed, memory_capacity_gb=capacity)
+        start = None
+        if spec.init_from is not None:
+            start = read_checkpoint(spec.init_from.path)
+            if int(start["step"]) != spec.init_from.step:
+                raise ValueError(f"`init_from.step` ({spec.init_from.step}) does not match the checkpoint at "
+                                 f"{spec.init_from.path} (step {start['step']}).")
+        result = model.simulate(spec.config, self.sc, spec.steps, seed=seed, memory_capacity_gb=capacity,
+                                start=start, save_steps=spec.save_steps)
         started = time.time()
         meta = {
             "spec": spec.model_dump(),
@@ -110,6 +121,7 @@ class SimRunner(TrialRunner):
             "n_gpus": result.n_gpus,
             "init_s": result.init_s,
             "info": result.info,
+            "checkpoints": {str(k): v for k, v in result.checkpoints.items()},
         }
         _write_json(trial_dir / PLAN_FILE, plan)
         _write_json(trial_dir / META_FILE, meta)
@@ -184,6 +196,12 @@ class SimRunner(TrialRunner):
                     shown = {k: data[k] for k in ("perf/throughput", "timing_s/step", "perf/max_memory_allocated_gb",
                                                   "critic/score/mean", model.VAL_KEY) if k in data}
                     log.write(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in shown.items()) + "\n")
+        checkpoints = plan.get("checkpoints") or {}
+        for _, step, _ in new:
+            if str(step) in checkpoints:
+                ckpt = Path(checkpoint_dir(str(trial_dir), step))
+                ckpt.mkdir(parents=True, exist_ok=True)
+                _write_json(ckpt / CHECKPOINT_FILE, checkpoints[str(step)])
         written += len(new)
         last_step = events[written - 1][1] if written else 0
 
@@ -211,6 +229,21 @@ class SimRunner(TrialRunner):
         return (time.time() - float(meta["started_at"])) * float(meta["time_scale"])
 
 
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The learning state saved in a simulated checkpoint directory.
+
+    Raises:
+        ValueError: no readable checkpoint there.
+    """
+    try:
+        state = json.loads((Path(path) / CHECKPOINT_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError) as e:
+        raise ValueError(f"`init_from`: no simulated checkpoint at {path} ({type(e).__name__}).") from None
+    if not isinstance(state, dict) or "step" not in state or "progress" not in state:
+        raise ValueError(f"`init_from`: {path} does not hold a simulated learning state.")
+    return state
+
+
 def sim_usage(trial_dir: str | os.PathLike) -> dict[str, Any]:
     """The ``sim_state.json`` of a simulated trial (``{}`` when the directory holds none)."""
     try:
@@ -219,4 +252,4 @@ def sim_usage(trial_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
 
 
-__all__ = ["SimRunner", "sim_usage"]
+__all__ = ["SimRunner", "read_checkpoint", "sim_usage"]

@@ -310,6 +310,8 @@ class VerlRunner(TrialRunner):
             test_freq = user_tf if ok else horizon
             val_before = cfg.get("trainer.val_before_train") is True  # the untrained score only when asked for
             save_freq = cfg.get("trainer.save_freq", -1)
+        if spec.init_from is not None:  # a branch: verl resumes model, optimizer, data position and global step
+            resume_path = spec.init_from.path
         out = {
             "trainer.logger": loggers,
             "trainer.total_training_steps": self.total_steps(horizon),
@@ -326,6 +328,12 @@ class VerlRunner(TrialRunner):
         }
         if resume_path:
             out["trainer.resume_from_path"] = resume_path
+        if spec.init_from is not None:
+            # 'extra' (lr scheduler + RNG) would restore the parent's base lr over the branch's own
+            out["actor_rollout_ref.actor.checkpoint.load_contents"] = ["model", "optimizer"]
+        if spec.save_steps:  # verl saves every save_freq steps (and at the last): the gcd covers every asked step
+            user = int(save_freq or -1) if not isinstance(save_freq, bool) else -1
+            out["trainer.save_freq"] = math.gcd(*spec.save_steps, *([user] if user > 0 else []))
         return [override(k, v) for k, v in out.items()]
 
     def attempt(self, spec: TrialSpec) -> int:
