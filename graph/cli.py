@@ -295,6 +295,8 @@ def tune(
     except (OSError, sqlite3.Error) as e:
         _io_fail(e)
     _finish(summary, as_json)
+    if reviewer is not None and reviewer.failed:
+        _fail(f"{reviewer.failed}; the run is paused", 1)
 
 
 @app.command()

@@ -169,11 +169,22 @@ class ConsoleProgress:
         return f"  [{step}/{horizon}, ETA {int(left // 60)}:{int(left % 60):02d}]"
 
 
+def _tee(progress: ConsoleProgress, reviewer: Reviewer) -> Callable[[ProgressEvent], None]:
+    """Progress to the console and to the reviewer's channel (a Slack thread gets each trial's result)."""
+    from rich.text import Text
+
+    def sink(event: ProgressEvent) -> None:
+        progress(event)
+        reviewer.on_progress(event, Text.from_markup(format_event(event)[0]).plain)
+
+    return sink
+
+
 def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,
            api_key: str | None, progress: ConsoleProgress) -> dict[str, Any]:
     reviewer.bind(store)
     services: Services = build_services(options, store, api_key=api_key)
-    services.progress = progress
+    services.progress = _tee(progress, reviewer)
     saver = store.checkpointer()
     graph = compile_graph(saver)
     config = graph_config(store.run_id)
@@ -189,6 +200,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 summary = dict(snap.values.get("summary") or {})
                 if options.report:
                     summary["report"] = _write_report(store, progress)
+                reviewer.on_finish(summary)
                 return summary
             if not snap.interrupts:
                 raise RunError(f"the graph stopped at {snap.next} without a pending review")

@@ -27,9 +27,18 @@ class Reviewer(abc.ABC):
         """Called by the driver with the run it drives (channels that record messages use its ledger)."""
         self.store = store
 
+    failed: str | None = None
+    """Set when the channel could not deliver a review (the run is paused; the CLI exits non-zero)."""
+
     @abc.abstractmethod
     def review(self, request: dict[str, Any]) -> ReviewDecision | None:
         """Answer one review request, or None to detach (the run stays paused at this review)."""
+
+    def on_progress(self, event: Any, line: str) -> None:
+        """A progress event while the driver runs (``line``: its plain console text). Default: nothing."""
+
+    def on_finish(self, summary: dict[str, Any]) -> None:
+        """The session completed (``summary`` as ``mart tune --json`` prints it, plus ``report``)."""
 
 
 class AutoReviewer(Reviewer):

@@ -210,6 +210,12 @@ def posted_messages(ledger: Ledger) -> list[dict[str, Any]]:
     return list(_table(ledger).rows_where(order_by="posted_at"))
 
 
+def _api_error(e: BaseException) -> str:
+    from slack_sdk.errors import SlackApiError
+
+    return e.response.get("error", "error") if isinstance(e, SlackApiError) else f"{type(e).__name__}: {e}"
+
+
 class SlackReviewer(Reviewer):
     """Posts the review to Slack and detaches; ``mart slack serve`` answers it when someone clicks.
 
@@ -227,9 +233,71 @@ class SlackReviewer(Reviewer):
         self._client = client
 
     def check(self) -> None:
-        """Fail early (SlackConfigError) when the token or the channel is missing."""
-        _ = self.client
-        self._channel()
+        """Fail at start, not after the baseline trial: every missing setting at once, then the token
+        (``auth.test``) and the channel (``conversations.info``) against Slack itself."""
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        problems = []
+        for attempt in (lambda: self.client, self._channel):
+            try:
+                attempt()
+            except SlackConfigError as e:
+                problems.append(str(e))
+        if problems:
+            raise SlackConfigError("; ".join(problems))
+        try:
+            self.client.auth_test()
+        except (SlackApiError, SlackClientError, OSError) as e:
+            raise SlackConfigError(f"the Slack token was refused ({_api_error(e)})") from None
+        try:
+            self.client.conversations_info(channel=self._channel())
+        except (SlackApiError, SlackClientError, OSError) as e:
+            raise SlackConfigError(f"channel {self._channel()} cannot be used by the bot ({_api_error(e)}); "
+                                   "invite the bot to it or pick another") from None
+
+    def _thread(self) -> tuple[str, str] | None:
+        """(channel, ts) of this run's latest review message: trial results go into its thread."""
+        msgs = posted_messages(self.store.ledger) if self.store else []
+        return (msgs[-1]["channel"], msgs[-1]["ts"]) if msgs else None
+
+    def _post_in_thread(self, text: str) -> None:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        where = self._thread()
+        if where is None:
+            return
+        try:
+            self.client.chat_postMessage(channel=where[0], thread_ts=where[1], text=_clip(esc(text), 3000),
+                                         unfurl_links=False)
+        except (SlackApiError, SlackClientError, OSError) as e:  # progress is best-effort
+            print(f"mart: could not post to the Slack thread ({_api_error(e)})", file=sys.stderr)
+
+    def on_progress(self, event: Any, line: str) -> None:
+        from mart.nodes.progress import HealthNotice, TrialDone, TrialStopped
+
+        if isinstance(event, (TrialDone, TrialStopped)) or (isinstance(event, HealthNotice)
+                                                             and event.severity == "stop"):
+            self._post_in_thread(line.strip())
+
+    def on_finish(self, summary: dict[str, Any]) -> None:
+        sys_, learn = summary.get("system") or {}, summary.get("learning") or {}
+        lines = [f":checkered_flag: mart run {summary.get('run_id')} completed"]
+        if sys_.get("best_throughput") is not None:
+            lines.append(f"system stage: {sys_.get('baseline_throughput') or 0:,.0f} → {sys_['best_throughput']:,.0f} "
+                         f"tok/s/GPU ({sys_.get('throughput_gain_pct') or 0:+.1f}%)")
+        if learn.get("best_score") is not None:
+            lines.append(f"learning stage: val score {learn.get('baseline_score') or 0:.4f} → {learn['best_score']:.4f}")
+        lines += [f"note: {n}" for n in summary.get("notes") or []]
+        if summary.get("report"):
+            lines.append(f"report: {summary['report']}")
+        self._post_in_thread("\n".join(lines))
+        where = self._thread()
+        if where and summary.get("report"):
+            try:  # the page itself, where the workspace allows uploads
+                self.client.files_upload_v2(channel=where[0], thread_ts=where[1], file=summary["report"],
+                                            title=f"mart report {summary.get('run_id')}")
+            except Exception as e:  # noqa: BLE001 - the path was posted above; an upload is a bonus
+                print(f"mart: report not uploaded to Slack ({type(e).__name__})", file=sys.stderr)
 
     @property
     def client(self):
@@ -257,7 +325,8 @@ class SlackReviewer(Reviewer):
                                                 blocks=review_blocks(request), unfurl_links=False)
         except (SlackConfigError, SlackApiError, SlackClientError, OSError) as e:
             # the run is paused either way: say so instead of failing the session
-            detail = e.response.get("error") if isinstance(e, SlackApiError) else str(e)
+            detail = _api_error(e)
+            self.failed = f"could not post review #{request.get('review_no')} to Slack ({detail})"
             print(f"mart: could not post review #{request.get('review_no')} to Slack ({type(e).__name__}: {detail}); "
                   f"the run is paused: answer with `mart review {request.get('run_id')}`", file=sys.stderr)
             return

@@ -271,11 +271,9 @@ class SlackReviewService:
         applied = False
         try:
             reviewer = SlackReviewer(channel=channel, client=self.client)
-            summary = resume(run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
+            resume(run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
                              reviewer=reviewer, quiet=True, allowed=self.allowed_backends)
-            applied = True
-            if summary.get("status") == "completed":
-                self._post(channel, completion_text(summary), None)
+            applied = True  # a completed run's summary and report went into the thread (SlackReviewer.on_finish)
         except (StaleReview, RunError) as e:  # raised before the decision reached the graph
             log.warning("run %s: decision of %s not applied: %s", run, user, e)
             self._ephemeral(channel, user, f"Your decision was not applied: {esc(e)}")
@@ -319,18 +317,6 @@ def _who(body: dict[str, Any]) -> str:
     u = body.get("user") or {}
     name = u.get("username") or u.get("name")
     return f"{name} (slack:{u['id']})" if name else f"slack:{u['id']}"
-
-
-def completion_text(summary: dict[str, Any]) -> str:
-    sys_, learn = summary.get("system") or {}, summary.get("learning") or {}
-    parts = [f":checkered_flag: mart run `{summary.get('run_id')}` completed"]
-    if sys_.get("best_throughput") is not None:
-        gain = sys_.get("throughput_gain_pct")
-        parts.append(f"throughput {sys_.get('baseline_throughput')} → {sys_['best_throughput']} tokens/s"
-                     + (f" ({gain:+.1f}%)" if gain is not None else ""))
-    if learn.get("best_score") is not None:
-        parts.append(f"val score {learn.get('baseline_score')} → {learn['best_score']}")
-    return "; ".join(parts)
 
 
 # -- HTTP transport ----------------------------------------------------------------------------------

@@ -46,6 +46,11 @@ ALICE, MALLORY, CHANNEL = "U0ALICE", "U0MALLORY", "C0REVIEWS"
 FEEDBACK = "don't touch max_num_seqs; increase the ppo_micro_batch_size_per_gpu instead"
 
 
+
+def TOP(call) -> bool:
+    """A review message (trial results go into its thread, with thread_ts)."""
+    return not call["params"].get("thread_ts")
+
 def mart(*args: str, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mart.graph.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
@@ -149,7 +154,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     paused = json.loads(out.stdout)
     run, run_dir = paused["run_id"], tmp_path / paused["run_id"]
     assert paused["status"] == "paused"
-    [msg1] = stub.wait_for("chat.postMessage")
+    [msg1] = stub.wait_for("chat.postMessage", TOP)
     assert msg1["authorized"] and msg1["params"]["channel"] == CHANNEL
     value = json.loads(next(b for b in msg1["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"])
     assert value["run"] == run and value["interrupt"] == paused["pending_review"]["interrupt_id"]
@@ -182,7 +187,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert upd["params"]["ts"] == msg1["reply"]["ts"] and upd["params"]["channel"] == CHANNEL
     assert f"<@{ALICE}> approved" in json.dumps(upd["params"]["blocks"])
     assert not any(b["type"] == "actions" for b in upd["params"]["blocks"])
-    msg2 = stub.wait_for("chat.postMessage", count=2)[1]
+    msg2 = stub.wait_for("chat.postMessage", TOP, count=2)[1]
     rows = trials(run_dir)
     assert len(rows) == 2 and rows[1]["candidate_id"] == paused["pending_review"]["candidate_id"]
     [rev] = Ledger.open(run_dir).table_rows("reviews")
@@ -194,7 +199,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert status == 200
     note = stub.wait_for("chat.postEphemeral", count=2)[1]
     assert note["params"]["user"] == ALICE and "already decided" in note["params"]["text"]
-    assert len(trials(run_dir)) == 2 and len(stub.of("chat.update")) == 1 and len(stub.of("chat.postMessage")) == 2
+    assert len(trials(run_dir)) == 2 and len(stub.of("chat.update")) == 1 and len([c for c in stub.of("chat.postMessage") if TOP(c)]) == 2
 
     # 6. reject with feedback through the form: a revised candidate comes back as review #3
     status, _ = signed_post(url, click(msg2, ACTION_REJECT))
@@ -206,7 +211,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert status == 200 and json.loads(body)["response_action"] == "errors"  # empty feedback is refused
     status, body = signed_post(url, submit(view, {FEEDBACK_BLOCK: (FEEDBACK_INPUT, FEEDBACK)}))
     assert status == 200 and "errors" not in body
-    msg3 = stub.wait_for("chat.postMessage", count=3)[2]
+    msg3 = stub.wait_for("chat.postMessage", TOP, count=3)[2]
     wait_paused(run_dir)
     upd2 = stub.wait_for("chat.update", count=2)[1]
     assert upd2["params"]["ts"] == msg2["reply"]["ts"] and "rejected" in json.dumps(upd2["params"]["blocks"])
@@ -236,7 +241,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     for t in threads:
         t.join()
     assert [s for s, _ in results] == [200, 200]
-    stub.wait_for("chat.postMessage", count=4)  # review #4
+    stub.wait_for("chat.postMessage", TOP, count=4)  # review #4
     wait_paused(run_dir)
     refused = stub.wait_for("chat.postEphemeral", count=3)[2]
     assert refused["params"]["user"] == ALICE
@@ -249,7 +254,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert len(cids) == len(set(cids))
 
     # 9. a valid edit through the form runs the edited config; the last trial ends the run
-    msg4 = stub.of("chat.postMessage")[3]
+    msg4 = [c for c in stub.of("chat.postMessage") if TOP(c)][3]
     status, _ = signed_post(url, click(msg4, ACTION_EDIT))
     edit_view = stub.wait_for("views.open", count=3)[2]["params"]["view"]
     prefilled = edit_view["blocks"][1]["element"]["initial_value"].splitlines()  # the candidate's own knobs
@@ -257,8 +262,12 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     status, body = signed_post(url, submit(edit_view, {EDITS_BLOCK: (EDITS_INPUT, f"{CKPT}=false"),
                                                        FEEDBACK_BLOCK: (FEEDBACK_INPUT, "try without checkpointing")}))
     assert status == 200 and "errors" not in body
-    done = stub.wait_for("chat.postMessage", lambda c: "completed" in c["params"]["text"])[0]
-    assert done["params"]["channel"] == CHANNEL
+    done = stub.wait_for("chat.postMessage", lambda c: "mart run" in c["params"]["text"]
+                         and "completed" in c["params"]["text"])[0]
+    assert done["params"]["channel"] == CHANNEL and "report:" in done["params"]["text"]
+    # each trial's result went into the thread of its review, with units
+    thread = [c["params"] for c in stub.of("chat.postMessage") if not TOP(c)]
+    assert any("tok/s" in t["text"] and t["thread_ts"] == msg1["reply"]["ts"] for t in thread)
     upd4 = [u for u in stub.of("chat.update") if u["params"]["ts"] == msg4["reply"]["ts"]]
     assert len(upd4) == 1 and "edited" in json.dumps(upd4[0]["params"]["blocks"])
     wait_paused(run_dir)

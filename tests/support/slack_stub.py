@@ -1,7 +1,7 @@
 """A loopback stand-in for the Slack Web API that records the calls it gets (for tests).
 
 ``SlackStub`` listens on 127.0.0.1 (a free port), answers ``auth.test``, ``chat.postMessage``,
-``chat.update``, ``chat.postEphemeral``, ``views.open`` and (with an app token) ``apps.connections.open``
+``conversations.info``, ``chat.update``, ``chat.postEphemeral``, ``views.open`` and (with an app token) ``apps.connections.open``
 like Slack does (just enough for slack_sdk and
 slack_bolt), and keeps the calls with its replies in ``calls`` (bounded). Point a client at it with
 ``WebClient(token=..., base_url=stub.api_url)`` or ``MART_SLACK_API_URL=stub.api_url``. It checks the
@@ -29,6 +29,7 @@ class SlackStub:
     def __init__(self, token: str, *, team_id: str = "T0MART", bot_user_id: str = "U0BOT",
                  app_token: str | None = None, socket_url: str | None = None) -> None:
         self.token = token
+        self.missing_channels: set[str] = set()  # conversations.info answers channel_not_found for these
         self.app_token = app_token  # Socket Mode: apps.connections.open answers socket_url to this token
         self.socket_url = socket_url
         self.team_id = team_id
@@ -127,6 +128,10 @@ class SlackStub:
         if method == "chat.postMessage":
             return {"ok": True, "channel": p.get("channel"), "ts": ts,
                     "message": {"type": "message", "text": p.get("text"), "ts": ts, "bot_id": "B0MART"}}
+        if method == "conversations.info":
+            if p.get("channel") in self.missing_channels:
+                return {"ok": False, "error": "channel_not_found"}
+            return {"ok": True, "channel": {"id": p.get("channel"), "is_member": True}}
         if method == "chat.update":
             return {"ok": True, "channel": p.get("channel"), "ts": p.get("ts"), "text": p.get("text")}
         if method == "chat.postEphemeral":
