@@ -1,0 +1,107 @@
+"""Health-based early stopping end to end, on the toy backend's poll clock (one step revealed per poll).
+
+The monitor must see trials mid-run: a collapsing candidate is stopped before its horizon and never becomes
+the best; a healthy one runs to the end; a baseline is never stopped, however sick it looks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mart.graph.reviewers.base import Reviewer
+from mart.graph.session import tune
+from mart.state.ledger import Ledger
+from mart.state.models import ReviewDecision
+from mart.state.options import TuneOptions
+from tests.support.toy_backend import ENT, LR, MB, SEQS
+
+TOY = "tests.support.toy_backend:make_backend"
+HORIZON = 8
+
+
+class EditsByStage(Reviewer):
+    """Answers each review with the next edit planned for its stage (the proposer's choice does not matter);
+    approves where no edit is planned."""
+
+    name = "edits"
+
+    def __init__(self, **plans):
+        self.plans = {stage: list(edits) for stage, edits in plans.items()}
+
+    def review(self, request):
+        plan = self.plans.get(request["stage"])
+        if not plan:
+            return ReviewDecision(action="approve", reviewer="test", channel="test")
+        edits = plan.pop(0)
+        return ReviewDecision(action="edit", edits=edits, reviewer="test", channel="test")
+
+
+def _options(tmp_path, **kw) -> TuneOptions:
+    base = dict(backend=TOY, approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=0.01,
+                system_horizon=5, learning_horizon=HORIZON)
+    base.update(kw)
+    return TuneOptions(**base)
+
+
+def _trials(tmp_path, run_id) -> dict[str, dict]:
+    ledger = Ledger.open(Path(tmp_path) / run_id)
+    return {t["candidate_id"] or f"baseline-{t['stage']}": t for t in ledger.trials()}, ledger
+
+
+def test_collapsing_candidates_stop_mid_run_healthy_ones_and_the_baseline_do_not(tmp_path):
+    # The baseline itself collapses (lr 0.05); the candidates: entropy collapse, KL blow-up with a validation
+    # score that beats everything else before it is stopped, and a healthy run that beats the baseline.
+    collapse = {LR: 0.05, ENT: 0.0}
+    kl_but_scores_well = {LR: 2e-3, ENT: 0.04}
+    healthy = {LR: 1.2e-3, ENT: 0.0}
+    reviewer = EditsByStage(learning=[collapse, kl_but_scores_well, healthy])
+    opts = _options(tmp_path, system_trials=2, learning_trials=4,
+                    backend_options={"stream": True, "base_overrides": {LR: 0.05}})
+    summary = tune(opts, reviewer=reviewer)
+    assert summary["status"] == "completed"
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    learning = [t for t in ledger.trials("learning")]
+    assert [t["kind"] for t in learning] == ["baseline", "candidate", "candidate", "candidate"]
+    base, col, kl, ok = learning
+    assert [t["config"][LR] for t in learning] == [0.05, 0.05, 2e-3, 1.2e-3]
+
+    # the baseline is as sick as the first candidate, and the monitor saw it (a stop-severity event) ...
+    base_events = ledger.health_events(base["trial_id"])
+    assert any(e.rule == "entropy_collapse" and e.severity == "stop" for e in base_events)
+    # ... yet it ran to its horizon
+    assert base["status"] == "completed" and not base["early_stopped"] and base["steps_done"] == HORIZON
+
+    for t, rule in ((col, "entropy_collapse"), (kl, "kl_blowup")):
+        assert t["status"] == "stopped", t
+        assert t["early_stopped"]
+        assert t["reason"].startswith(f"health: {rule}:")
+        assert 3 <= t["steps_done"] < HORIZON  # stopped mid-run, once the anomaly persisted
+        assert any(e.rule == rule and e.severity == "stop" for e in ledger.health_events(t["trial_id"]))
+
+    assert ok["status"] == "completed" and not ok["early_stopped"] and ok["steps_done"] == HORIZON
+    assert not [e for e in ledger.health_events(ok["trial_id"]) if e.severity == "stop"]
+
+    # the KL run's last validation score is the highest of all: only the early stop keeps it from being best
+    assert kl["score"] > ok["score"] > base["score"]
+    assert summary["learning"]["best_config"][LR] == 1.2e-3
+    assert summary["learning"]["best_score"] == pytest.approx(ok["score"])
+    assert summary["learning"]["best_score"] > summary["learning"]["baseline_score"]
+    assert summary["trials"]["early_stopped"] == 2
+
+
+def test_over_margin_system_candidate_is_stopped_at_its_first_step(tmp_path):
+    # capacity 4.0 GB, margin 0.1 -> limit 3.6 GB; micro batch 26 without checkpointing peaks at 3.92 GB
+    big = {MB: 26, SEQS: 32, "actor_rollout_ref.model.enable_gradient_checkpointing": False}
+    reviewer = EditsByStage(system=[big])
+    summary = tune(_options(tmp_path, system_trials=2, learning_trials=0, memory_capacity_gb=4.0,
+                            backend_options={"stream": True}), reviewer=reviewer)
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    base, cand = ledger.trials("system")
+    assert cand["config"][MB] == 26
+    assert cand["status"] == "stopped" and cand["early_stopped"]
+    assert cand["reason"].startswith("health: memory_margin:")
+    assert cand["steps_done"] < 5
+    assert base["status"] == "completed" and base["steps_done"] == 5
+    assert summary["system"]["best_config"] == {}  # the baseline stays the best
