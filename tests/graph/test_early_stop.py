@@ -77,6 +77,7 @@ def test_collapsing_candidates_stop_mid_run_healthy_ones_and_the_baseline_do_not
         assert t["status"] == "stopped", t
         assert t["early_stopped"]
         assert t["reason"].startswith(f"health: {rule}:")
+        assert t["reason"].endswith("(3/3 steps)")  # a warning does not stop: the anomaly persisted 3 steps
         assert 3 <= t["steps_done"] < HORIZON  # stopped mid-run, once the anomaly persisted
         assert any(e.rule == rule and e.severity == "stop" for e in ledger.health_events(t["trial_id"]))
 
