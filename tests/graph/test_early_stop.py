@@ -104,3 +104,20 @@ def test_over_margin_system_candidate_is_stopped_at_its_first_step(tmp_path):
     assert cand["steps_done"] < 5
     assert base["status"] == "completed" and base["steps_done"] == 5
     assert summary["system"]["best_config"] == {}  # the baseline stays the best
+
+
+def test_a_trial_that_completes_as_the_stop_arrives_is_still_not_eligible(tmp_path):
+    # The KL blow-up starts at step 5 of 8 and has persisted 3 steps when the monitor reads step 7; by then the
+    # trial has written step 8 too, so it completes before the stop lands. Its score is the session's best; the health verdict must still
+    # keep it from being chosen.
+    kl_late = {LR: 2e-3, ENT: 0.04}
+    reviewer = EditsByStage(learning=[kl_late])
+    summary = tune(_options(tmp_path, system_trials=2, learning_trials=2,
+                            backend_options={"stream": True, "kl_onset_step": HORIZON - 3}), reviewer=reviewer)
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    base, cand = ledger.trials("learning")
+    assert cand["config"][ENT] == 0.04
+    assert cand["status"] == "completed" and cand["steps_done"] == HORIZON
+    assert cand["early_stopped"] and cand["reason"].startswith("health: kl_blowup:")
+    assert cand["score"] > base["score"]
+    assert summary["learning"]["best_config"] == {}  # the baseline stays the best

@@ -117,3 +117,10 @@ def test_a_single_non_finite_grad_norm_does_not_stop():
     recs = stream(5, **HEALTHY)
     recs[4] = StepRecord(step=5, data={**recs[4].data, "actor/grad_norm": math.inf})
     assert rules(evaluate("learning", "t", recs, HealthConfig()), "stop") == set()
+
+
+def test_memory_margin_remembers_a_spike_that_fell_back():
+    spike = stream(5, mem=lambda s: 4.0 if s == 2 else 3.0)
+    ev = evaluate("system", "t", spike, HealthConfig(memory_limit_gb=3.5))
+    assert rules(ev, "stop") == {"memory_margin"}
+    assert ev[0].step == 2 and ev[0].value == 4.0

@@ -5,8 +5,10 @@ whole metric stream at launch, so graph tests exercise the tuning logic in milli
 the trial runs on a poll clock instead: each ``poll`` reveals one more step, the status stays ``running``
 until the last one, and ``stop`` ends it where it stands -- so the health monitor sees a trial mid-run and
 early stopping can be tested end to end without a real trainer. Streaming trials also show two pathologies
-(learning rate > 0.02: entropy collapses after step 2; entropy bonus > 0.03: KL blows up from step 3 while
-the validation score keeps rising) and log a validation score every step.
+(learning rate > 0.02: entropy collapses after step 2; entropy bonus > 0.03: KL blows up from step
+``kl_onset_step`` (default 3) while the validation score keeps rising) and log a validation score every step.
+A ``stop`` that comes after the last step was written finds the trial already finished (as a real job that
+completes while the signal is on its way).
 
 Every launch appends one ``toy: start`` line to the trial's ``trial.log``: tests count them to prove a trial
 process started exactly once (launch idempotency).
@@ -44,7 +46,8 @@ SPACE = SearchSpace(
 )
 
 
-def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: float = 0.0) -> tuple[list[dict], str]:
+def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: float = 0.0,
+             kl_onset_step: int = 3) -> tuple[list[dict], str]:
     """The trial's metric rows (step 0 first) and final status; ``memory_spike_gb`` is added to step 1's
     memory reading only (a transient peak that falls back, as at the first rollout)."""
     mb, seqs, ckpt = config[MB], config[SEQS], config[CKPT]
@@ -63,7 +66,7 @@ def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: fl
                "actor/grad_norm": 1.0, "actor/ppo_kl": 0.01}
         if stream and lr > 0.02:
             row["actor/entropy"] = 1.0 if step <= 2 else 0.02
-        if stream and config[ENT] > 0.03 and step >= 3:
+        if stream and config[ENT] > 0.03 and step >= kl_onset_step:
             row["actor/ppo_kl"] = 3.0
         if step == steps or stream:
             row["val-core/toy/reward/mean@1"] = quality
@@ -81,12 +84,14 @@ START_LINE = "toy: start"
 class ToyRunner(TrialRunner):
     name = "toy"
 
-    def __init__(self, stream: bool = False, memory_spike_gb: float = 0.0) -> None:
+    def __init__(self, stream: bool = False, memory_spike_gb: float = 0.0, kl_onset_step: int = 3) -> None:
         self.stream = stream
         self.memory_spike_gb = memory_spike_gb
+        self.kl_onset_step = kl_onset_step
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
-        rows, status = simulate(spec.config, spec.steps, stream=self.stream, memory_spike_gb=self.memory_spike_gb)
+        rows, status = simulate(spec.config, spec.steps, stream=self.stream, memory_spike_gb=self.memory_spike_gb,
+                                kl_onset_step=self.kl_onset_step)
         path = Path(spec.trial_dir)
         with open(path / "trial.log", "a") as log:
             log.write(f"{START_LINE} {spec.trial_id} steps={spec.steps}\n")
@@ -125,8 +130,10 @@ class ToyRunner(TrialRunner):
     def stop(self, handle: TrialHandle, reason: str = "stopped", grace_s: float = 5.0) -> TrialPoll:
         plan_file = Path(handle.trial_dir) / PLAN_FILE
         if read_status(handle.trial_dir) is None and plan_file.exists():
-            shown = json.loads(plan_file.read_text())["shown"]
-            write_status(handle.trial_dir, TrialStatus.STOPPED, reason, shown - 1)
+            plan = json.loads(plan_file.read_text())
+            if plan["shown"] < len(plan["rows"]):
+                write_status(handle.trial_dir, TrialStatus.STOPPED, reason, plan["shown"] - 1)
+            # else: every step is out, the trial finished before the signal arrived; poll reports its status
         return self.poll(handle)
 
 
@@ -134,10 +141,12 @@ class ToyBackend(Backend):
     name = "toy"
 
     def __init__(self, memory_capacity_gb: float | None = None, stream: bool = False,
-                 base_overrides: dict | None = None, memory_spike_gb: float = 0.0, **unused) -> None:
+                 base_overrides: dict | None = None, memory_spike_gb: float = 0.0, kl_onset_step: int = 3,
+                 **unused) -> None:
         self.capacity = memory_capacity_gb or 4.0
         self.stream = stream
         self.memory_spike_gb = memory_spike_gb
+        self.kl_onset_step = kl_onset_step
         self.base_overrides = dict(base_overrides or {})
 
     def search_space(self) -> SearchSpace:
@@ -147,7 +156,7 @@ class ToyBackend(Backend):
         return {**SPACE.defaults(), **self.base_overrides}
 
     def make_runner(self) -> TrialRunner:
-        return ToyRunner(stream=self.stream, memory_spike_gb=self.memory_spike_gb)
+        return ToyRunner(stream=self.stream, memory_spike_gb=self.memory_spike_gb, kl_onset_step=self.kl_onset_step)
 
     def memory_capacity_gb(self) -> float:
         return self.capacity
