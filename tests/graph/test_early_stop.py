@@ -67,8 +67,9 @@ def test_collapsing_candidates_stop_mid_run_healthy_ones_and_the_baseline_do_not
     # the baseline is as sick as the first candidate, and the monitor saw it (a stop-severity event) ...
     base_events = ledger.health_events(base["trial_id"])
     assert any(e.rule == "entropy_collapse" and e.severity == "stop" for e in base_events)
-    # ... yet it ran to its horizon
+    # ... yet it ran to its horizon; the monitor saw every step, the last one too (written as the job ended)
     assert base["status"] == "completed" and not base["early_stopped"] and base["steps_done"] == HORIZON
+    assert max(e.step for e in base_events) == HORIZON
 
     for t, rule in ((col, "entropy_collapse"), (kl, "kl_blowup")):
         assert t["status"] == "stopped", t
@@ -107,13 +108,13 @@ def test_over_margin_system_candidate_is_stopped_at_its_first_step(tmp_path):
 
 
 def test_a_trial_that_completes_as_the_stop_arrives_is_still_not_eligible(tmp_path):
-    # The KL blow-up starts at step 5 of 8 and has persisted 3 steps when the monitor reads step 7; by then the
-    # trial has written step 8 too, so it completes before the stop lands. Its score is the session's best; the health verdict must still
+    # The KL blow-up starts at step 4 of 8 and has persisted 3 steps when the monitor reads step 6; by then the
+    # trial is on its last step, so it completes before the stop lands. Its score is the session's best; the health verdict must still
     # keep it from being chosen.
     kl_late = {LR: 2e-3, ENT: 0.04}
     reviewer = EditsByStage(learning=[kl_late])
     summary = tune(_options(tmp_path, system_trials=2, learning_trials=2,
-                            backend_options={"stream": True, "kl_onset_step": HORIZON - 3}), reviewer=reviewer)
+                            backend_options={"stream": True, "kl_onset_step": HORIZON - 4}), reviewer=reviewer)
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     base, cand = ledger.trials("learning")
     assert cand["config"][ENT] == 0.04

@@ -3,12 +3,13 @@
 Used through the plugin path (``tests.support.toy_backend:make_backend``). By default each trial writes its
 whole metric stream at launch, so graph tests exercise the tuning logic in milliseconds. With ``stream=True``
 the trial runs on a poll clock instead: each ``poll`` reveals one more step, the status stays ``running``
-until the last one, and ``stop`` ends it where it stands -- so the health monitor sees a trial mid-run and
-early stopping can be tested end to end without a real trainer. Streaming trials also show two pathologies
+until the last one, which comes with the final status (a real job writes its last line and exits at once),
+and ``stop`` ends it where it stands -- so the health monitor sees a trial mid-run and early stopping can be
+tested end to end without a real trainer. Streaming trials also show two pathologies
 (learning rate > 0.02: entropy collapses after step 2; entropy bonus > 0.03: KL blows up from step
 ``kl_onset_step`` (default 3) while the validation score keeps rising) and log a validation score every step.
-A ``stop`` that comes after the last step was written finds the trial already finished (as a real job that
-completes while the signal is on its way).
+A ``stop`` that comes while the last step is in flight finds the trial finished (as a real job that completes
+while the signal is on its way).
 
 Every launch appends one ``toy: start`` line to the trial's ``trial.log``: tests count them to prove a trial
 process started exactly once (launch idempotency).
@@ -110,31 +111,41 @@ class ToyRunner(TrialRunner):
         done = read_status(handle.trial_dir)
         if done is not None:
             return done
-        path = Path(handle.trial_dir)
-        plan_file = path / PLAN_FILE
-        if not plan_file.exists():
+        plan = self._plan(handle)
+        if plan is None:
             return TrialPoll(status=TrialStatus.FAILED, reason="no status")
-        plan = json.loads(plan_file.read_text())
-        rows, shown = plan["rows"], plan["shown"]
-        if shown < len(rows):
-            with open(path / "metrics.jsonl", "a") as f:
-                write_record(f, shown, rows[shown])
-            shown += 1
-            plan["shown"] = shown
-            plan_file.write_text(json.dumps(plan))
-            return TrialPoll(status=TrialStatus.RUNNING, last_step=shown - 1)
-        status = plan["status"]
-        write_status(path, status, None if status == "completed" else "toy OOM", shown - 1)
-        return read_status(handle.trial_dir)
+        if plan["shown"] < len(plan["rows"]) - 1:
+            self._reveal(handle, plan, 1)
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=plan["shown"] - 1)
+        return self._finish(handle, plan)
 
     def stop(self, handle: TrialHandle, reason: str = "stopped", grace_s: float = 5.0) -> TrialPoll:
-        plan_file = Path(handle.trial_dir) / PLAN_FILE
-        if read_status(handle.trial_dir) is None and plan_file.exists():
-            plan = json.loads(plan_file.read_text())
-            if plan["shown"] < len(plan["rows"]):
-                write_status(handle.trial_dir, TrialStatus.STOPPED, reason, plan["shown"] - 1)
-            # else: every step is out, the trial finished before the signal arrived; poll reports its status
+        plan = self._plan(handle)
+        if read_status(handle.trial_dir) is None and plan is not None:
+            if plan["shown"] >= len(plan["rows"]) - 1:
+                return self._finish(handle, plan)  # the last step was in flight: it ends before the signal lands
+            write_status(handle.trial_dir, TrialStatus.STOPPED, reason, plan["shown"] - 1)
         return self.poll(handle)
+
+    @staticmethod
+    def _plan(handle: TrialHandle) -> dict | None:
+        path = Path(handle.trial_dir) / PLAN_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    @staticmethod
+    def _reveal(handle: TrialHandle, plan: dict, n: int) -> None:
+        with open(Path(handle.trial_dir) / "metrics.jsonl", "a") as f:
+            for step in range(plan["shown"], min(plan["shown"] + n, len(plan["rows"]))):
+                write_record(f, step, plan["rows"][step])
+        plan["shown"] = min(plan["shown"] + n, len(plan["rows"]))
+        (Path(handle.trial_dir) / PLAN_FILE).write_text(json.dumps(plan))
+
+    def _finish(self, handle: TrialHandle, plan: dict) -> TrialPoll:
+        """The last line and the final status in one go (a job writes its last step, then exits at once)."""
+        self._reveal(handle, plan, len(plan["rows"]))
+        status = plan["status"]
+        write_status(handle.trial_dir, status, None if status == "completed" else "toy OOM", plan["shown"] - 1)
+        return read_status(handle.trial_dir)
 
 
 class ToyBackend(Backend):
