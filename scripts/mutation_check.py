@@ -130,6 +130,20 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("M28", "tools/launch.py",
            '    ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))\n',
            "", "the handle never reaches the ledger", (LAUNCH,)),
+    Mutant("M29", "nodes/health_monitor.py", "services.ledger.add_health_events(events)",
+           'services.ledger.add_health_events([e for e in events if record.kind != "baseline"])',
+           "a baseline's health events are not recorded", (EARLY_STOP,)),
+    Mutant("M30", "nodes/agents/rules.py", "if config_hash(full) in tried:", "if False:",
+           "the critic lets a duplicate config through", (CRITIC,)),
+    Mutant("M31", "nodes/health_rules.py", "ref = statistics.median(v for _, v in s[: cfg.warmup])",
+           "ref = max(v for _, v in s[: cfg.warmup])", "grad-norm reference is the early max, not the median",
+           (RULES,)),
+    Mutant("M32", "nodes/health_rules.py", "n = _persisting(series, lambda v: abs(v) > cfg.kl_max, cfg.window)",
+           "n = _persisting(series, lambda v: v > cfg.kl_max, cfg.window)",
+           "a large negative KL estimate is not a blow-up", (RULES,)),
+    Mutant("M33", "tools/launch.py", "status=TrialStatus.FAILED.value, reason=f\"launch failed: {e}\"",
+           "status=TrialStatus.RUNNING.value, reason=f\"launch failed: {e}\"",
+           "a launch that raises leaves the trial 'running' in the ledger", (LAUNCH, EARLY_STOP, MEMORY)),
 )
 
 

@@ -110,3 +110,21 @@ def test_interrupt_between_handle_and_checkpoint_then_resume_starts_each_trial_o
     after = ledger.trial(fired[0])
     assert after["handle"] == interrupted["handle"] and after["started_at"] == interrupted["started_at"]
     assert after["steps_done"] == 5
+
+
+def test_a_launch_that_raises_is_a_failed_trial_not_a_failed_session(tmp_path, monkeypatch):
+    real = toy_backend.ToyRunner.launch
+
+    def refuse_candidates(self, spec):
+        if "baseline" not in spec.trial_id:
+            raise RuntimeError("no GPU left")
+        return real(self, spec)
+
+    monkeypatch.setattr(toy_backend.ToyRunner, "launch", refuse_candidates)
+    summary = tune(_options(tmp_path, system_trials=2))
+    assert summary["status"] == "completed"
+    assert summary["trials"]["failed"] == 1
+    base, cand = Ledger.open(Path(tmp_path) / summary["run_id"]).trials("system")
+    assert base["status"] == "completed"
+    assert cand["status"] == "failed" and cand["reason"] == "launch failed: no GPU left"
+    assert summary["system"]["best_config"] == {}

@@ -124,3 +124,12 @@ def test_memory_margin_remembers_a_spike_that_fell_back():
     ev = evaluate("system", "t", spike, HealthConfig(memory_limit_gb=3.5))
     assert rules(ev, "stop") == {"memory_margin"}
     assert ev[0].step == 2 and ev[0].value == 4.0
+
+
+def test_grad_norm_reference_is_the_early_median():
+    cfg = HealthConfig(window=3, warmup=2, grad_norm_factor=10.0)
+    # early grad norms 1 and 3: median 2, limit 20. 25 persists -> stop (against the early max, 3 -> 30, it would not)
+    spiky = {**HEALTHY, "grad": lambda s: {1: 1.0, 2: 3.0}.get(s, 25.0)}
+    assert "grad_norm_explosion" in rules(evaluate("learning", "t", stream(6, **spiky), cfg), "stop")
+    calm = {**HEALTHY, "grad": lambda s: {1: 1.0, 2: 3.0}.get(s, 15.0)}
+    assert "grad_norm_explosion" not in rules(evaluate("learning", "t", stream(6, **calm), cfg))
