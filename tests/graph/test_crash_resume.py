@@ -91,7 +91,8 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
     assert killed[2] == "completed"
     assert json.loads(killed[3])["pid"] == handle["pid"], "the running trial was relaunched instead of re-attached"
     # the trial's own log: the trainer started once and logged each step once (no second process, no replay)
-    log = (run_dir / trial_id / "trial.log").read_text().splitlines()
+    [(trial_dir,)] = _query(db, "select trial_dir from trials where trial_id=?", (trial_id,))
+    log = (Path(trial_dir) / "trial.log").read_text().splitlines()
     assert sum(line.startswith("local GRPO trial:") for line in log) == 1
     assert sum(line.startswith("step:0 ") for line in log) <= 1  # the validation before training, if any
     for step in range(1, 5):
