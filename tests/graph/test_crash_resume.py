@@ -114,8 +114,9 @@ real = session.ConsoleProgress.__call__
 
 def die_after_the_handle(self, event):
     # the launch node emits trial_launched after the ledger holds the handle, before its output is checkpointed
-    if event.get("event") == "trial_launched" and event.get("kind") == "candidate":
-        print("KILLED", event["trial_id"], flush=True)
+    field = (lambda k: event.get(k)) if isinstance(event, dict) else (lambda k: getattr(event, k, None))
+    if field("event") == "trial_launched" and field("kind") == "candidate":
+        print("KILLED", field("trial_id"), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     return real(self, event)
 

@@ -42,6 +42,11 @@ def launches(monkeypatch) -> Counter:
     return counts
 
 
+def _field(event, name):
+    """A progress event's field, whether the event is a typed model or a plain dict."""
+    return event.get(name) if isinstance(event, dict) else getattr(event, name, None)
+
+
 def _starts(trial_dir) -> int:
     log = Path(trial_dir) / "trial.log"
     return sum(line.startswith(START_LINE) for line in log.read_text().splitlines()) if log.exists() else 0
@@ -83,8 +88,8 @@ def test_interrupt_between_handle_and_checkpoint_then_resume_starts_each_trial_o
     fired = []
 
     def interrupt_at_launch(self, event):
-        if event.get("event") == "trial_launched" and event.get("kind") == "candidate" and not fired:
-            fired.append(event["trial_id"])
+        if _field(event, "event") == "trial_launched" and _field(event, "kind") == "candidate" and not fired:
+            fired.append(_field(event, "trial_id"))
             raise KeyboardInterrupt
         return real(self, event)
 
