@@ -84,8 +84,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "ref = statistics.fmean(v for _, v in s)", "entropy reference over the whole stream, not the early steps",
            (RULES,)),
     # -- more mutants in the same modules ----------------------------------------------------------------
-    Mutant("M12", "tools/collect.py", "eligible = status is TrialStatus.COMPLETED and not early",
-           "eligible = status is TrialStatus.COMPLETED", "an early-stopped trial can become the best", (EARLY_STOP,)),
+    Mutant("M12", "tools/collect.py", "if status is not TrialStatus.COMPLETED or early:",
+           "if status is not TrialStatus.COMPLETED:", "an early-stopped trial reports its partial score as a result",
+           (EARLY_STOP,)),
     Mutant("M13", "nodes/health_monitor.py", 'stops = [e for e in events if e.severity == "stop"]',
            "stops = list(events)", "a warning stops the trial (persistence ignored)", (EARLY_STOP,)),
     Mutant("M14", "nodes/health_rules.py", 'severity = "stop" if persisted >= window else "warn"',

@@ -39,6 +39,12 @@ class EditsByStage(Reviewer):
         return ReviewDecision(action="edit", edits=edits, reviewer="test", channel="test")
 
 
+def _last_val(ledger, trial) -> float:
+    """The last validation score the trial logged (from its metric stream, not the ledger's result)."""
+    vals = [r.data[k] for r in ledger.metric_records(trial["trial_id"]) for k in r.data if k.startswith("val-core/")]
+    return vals[-1]
+
+
 def _options(tmp_path, **kw) -> TuneOptions:
     # a tiny watch interval: each watch pass returns after one new step, so the monitor sees every step
     base = dict(backend=TOY, approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=1e-6,
@@ -83,8 +89,10 @@ def test_collapsing_candidates_stop_mid_run_healthy_ones_and_the_baseline_do_not
     assert ok["status"] == "completed" and not ok["early_stopped"] and ok["steps_done"] == HORIZON
     assert not [e for e in ledger.health_events(ok["trial_id"]) if e.severity == "stop"]
 
-    # the KL run's last validation score is the highest of all: only the early stop keeps it from being best
-    assert kl["score"] > ok["score"] > base["score"]
+    # the KL run's last validation score is the highest of all: only the early stop keeps it from being best,
+    # and a stopped trial reports no result at all
+    assert _last_val(ledger, kl) > ok["score"] > base["score"]
+    assert kl["score"] is None and col["score"] is None
     assert summary["learning"]["best_config"][LR] == 1.2e-3
     assert summary["learning"]["best_score"] == pytest.approx(ok["score"])
     assert summary["learning"]["best_score"] > summary["learning"]["baseline_score"]
@@ -120,5 +128,6 @@ def test_a_trial_that_completes_as_the_stop_arrives_is_still_not_eligible(tmp_pa
     assert cand["config"][ENT] == 0.04
     assert cand["status"] == "completed" and cand["steps_done"] == HORIZON
     assert cand["early_stopped"] and cand["reason"].startswith("health: kl_blowup:")
-    assert cand["score"] > base["score"]
+    assert _last_val(ledger, cand) > base["score"]  # its final validation beats the baseline ...
+    assert cand["score"] is None  # ... but an early-stopped trial reports no result
     assert summary["learning"]["best_config"] == {}  # the baseline stays the best

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from mart.nodes.health_rules import HealthConfig, evaluate
 from mart.state.metrics import StepRecord
 
@@ -103,16 +101,12 @@ def test_response_clipping_needs_a_rise_not_only_a_high_level():
     assert "response_clipping" not in rules(evaluate("learning", "t", stream(10, **low), cfg))
 
 
-@pytest.mark.xfail(strict=True, reason="health rules bug (issue 15, item 7): the NaN rule reads only the newest "
-                                       "record, so a NaN loss at step 4 is missed when step 5 arrives in the same read")
 def test_nan_is_seen_even_when_a_later_step_arrived_in_the_same_read():
     recs = stream(5, **HEALTHY)
     recs[3] = StepRecord(step=4, data={**recs[3].data, "actor/pg_loss": math.nan})
     assert "nan" in rules(evaluate("learning", "t", recs, HealthConfig()), "stop")
 
 
-@pytest.mark.xfail(strict=True, reason="health rules bug (issue 15, item 7): one non-finite grad norm (verl skips "
-                                       "that update) stops the trial; persistent must mean persistent")
 def test_a_single_non_finite_grad_norm_does_not_stop():
     recs = stream(5, **HEALTHY)
     recs[4] = StepRecord(step=5, data={**recs[4].data, "actor/grad_norm": math.inf})

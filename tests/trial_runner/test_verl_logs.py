@@ -143,8 +143,6 @@ def test_ray_prefixed_oom_is_an_oom_without_the_prefix():
     assert "pid=" not in out.reason
 
 
-@pytest.mark.xfail(strict=True, reason="verl logs bug (issue 15, item 8): the console fallback drops a final line "
-                                       "without a newline after the process exits")
 def test_final_console_line_without_newline_is_read_after_exit(tmp_path):
     from mart.state.trials import TrialHandle
     from mart.trial_runner.base import write_status
