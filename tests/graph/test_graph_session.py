@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from mart.graph.reviewers.base import Reviewer
-from mart.graph.session import SUMMARY_KEYS, resume, run_status, tune
+from mart.graph.session import resume, run_status, tune
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import NotAMartRun, RunLocked, RunNotFound, RunStore
 from mart.state.search_space import ConfigError
+from tests.support.oracles import assert_readme_shape, best_from_ledger
 from tests.support.paths import REPO as REPO_ROOT
 from tests.support.toy_backend import CKPT, MB, SEQS
 
@@ -50,16 +51,20 @@ class Scripted(Reviewer):
 
 def test_two_stage_session_improves_and_fills_the_ledger(tmp_path):
     summary = tune(options(tmp_path))
-    assert set(SUMMARY_KEYS) <= set(summary)
+    assert_readme_shape(summary)
     assert summary["status"] == "completed"
     sys_, learn = summary["system"], summary["learning"]
-    assert sys_["best_throughput"] >= sys_["baseline_throughput"]
-    assert learn["best_score"] >= learn["baseline_score"]
-    # the toy's landscape has better configs than its defaults: the rules agents must find one
+    # the toy's landscape has better configs than its defaults in both stages (more rollout concurrency,
+    # bigger micro batches; a higher learning rate): the rules agents must find one in each
+    assert sys_["best_throughput"] > sys_["baseline_throughput"]
+    assert learn["best_score"] > learn["baseline_score"]
     assert sys_["throughput_gain_pct"] > 5
     assert sys_["best_peak_memory_gb"] <= sys_["memory_limit_gb"]
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     trials = ledger.trials()
+    # the best of each stage is the best eligible trial of the ledger, recomputed independently
+    assert sys_["best_throughput"] == pytest.approx(best_from_ledger(trials, "system", sys_["memory_limit_gb"])["throughput"])
+    assert learn["best_score"] == pytest.approx(best_from_ledger(trials, "learning", None)["score"])
     assert [t["stage"] for t in trials].count("system") == 4
     # the learning budget (3), plus stage 2's re-evaluations on a second seed (selection under noise)
     confirms = [t for t in trials if t["kind"] == "confirm"]
@@ -222,3 +227,10 @@ def test_feedback_is_read_back_and_edits_take_short_names(tmp_path):
     assert reviewer.requests[1]["feedback_read"] == ["raise micro_batch", "leave max_num_seqs alone"]
     trials = Ledger.open(Path(tmp_path) / summary["run_id"]).trials()
     assert len(reviewer.requests) == 2 and trials[1]["config"][MB] == 8  # the short name reached the full key
+
+
+@pytest.mark.xfail(strict=True, reason="nodes/profiler.py goes to the proposer after the baseline without checking "
+                                       "the budget: --system-trials 1 ('the baseline included') runs two trials")
+def test_a_budget_of_one_runs_only_the_baseline(tmp_path):
+    summary = tune(options(tmp_path, system_trials=1, learning_trials=0))
+    assert summary["trials"]["total"] == 1

@@ -167,7 +167,8 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     p = psutil.Process(proc.pid)
     before = sum(p.cpu_times()[:2])
     time.sleep(2.0)
-    assert sum(p.cpu_times()[:2]) - before < 0.05
+    # a busy loop burns the whole 2 s; select() burns ~none. 10% leaves room for a loaded box's accounting
+    assert sum(p.cpu_times()[:2]) - before < 0.2
 
     # 3. forged or unknown: nothing changes
     status, _ = signed_post(url, click(msg1, ACTION_APPROVE), secret="not-the-secret")

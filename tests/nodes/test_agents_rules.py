@@ -97,7 +97,15 @@ def test_memory_model_learns_from_single_knob_pairs():
     oom = TrialRecord(trial_id="c", stage="system", config={**base, SEQS: 256}, status=TrialStatus.OOM)
     m2 = MemoryModel.fit([oom], [p.key for p in SPACE.params], capacity_gb=5.0)
     assert m2.predict({**base, SEQS: 256}) >= 5.0
-    assert config_hash({"a": 1}) == config_hash({"a": 1})
+
+
+def test_config_hash_ignores_key_order_and_sees_every_value():
+    a = {MB: 4, SEQS: 16, CKPT: True}
+    reordered = {CKPT: True, SEQS: 16, MB: 4}
+    assert config_hash(a) == config_hash(reordered)  # built independently, in another order
+    assert config_hash(a) != config_hash({**a, MB: 8})
+    assert config_hash(a) != config_hash({**a, CKPT: False})
+    assert config_hash({"x": 1}) != config_hash({"x": "1"})  # a string is not the number
 
 
 def test_critic_uses_the_backends_own_validation():
@@ -108,3 +116,17 @@ def test_critic_uses_the_backends_own_validation():
     verdict = RulesCritic().critique(c, cands)
     assert verdict.pick == "b"
     assert "divisible" in verdict.critiques[0].reasons[0]
+
+
+def test_critic_refuses_a_candidate_predicted_just_above_the_limit():
+    limit = 3.0
+    cands = [Candidate(candidate_id="over", stage="system", overrides={MB: 8}, expected_gain=1.0),
+             Candidate(candidate_id="under", stage="system", overrides={MB: 4}, expected_gain=0.1)]
+    predict = {8: 1.05 * limit, 4: 0.5 * limit}  # 5% over the limit: no tolerance for "close enough"
+    verdict = RulesCritic().critique(ctx(limit=limit, predict=lambda c: predict[c[MB]]), cands)
+    by = {c.candidate_id: c for c in verdict.critiques}
+    assert not by["over"].accepted
+    assert by["under"].accepted
+    assert verdict.pick == "under"
+    alone = RulesCritic().critique(ctx(limit=limit, predict=lambda c: predict[c[MB]]), cands[:1])
+    assert alone.pick is None

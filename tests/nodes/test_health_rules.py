@@ -71,3 +71,59 @@ def test_system_stage_checks_memory_margin_only():
     assert rules(ev, "stop") == {"memory_margin"}
     assert ev[0].value == 5.0 and ev[0].step == 4
     assert evaluate("system", "t", recs, HealthConfig(memory_limit_gb=10)) == []
+
+
+def test_entropy_collapse_is_relative_to_the_trials_own_early_level():
+    cfg = HealthConfig(window=3, warmup=2)
+    # early level 1.0; 0.1 is below 0.15 x 1.0 -> stops after three low steps. A reference taken over the
+    # whole stream (or its end) would sit near 0.46 (or 0.1) and miss this collapse.
+    sharp = {**HEALTHY, "entropy": lambda s: 1.0 if s <= 2 else 0.1}
+    ev = evaluate("learning", "t", stream(5, **sharp), cfg)
+    assert rules(ev, "stop") == {"entropy_collapse"}
+    assert "early 1" in next(e.message for e in ev if e.rule == "entropy_collapse")
+    # a model whose entropy is low from the start has not collapsed: the reference is its own early level
+    low = {**HEALTHY, "entropy": lambda s: 0.1}
+    assert "entropy_collapse" not in rules(evaluate("learning", "t", stream(10, **low), cfg))
+    # just above 0.15 x early is not a collapse
+    edge = {**HEALTHY, "entropy": lambda s: 1.0 if s <= 2 else 0.16}
+    assert "entropy_collapse" not in rules(evaluate("learning", "t", stream(8, **edge), cfg))
+
+
+def test_response_clipping_needs_a_rise_not_only_a_high_level():
+    cfg = HealthConfig(window=3)
+    # persistently above the 0.2 limit but falling (the model learns to stop in time): no event
+    falling = {**HEALTHY, "clip": lambda s: 0.9 - 0.05 * s}
+    assert "response_clipping" not in rules(evaluate("learning", "t", stream(10, **falling), cfg))
+    rising = {**HEALTHY, "clip": lambda s: 0.25 + 0.01 * s}
+    assert "response_clipping" in rules(evaluate("learning", "t", stream(10, **rising), cfg), "stop")
+    # rising but under the limit: fine
+    low = {**HEALTHY, "clip": lambda s: 0.01 * s}
+    assert "response_clipping" not in rules(evaluate("learning", "t", stream(10, **low), cfg))
+
+
+def test_nan_is_seen_even_when_a_later_step_arrived_in_the_same_read():
+    recs = stream(5, **HEALTHY)
+    recs[3] = StepRecord(step=4, data={**recs[3].data, "actor/pg_loss": math.nan})
+    assert "nan" in rules(evaluate("learning", "t", recs, HealthConfig()), "stop")
+
+
+def test_a_single_non_finite_grad_norm_does_not_stop():
+    recs = stream(5, **HEALTHY)
+    recs[4] = StepRecord(step=5, data={**recs[4].data, "actor/grad_norm": math.inf})
+    assert rules(evaluate("learning", "t", recs, HealthConfig()), "stop") == set()
+
+
+def test_memory_margin_remembers_a_spike_that_fell_back():
+    spike = stream(5, mem=lambda s: 4.0 if s == 2 else 3.0)
+    ev = evaluate("system", "t", spike, HealthConfig(memory_limit_gb=3.5))
+    assert rules(ev, "stop") == {"memory_margin"}
+    assert ev[0].step == 2 and ev[0].value == 4.0
+
+
+def test_grad_norm_reference_is_the_early_median():
+    cfg = HealthConfig(window=3, warmup=2, grad_norm_factor=10.0)
+    # early grad norms 1 and 3: median 2, limit 20. 25 persists -> stop (against the early max, 3 -> 30, it would not)
+    spiky = {**HEALTHY, "grad": lambda s: {1: 1.0, 2: 3.0}.get(s, 25.0)}
+    assert "grad_norm_explosion" in rules(evaluate("learning", "t", stream(6, **spiky), cfg), "stop")
+    calm = {**HEALTHY, "grad": lambda s: {1: 1.0, 2: 3.0}.get(s, 15.0)}
+    assert "grad_norm_explosion" not in rules(evaluate("learning", "t", stream(6, **calm), cfg))

@@ -1,7 +1,18 @@
-"""A tiny, instant backend for graph tests: trials are analytic functions of the config.
+"""A tiny backend for graph tests: trials are analytic functions of the config.
 
-Used through the plugin path (``tests.support.toy_backend:make_backend``). Each trial writes its whole metric
-stream at launch, so graph tests exercise the tuning logic in milliseconds.
+Used through the plugin path (``tests.support.toy_backend:make_backend``). By default each trial writes its
+whole metric stream at launch, so graph tests exercise the tuning logic in milliseconds. With ``stream=True``
+the trial runs on a poll clock instead: each ``poll`` reveals one more step, the status stays ``running``
+until the last one, which comes with the final status (a real job writes its last line and exits at once),
+and ``stop`` ends it where it stands -- so the health monitor sees a trial mid-run and early stopping can be
+tested end to end without a real trainer. Streaming trials also show two pathologies
+(learning rate > 0.02: entropy collapses after step 2; entropy bonus > 0.03: KL blows up from step
+``kl_onset_step`` (default 3) while the validation score keeps rising) and log a validation score every step.
+A ``stop`` that comes while the last step is in flight finds the trial finished (as a real job that completes
+while the signal is on its way).
+
+Every launch appends one ``toy: start`` line to the trial's ``trial.log``: tests count them to prove a trial
+process started exactly once (launch idempotency).
 """
 
 from __future__ import annotations
@@ -36,7 +47,10 @@ SPACE = SearchSpace(
 )
 
 
-def simulate(config: dict, steps: int) -> tuple[list[dict], str]:
+def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: float = 0.0,
+             kl_onset_step: int = 3) -> tuple[list[dict], str]:
+    """The trial's metric rows (step 0 first) and final status; ``memory_spike_gb`` is added to step 1's
+    memory reading only (a transient peak that falls back, as at the first rollout)."""
     mb, seqs, ckpt = config[MB], config[SEQS], config[CKPT]
     lr = config[LR]
     gen = 1.0 / math.log2(2 + seqs)
@@ -48,10 +62,14 @@ def simulate(config: dict, steps: int) -> tuple[list[dict], str]:
         t = gen + upd
         quality = 0.2 + 0.6 * (1 - math.exp(-step * lr * 100)) - (0.5 if lr > 0.02 else 0.0) * step / steps
         row = {"timing_s/gen": gen, "timing_s/update_actor": upd, "timing_s/step": t,
-               "perf/throughput": 1000 / t, "perf/max_memory_allocated_gb": mem,
+               "perf/throughput": 1000 / t, "perf/max_memory_allocated_gb": mem + (memory_spike_gb if step == 1 else 0.0),
                "actor/entropy": 1.0 if lr <= 0.02 else 1.0 / (1 + step), "critic/score/mean": quality,
                "actor/grad_norm": 1.0, "actor/ppo_kl": 0.01}
-        if step == steps:
+        if stream and lr > 0.02:
+            row["actor/entropy"] = 1.0 if step <= 2 else 0.02
+        if stream and config[ENT] > 0.03 and step >= kl_onset_step:
+            row["actor/ppo_kl"] = 3.0
+        if step == steps or stream:
             row["val-core/toy/reward/mean@1"] = quality
         rows.append(row)
         if mem > 4.0:
@@ -60,40 +78,96 @@ def simulate(config: dict, steps: int) -> tuple[list[dict], str]:
     return rows, status
 
 
+PLAN_FILE = "toy_plan.json"
+START_LINE = "toy: start"
+
+
 class ToyRunner(TrialRunner):
     name = "toy"
 
+    def __init__(self, stream: bool = False, memory_spike_gb: float = 0.0, kl_onset_step: int = 3) -> None:
+        self.stream = stream
+        self.memory_spike_gb = memory_spike_gb
+        self.kl_onset_step = kl_onset_step
+
     def launch(self, spec: TrialSpec) -> TrialHandle:
-        rows, status = simulate(spec.config, spec.steps)
+        rows, status = simulate(spec.config, spec.steps, stream=self.stream, memory_spike_gb=self.memory_spike_gb,
+                                kl_onset_step=self.kl_onset_step)
         path = Path(spec.trial_dir)
+        with open(path / "trial.log", "a") as log:
+            log.write(f"{START_LINE} {spec.trial_id} steps={spec.steps}\n")
+        (path / "config.json").write_text(json.dumps(spec.config))
+        if self.stream:  # step 0 now, the rest one per poll
+            (path / PLAN_FILE).write_text(json.dumps({"rows": rows, "status": status, "shown": 1}))
+            rows = rows[:1]
         with open(path / "metrics.jsonl", "w") as f:
             for step, data in enumerate(rows):
                 write_record(f, step, data)
-        (path / "config.json").write_text(json.dumps(spec.config))
-        write_status(path, status, None if status == "completed" else "toy OOM", len(rows) - 1)
+        if not self.stream:
+            write_status(path, status, None if status == "completed" else "toy OOM", len(rows) - 1)
         return TrialHandle(trial_id=spec.trial_id, backend="toy", trial_dir=spec.trial_dir)
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
-        return read_status(handle.trial_dir) or TrialPoll(status=TrialStatus.FAILED, reason="no status")
+        done = read_status(handle.trial_dir)
+        if done is not None:
+            return done
+        plan = self._plan(handle)
+        if plan is None:
+            return TrialPoll(status=TrialStatus.FAILED, reason="no status")
+        if plan["shown"] < len(plan["rows"]) - 1:
+            self._reveal(handle, plan, 1)
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=plan["shown"] - 1)
+        return self._finish(handle, plan)
 
     def stop(self, handle: TrialHandle, reason: str = "stopped", grace_s: float = 5.0) -> TrialPoll:
+        plan = self._plan(handle)
+        if read_status(handle.trial_dir) is None and plan is not None:
+            if plan["shown"] >= len(plan["rows"]) - 1:
+                return self._finish(handle, plan)  # the last step was in flight: it ends before the signal lands
+            write_status(handle.trial_dir, TrialStatus.STOPPED, reason, plan["shown"] - 1)
         return self.poll(handle)
+
+    @staticmethod
+    def _plan(handle: TrialHandle) -> dict | None:
+        path = Path(handle.trial_dir) / PLAN_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    @staticmethod
+    def _reveal(handle: TrialHandle, plan: dict, n: int) -> None:
+        with open(Path(handle.trial_dir) / "metrics.jsonl", "a") as f:
+            for step in range(plan["shown"], min(plan["shown"] + n, len(plan["rows"]))):
+                write_record(f, step, plan["rows"][step])
+        plan["shown"] = min(plan["shown"] + n, len(plan["rows"]))
+        (Path(handle.trial_dir) / PLAN_FILE).write_text(json.dumps(plan))
+
+    def _finish(self, handle: TrialHandle, plan: dict) -> TrialPoll:
+        """The last line and the final status in one go (a job writes its last step, then exits at once)."""
+        self._reveal(handle, plan, len(plan["rows"]))
+        status = plan["status"]
+        write_status(handle.trial_dir, status, None if status == "completed" else "toy OOM", plan["shown"] - 1)
+        return read_status(handle.trial_dir)
 
 
 class ToyBackend(Backend):
     name = "toy"
 
-    def __init__(self, memory_capacity_gb: float | None = None, **unused) -> None:
+    def __init__(self, memory_capacity_gb: float | None = None, stream: bool = False,
+                 base_overrides: dict | None = None, memory_spike_gb: float = 0.0, kl_onset_step: int = 3,
+                 **unused) -> None:
         self.capacity = memory_capacity_gb or 4.0
+        self.stream = stream
+        self.memory_spike_gb = memory_spike_gb
+        self.kl_onset_step = kl_onset_step
+        self.base_overrides = dict(base_overrides or {})
 
     def search_space(self) -> SearchSpace:
         return SPACE
 
     def base_config(self) -> dict:
-        return SPACE.defaults()
+        return {**SPACE.defaults(), **self.base_overrides}
 
     def make_runner(self) -> TrialRunner:
-        return ToyRunner()
+        return ToyRunner(stream=self.stream, memory_spike_gb=self.memory_spike_gb, kl_onset_step=self.kl_onset_step)
 
     def memory_capacity_gb(self) -> float:
         return self.capacity

@@ -74,7 +74,8 @@ def test_conformance_wall_clock_progressive_stream(tmp_path: Path) -> None:
         time.sleep(0.01)
     wall = time.monotonic() - t0
     assert p.status is TrialStatus.COMPLETED and p.last_step == 6
-    assert 0.05 < wall < 3.0  # a typical trial takes a fraction of a second at the default time scale
+    # the wall clock paces the stream (a lower bound holds on any box); the upper bound only catches a hang
+    assert 0.05 < wall < 60.0
     assert len(set(counts)) > 3  # lines arrived over several polls, not all at once
     assert [r.step for r in seen] == list(range(7))
     assert system_outcome(seen, 6, 72.0).feasible

@@ -29,6 +29,15 @@ def _fake_nvml(used_gb: list[float], total_gb: float = 80.0) -> types.ModuleType
     return m
 
 
+def _wait_samples(sampler, n: int, timeout_s: float = 30.0) -> None:
+    """Wait for ``n`` more samples (by count, not by sleeping: a loaded box may not schedule the thread)."""
+    target = sampler.samples + n
+    deadline = time.monotonic() + timeout_s
+    while sampler.samples < target:
+        assert time.monotonic() < deadline, f"the sampler took fewer than {n} samples in {timeout_s} s"
+        time.sleep(0.005)
+
+
 def test_no_gpu_path_is_quiet(monkeypatch):
     monkeypatch.setattr(gpu, "_nvml", lambda: contextlib.nullcontext(None))
     assert gpu.probe() == []
@@ -55,11 +64,11 @@ def test_probe_capacity_peaks_and_wait_with_fake_nvml(monkeypatch):
     assert gpus[1].used_gb == pytest.approx(30.0) and gpus[1].free_gb == pytest.approx(111.0)
     assert gpu.memory_capacity_gb() == pytest.approx(141.0)
     s = gpu.PeakSampler(0.01).start()
-    time.sleep(0.05)
+    _wait_samples(s, 1)
     fake.state["used"] = [50.0, 20.0]
-    time.sleep(0.05)
+    _wait_samples(s, 2)  # two more samples: at least one whole sample saw the new state
     fake.state["used"] = [5.0, 5.0]
-    time.sleep(0.05)
+    _wait_samples(s, 2)
     peaks = s.stop()
     assert peaks[0] == pytest.approx(50.0) and peaks[1] == pytest.approx(30.0)
     assert gpu.wait_gpu_memory_free(6.0, timeout_s=0.2, poll_s=0.05) is True

@@ -100,3 +100,60 @@ def test_classify_exit_paths():
     # OOM text in a run that still finished every step (a recovered warning) does not make it an OOM
     assert classify_exit(0, "WARNING: CUDA out of memory during graph capture, retrying\n", 5, 5).status \
         is TrialStatus.COMPLETED
+
+
+# ------------------------------------------------------------------ log shapes seen in real verl runs under Ray
+
+
+def test_tensor_reprs_are_read_as_numbers():
+    line = ("(TaskRunner pid=123) step:4 - actor/entropy:tensor(0.5, device='cuda:0') - "
+            "actor/grad_norm:tensor(12.25, device='cuda:0', dtype=torch.float64) - "
+            "actor/pg_loss:tensor(-0.03125) - critic/score/mean:tensor(nan, device='cuda:0')")
+    rec = parse_console_line(line)
+    assert rec.step == 4
+    assert rec.data["actor/entropy"] == 0.5
+    assert rec.data["actor/grad_norm"] == 12.25
+    assert rec.data["actor/pg_loss"] == -0.03125
+    assert math.isnan(rec.data["critic/score/mean"])
+
+
+RAY_TRACEBACK = """\
+(TaskRunner pid=123) Traceback (most recent call last):
+(TaskRunner pid=123)   File "/usr/lib/python3.11/site-packages/verl/trainer/main_ppo.py", line 42, in run
+(TaskRunner pid=123)     trainer.fit()
+(TaskRunner pid=123) ValueError: boom
+"""
+
+
+def test_ray_prefixed_traceback_names_the_error():
+    out = classify_exit(1, "step:1 - a:np.float64(1.0)\n" + RAY_TRACEBACK, 1, 5)
+    assert out.status is TrialStatus.FAILED
+    assert out.reason == "exit code 1: ValueError: boom"
+    coloured = RAY_TRACEBACK.replace("(TaskRunner pid=123)", "\x1b[36m(TaskRunner pid=123, ip=10.0.0.7)\x1b[0m")
+    assert classify_exit(1, coloured, 1, 5).reason == "exit code 1: ValueError: boom"
+
+
+def test_ray_prefixed_oom_is_an_oom_without_the_prefix():
+    text = ("(WorkerDict pid=4567, ip=10.0.0.7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.2 GiB is free.\n"
+            "(TaskRunner pid=123) ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.update_actor()\n")
+    out = classify_exit(1, text, 3, 5)
+    assert out.status is TrialStatus.OOM
+    assert out.reason.startswith("torch OutOfMemoryError (GPU memory): torch.OutOfMemoryError: CUDA out of memory")
+    assert "pid=" not in out.reason
+
+
+def test_final_console_line_without_newline_is_read_after_exit(tmp_path):
+    from mart.state.trials import TrialHandle
+    from mart.trial_runner.base import write_status
+    from mart.trial_runner.verl import VerlBackend
+
+    trial_dir = tmp_path / "t1"
+    trial_dir.mkdir()
+    (trial_dir / "trial.log").write_text("boot\nstep:1 - a:np.float64(1.0)\nstep:2 - a:np.float64(2.0)")
+    write_status(trial_dir, TrialStatus.COMPLETED, None, 2)
+    runner = VerlBackend(prevalidate=False).make_runner()
+    handle = TrialHandle(trial_id="t1", backend="verl", trial_dir=str(trial_dir),
+                         extra={"metrics_path": str(tmp_path / "nowhere.jsonl")})
+    recs = runner.read_all_metrics(handle)
+    assert [(r.step, r.data["a"]) for r in recs] == [(1, 1.0), (2, 2.0)]

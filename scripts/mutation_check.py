@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Mutation check: plant known, plausible bugs one at a time and check that the tests catch each one.
+
+The modules that hold the tuner's promises (health rules and monitor, objectives, the critic, launch and
+collect, the ledger, verl's log reader) get a curated list of small mutants: an inverted condition, a
+dropped guard, an off-by-one window, a non-deterministic id. Each mutant names the tests that should catch it;
+the script runs only those (the fast ones), so the whole check takes minutes, not hours.
+
+It works on a private copy of the repository (tracked and untracked, non-ignored files) whose ``mart/``
+package links to the copy's layer folders, so the working tree is never modified. A mutant whose
+text no longer matches the code is reported as STALE: update the list when the code moves.
+
+    python scripts/mutation_check.py              # all mutants; exit 1 if one survives or is stale
+    python scripts/mutation_check.py --list       # the mutants and their tests
+    python scripts/mutation_check.py --only M03 --only M06
+
+See docs/testing.md. The idea is that of mutation testing (e.g. mutmut, cosmic-ray); a curated list keeps
+the mutants meaningful and the run short on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: The top-level folders the pyproject maps into ``mart.*``.
+LAYERS = ("graph", "tools", "nodes", "trial_runner", "state")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str
+    old: str
+    new: str
+    bug: str
+    tests: tuple[str, ...] = field(default_factory=tuple)
+
+
+EARLY_STOP = "tests/graph/test_early_stop.py"
+MEMORY = "tests/graph/test_memory_feasibility.py"
+LAUNCH = "tests/graph/test_launch_idempotency.py"
+LEDGER = "tests/state/test_ledger.py"
+RULES = "tests/nodes/test_health_rules.py"
+VERL_LOGS = "tests/trial_runner/test_verl_logs.py"
+CRITIC = "tests/nodes/test_agents_rules.py"
+STATE = "tests/state/test_state_basics.py"
+SESSION = "tests/graph/test_graph_session.py::test_two_stage_session_improves_and_fills_the_ledger"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- the bugs issue 18 planted (each survived the suite before it) --------------------------------
+    Mutant("M01", "tools/stop.py", "    poll = services.runner.stop(handle, reason=reason)",
+           "    raise RuntimeError('mutant: stop_trial fails')", "stop_trial raises", (EARLY_STOP,)),
+    Mutant("M02", "nodes/health_monitor.py", 'if stops and record.kind != "baseline":',
+           'if stops and record.kind == "baseline":', "monitor stops baselines instead of candidates", (EARLY_STOP,)),
+    Mutant("M03", "tools/collect.py", "eligible = eligible and outcome.feasible", "eligible = eligible",
+           "an over-margin trial can become the best", (MEMORY,)),
+    Mutant("M04", "state/objectives.py", "return max(vals) if vals else math.nan",
+           "return vals[-1] if vals else math.nan", "peak memory = the last reading, not the max", (MEMORY, STATE)),
+    Mutant("M05", "nodes/agents/rules.py", "if pred > ctx.memory_limit_gb:", "if pred > 1.1 * ctx.memory_limit_gb:",
+           "the critic tolerates 10% over the limit", (CRITIC,)),
+    Mutant("M06", "tools/launch.py", 'if existing and existing.get("handle"):', "if False:",
+           "launch_trial's re-attach branch deleted (a resumed launch starts a second process)", (LAUNCH,)),
+    Mutant("M07", "state/ledger.py", '{"event_id": f"{e.trial_id}:{e.rule}:{e.step}",',
+           '{"event_id": f"{e.trial_id}:{e.rule}:{e.step}:{time.time_ns()}",',
+           "non-deterministic health-event ids (re-runs duplicate events)", (LEDGER,)),
+    Mutant("M08", "state/ledger.py", 'self.db["trials"].upsert(row, pk="trial_id", alter=True)',
+           'self.db["trials"].insert(row, pk="trial_id", alter=True, replace=True)',
+           "upsert_trial as insert-or-replace (collect wipes handle, seq, trial dir, start time)", (LEDGER,)),
+    Mutant("M09", "trial_runner/verl/logs.py", r'_RAY_PREFIX_RE = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")',
+           r'_RAY_PREFIX_RE = re.compile(r"^\s*\(pid=\d+\)\s*")',
+           "narrow Ray-prefix pattern (crash reason loses the error line)", (VERL_LOGS,)),
+    Mutant("M10", "nodes/health_rules.py", "rising = s[-1][1] >= s[0][1]", "rising = True",
+           "clip-ratio rule drops its 'rising' condition", (RULES,)),
+    Mutant("M11", "nodes/health_rules.py", "ref = statistics.fmean(v for _, v in s[: cfg.warmup])",
+           "ref = statistics.fmean(v for _, v in s)", "entropy reference over the whole stream, not the early steps",
+           (RULES,)),
+    # -- more mutants in the same modules ----------------------------------------------------------------
+    Mutant("M12", "tools/collect.py", "if status is not TrialStatus.COMPLETED or early:",
+           "if status is not TrialStatus.COMPLETED:", "an early-stopped trial reports its partial score as a result",
+           (EARLY_STOP,)),
+    Mutant("M13", "nodes/health_monitor.py", 'stops = [e for e in events if e.severity == "stop"]',
+           "stops = list(events)", "a warning stops the trial (persistence ignored)", (EARLY_STOP,)),
+    Mutant("M14", "nodes/health_rules.py", 'severity = "stop" if persisted >= window else "warn"',
+           'severity = "stop" if persisted >= 1 else "warn"', "persistence window ignored by the rules", (RULES,)),
+    Mutant("M15", "nodes/health_rules.py",
+           'return HealthEvent(trial_id=trial_id, step=r.step, rule="nan", severity="stop",',
+           'return HealthEvent(trial_id=trial_id, step=r.step, rule="nan", severity="warn",',
+           "NaN metrics only warn", (RULES,)),
+    Mutant("M16", "nodes/health_rules.py", "best = max(v for _, v in s[: -1])", "best = max(v for _, v in s[-3:])",
+           "reward collapse measured against the recent level, not the best so far", (RULES,)),
+    Mutant("M17", "nodes/health_rules.py", "over = [(step, v) for step, v in s if v > cfg.memory_limit_gb]",
+           "over = [(step, v) for step, v in s[-1:] if v > cfg.memory_limit_gb]",
+           "memory-margin rule looks at the newest reading only", (RULES,)),
+    Mutant("M18", "state/objectives.py", "feasible = not math.isnan(thr) and (limit_gb is None or math.isnan(peak) "
+           "or peak <= limit_gb)", "feasible = not math.isnan(thr) and (limit_gb is None or math.isnan(peak) "
+           "or peak <= 1.1 * limit_gb)", "feasibility tolerates 10% over the limit", (MEMORY, STATE)),
+    Mutant("M19", "state/objectives.py", "    if horizon >= last:\n        return first, last",
+           "    if horizon >= last:\n        return first - 1, last", "throughput window includes update 2", (STATE,)),
+    Mutant("M20", "tools/collect.py",
+           "if incumbent is None or incumbent.objective(stage) is None or done.objective(stage) > "
+           "incumbent.objective(stage):",
+           "if incumbent is None or incumbent.objective(stage) is None or done.objective(stage) < "
+           "incumbent.objective(stage):", "the worse candidate replaces the best", (SESSION, MEMORY)),
+    Mutant("M21", "state/ledger.py", '        if seq is not None:\n            row["seq"] = seq',
+           '        row["seq"] = seq', "a later upsert clears the trial's seq", (LEDGER,)),
+    Mutant("M22", "state/ledger.py", 'self.db["metrics"].upsert_all(rows, pk=("trial_id", "step", "key"))',
+           'self.db["metrics"].insert_all(rows, pk=("trial_id", "step", "key"), ignore=True)',
+           "re-read metrics keep their first value", (LEDGER,)),
+    Mutant("M23", "state/ledger.py", 'self.db["proposals"].upsert_all([', 'self.db["proposals"].insert_all([',
+           "a re-run proposer fails on its own proposals", (LEDGER,)),
+    Mutant("M24", "trial_runner/verl/logs.py", 'return m.group(1).split(",")[0].strip() if m else text',
+           "return m.group(1).strip() if m else text", "tensor(0.5, device=...) is not a number", (VERL_LOGS,)),
+    Mutant("M25", "trial_runner/verl/logs.py",
+           "line = strip_prefixes(text[line_start: line_end if line_end >= 0 else len(text)]).strip()",
+           "line = text[line_start: line_end if line_end >= 0 else len(text)].strip()",
+           "an OOM reason keeps Ray's prefix", (VERL_LOGS,)),
+    Mutant("M26", "trial_runner/verl/logs.py", "if returncode == 0 and (horizon is None or done >= horizon):",
+           "if returncode == 0:", "exit 0 short of the horizon counts as completed", (VERL_LOGS,)),
+    Mutant("M27", "tools/watch.py",
+           "ledger.add_metrics(handle.trial_id, tail.read_new())  # lines written just before the end",
+           "pass", "watch drops the lines written just before the end", (EARLY_STOP, MEMORY, LAUNCH)),
+    Mutant("M28", "tools/launch.py",
+           '    ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))\n',
+           "", "the handle never reaches the ledger", (LAUNCH,)),
+    Mutant("M29", "nodes/health_monitor.py", "services.ledger.add_health_events(events)",
+           'services.ledger.add_health_events([e for e in events if record.kind != "baseline"])',
+           "a baseline's health events are not recorded", (EARLY_STOP,)),
+    Mutant("M30", "nodes/agents/rules.py", "if config_hash(full) in tried:", "if False:",
+           "the critic lets a duplicate config through", (CRITIC,)),
+    Mutant("M31", "nodes/health_rules.py", "ref = statistics.median(v for _, v in s[: cfg.warmup])",
+           "ref = max(v for _, v in s[: cfg.warmup])", "grad-norm reference is the early max, not the median",
+           (RULES,)),
+    Mutant("M32", "nodes/health_rules.py", "n = _persisting(series, lambda v: abs(v) > cfg.kl_max, cfg.window)",
+           "n = _persisting(series, lambda v: v > cfg.kl_max, cfg.window)",
+           "a large negative KL estimate is not a blow-up", (RULES,)),
+    Mutant("M33", "tools/launch.py", "status=TrialStatus.FAILED.value, reason=f\"launch failed: {e}\"",
+           "status=TrialStatus.RUNNING.value, reason=f\"launch failed: {e}\"",
+           "a launch that raises leaves the trial 'running' in the ledger", (LAUNCH, EARLY_STOP, MEMORY)),
+)
+
+
+def _copy_repo(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if not src.is_file() or rel.startswith(".venv/"):
+            continue
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, out)
+
+
+def _package_dir(src: Path) -> None:
+    """Links ``mart/<layer>`` -> the copy's layer folders, so ``import mart.x`` reads the mutated copy (the
+    copy's own ``mart/`` comes first on the path, before an editable install of the working tree)."""
+    for layer in LAYERS:
+        (src / "mart" / layer).symlink_to(src / layer, target_is_directory=True)
+
+
+def _env(src: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(src)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _pytest(src: Path, env: dict[str, str], tests: tuple[str, ...], timeout_s: float) -> tuple[int, str, float]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow", *tests]
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return 124, "timed out", time.monotonic() - t0
+    return out.returncode, (out.stdout + out.stderr)[-2000:], time.monotonic() - t0
+
+
+def _first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("FAILED") or line.startswith("ERROR"):
+            return line.split(" - ")[0].removeprefix("FAILED ").removeprefix("ERROR ")
+    return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--only", action="append", default=[], metavar="ID", help="run only these mutants")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant run (default 300)")
+    args = ap.parse_args(argv)
+    mutants = [m for m in MUTANTS if not args.only or m.id in args.only]
+    if args.list:
+        for m in mutants:
+            print(f"{m.id}  {m.path}: {m.bug}\n      tests: {', '.join(m.tests)}")
+        return 0
+    unknown = set(args.only) - {m.id for m in MUTANTS}
+    if unknown:
+        ap.error(f"unknown mutant id(s): {', '.join(sorted(unknown))}")
+
+    with tempfile.TemporaryDirectory(prefix="mart-mutants-") as tmp:
+        src = Path(tmp) / "src"
+        _copy_repo(src)
+        _package_dir(src)
+        env = _env(src)
+        where = subprocess.run([sys.executable, "-c", "import mart.state; print(mart.state.__file__)"], cwd=src,
+                               env=env, capture_output=True, text=True)
+        if not where.stdout.startswith(str(src)):
+            print(f"error: `import mart` does not resolve to the copy ({where.stdout.strip() or where.stderr})")
+            return 2
+        tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+        rc, out, secs = _pytest(src, env, tests, args.timeout * 2)
+        if rc != 0:
+            print(f"error: the tests fail without any mutant ({secs:.0f} s):\n{out}")
+            return 2
+        print(f"unmutated: {len(tests)} test targets pass ({secs:.0f} s)")
+        survived, stale = [], []
+        for m in mutants:
+            path = src / m.path
+            original = path.read_text()
+            if original.count(m.old) != 1:
+                stale.append(m)
+                print(f"{m.id} STALE     {m.path}: the mutated text occurs {original.count(m.old)} times")
+                continue
+            path.write_text(original.replace(m.old, m.new))
+            try:
+                rc, out, secs = _pytest(src, env, m.tests, args.timeout)
+            finally:
+                path.write_text(original)
+            if rc == 0:
+                survived.append(m)
+                print(f"{m.id} SURVIVED  {m.bug} ({m.path}; {secs:.0f} s)")
+            else:
+                how = "timed out" if rc == 124 else _first_failure(out)
+                print(f"{m.id} killed    {m.bug}\n      by {how} ({secs:.0f} s)")
+    print(f"\n{len(mutants) - len(survived) - len(stale)} killed, {len(survived)} survived, {len(stale)} stale "
+          f"of {len(mutants)} mutants")
+    return 1 if survived or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
