@@ -612,7 +612,7 @@ class JobModel:
         within reach of the predicted top), never only the one the model thinks binds. An OOM says the
         peak reached the capacity. The activation scale (one factor on the estimated terms of the training
         phases) is chosen from a grid to fit the peaks once two or more were measured; it starts at a
-        conservative 1.5.
+        conservative (1.3, 1.2).
         """
         rows = []
         for o in observations:
@@ -629,7 +629,6 @@ class JobModel:
         if not rows:
             self.cal.mem_bias = {p: 0.02 * self.C for p in MEM_PHASES}
             return
-        measured_rows = [r for r in rows if not r[2]]
         prior = Calibration().act_scale
         if len(rows) >= 2:
             grid = [(a, b) for a in (0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.4)

@@ -14,9 +14,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from mart.state.job import JobDescription
 from mart.state.models import config_hash
 from mart.state.search_space import ConfigError, SearchSpace
-from mart.state.job import JobDescription
 from mart.trial_runner.base import Backend, TrialRunner
 from mart.trial_runner.verl.overrides import check_key, load_base_config
 from mart.trial_runner.verl.prevalidate import validate_many, verl_available
