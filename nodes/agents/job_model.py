@@ -218,6 +218,7 @@ class JobModel:
         self.coll_bw = intra if job.nnodes == 1 else (hw.inter_node_bandwidth or DEFAULT_INTER)
         self.host_bw = hw.host_bandwidth or DEFAULT_HOST
         self.workload_obs: Observation | None = None
+        self.ctx_gb = 0.0 if hw.cpu else CUDA_CONTEXT_GB
         self._mem_refs: list[dict[str, float]] = []
 
     # -- configs -> knob arrays -------------------------------------------------------------------
@@ -278,7 +279,7 @@ class JobModel:
             t_tok = 2 * self.P / (self.flops * GEMM_EFF)
             t_gen = iters * STEP_OVERHEAD_S * cal.step_overhead_mult * 0.2 + seqs * w.resp_mean * t_tok
             kv = c * w.max_len * self.kv_bytes / GIB
-            mem = resident + kv + c * self.V * 4 * w.resp_max / GIB + CUDA_CONTEXT_GB * 0
+            mem = resident + kv + c * self.V * 4 * w.resp_max / GIB + self.ctx_gb * 0
             return {"t_gen": t_gen, "m_gen": mem, "kv_fail": np.zeros_like(t_gen, dtype=bool),
                     "concurrency": c, "kv_pool_gb": kv, "u_gen": mem - resident}
         tp = np.maximum(k["tp"], 1)
@@ -296,7 +297,7 @@ class JobModel:
         c = np.minimum(want, c_kv)
         preempt = np.clip(1 - c_kv / want, 0, 1)
         graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
-        mem = budget + resident + graphs + CUDA_CONTEXT_GB
+        mem = budget + resident + graphs + self.ctx_gb
         # prefill: FLOP bound; prefix caching shares a prompt's prefill across its n samples
         prefill_tok = per_engine * w.prompt_mean / np.where(k["prefix"] > 0, w.n, 1)
         t_prefill = prefill_tok * 2 * self.P / tp / (self.flops * GEMM_EFF) * np.where(k["chunked"] > 0, 1.0, 1.1)
@@ -340,7 +341,9 @@ class JobModel:
 
     def _efficiency(self, tokens: np.ndarray) -> np.ndarray:
         """GEMM efficiency rising with tokens per micro batch: small batches cannot fill the device."""
-        knee = 2.5e6 / self.h * self.cal.knee_mult
+        # tokens at which a GPU reaches half its GEMM efficiency (smaller models need more); a CPU core
+        # saturates with tiny matrices
+        knee = (64.0 if self.cpu else 2.5e6 / self.h) * self.cal.knee_mult
         return GEMM_EFF * tokens / (tokens + knee)
 
     def _act_per_token(self, k: dict) -> np.ndarray:
@@ -370,7 +373,8 @@ class JobModel:
         frag = np.where(k["fsdp2"] > 0, 0.93, 1.0)  # FSDP2: -7% memory (verl's FSDP2 notes)
         speed = np.where(k["fsdp2"] > 0, 0.985, 1.0)
         sp_cost = 1 + 0.05 * (sp - 1)  # Ulysses all-to-all
-        gathered = (2 * 2 * self.P / self.L + self.V * self.h * 2) / GIB  # two layers + the lm head, bf16
+        # FSDP gathers two layers + the lm head in bf16 at a time (nothing to gather on one device)
+        gathered = (2 * 2 * self.P / self.L + self.V * self.h * 2) / GIB if self.N > 1 else 0.0
         kept_kv = (1 - k["free_cache"]) * k["util"] * self.C
         overhead = self.L * MICRO_OVERHEAD_PER_LAYER_S * (0.05 if self.cpu else 1.0)
 
@@ -385,11 +389,11 @@ class JobModel:
             return t, act, peak_tok / sp * logits / GIB * frag
 
         t_old, act_old, lg_old = forward(k["lp_micro"], k["param_off"], float(4 * self.P / self.N / GIB))
-        base_mem = res["optim"] + res["ref"] + gathered + kept_kv + CUDA_CONTEXT_GB
+        base_mem = res["optim"] + res["ref"] + gathered + kept_kv + self.ctx_gb
         m_old = res["params"] + base_mem + act_old
         if w.uses_ref:
             t_ref, act_ref, lg_ref = forward(k["ref_micro"], k["ref_off"], float(2 * self.P / self.N / GIB))
-            m_ref = res["params"] + res["optim"] + 2 * self.P / self.N / GIB + gathered + kept_kv + CUDA_CONTEXT_GB + act_ref
+            m_ref = res["params"] + res["optim"] + 2 * self.P / self.N / GIB + gathered + kept_kv + self.ctx_gb + act_ref
         else:
             t_ref, m_ref, act_ref, lg_ref = (np.zeros_like(t_old), np.zeros_like(m_old), np.zeros_like(m_old),
                                              np.zeros_like(m_old))
@@ -409,7 +413,7 @@ class JobModel:
         logits = self.V * np.where(k["ent_ckpt"] > 0, 6.0, 8.0) - self.V * k["ent_chunk"]
         act_upd = peak_tok / sp * (self._act_per_token(k) + logits) / GIB * frag
         lg_upd = peak_tok / sp * logits / GIB * frag
-        m_upd = res["params_all"] + res["grads"] + res["optim_all"] + res["ref"] + gathered + kept_kv + act_upd + CUDA_CONTEXT_GB
+        m_upd = res["params_all"] + res["grads"] + res["optim_all"] + res["ref"] + gathered + kept_kv + act_upd + self.ctx_gb
         return {"t_old": t_old, "t_ref": t_ref, "t_upd": t_upd, "m_old": m_old, "m_ref": m_ref, "m_upd": m_upd,
                 "u_old": act_old, "u_ref": act_ref, "u_upd": act_upd, "l_old": lg_old, "l_ref": lg_ref, "l_upd": lg_upd}
 
