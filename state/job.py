@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 
 class ModelShape(BaseModel):
@@ -76,8 +76,9 @@ class ModelShape(BaseModel):
             raise ValueError(f"cannot read the model config {p}: {e}") from None
         try:
             return cls.from_hf_config(data)
-        except ValueError as e:
-            raise ValueError(f"model config {p}: {e}") from None
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ValueError(f"model config {p}: {problems}") from None
 
 
 class Hardware(BaseModel):
