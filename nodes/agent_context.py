@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from mart.nodes.agents.base import AgentContext
+from mart.nodes.agents.job_model import JobModel, observation_from_records
 from mart.nodes.agents.memory_model import MemoryModel
-from mart.nodes.stage_control import stage_base_config
+from mart.nodes.stage_control import stage_base_config, stage_horizon
 from mart.state.models import TrialRecord, TrialStatus
+from mart.state.objectives import throughput_window
 
 OBJECTIVES = {
     "system": "maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
@@ -34,14 +36,42 @@ def trial_from_row(row: dict[str, Any]) -> TrialRecord:
     )
 
 
+def build_job_model(state: dict[str, Any], services, history: list[TrialRecord]) -> JobModel | None:
+    """The job model calibrated on every finished trial (stage 1's, then stage 2's), or None when the
+    backend cannot describe its job."""
+    job = services.job_description()
+    if job is None:
+        return None
+    stage = state["stage"]
+    model = JobModel(job, stage_base_config(state, services, "system"))
+    preds = services.ledger.predictions(services.run_id)
+    window = throughput_window(stage_horizon(services.options, "system"))
+    obs = []
+    for t in history:
+        if t.stage != "system" and stage == "system":
+            continue
+        p = preds.get(t.candidate_id or "", {})
+        obs.append(observation_from_records(
+            t.config, services.ledger.metric_records(t.trial_id), peak_gb=t.peak_memory_gb,
+            oom=t.status is TrialStatus.OOM, throughput=t.throughput if t.stage == "system" else None,
+            window=window, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
+            predicted_throughput=p.get("predicted_throughput") if t.stage == "system" else None))
+    return model.fit(obs)
+
+
 def build_agent_context(state: dict[str, Any], services) -> AgentContext:
     stage = state["stage"]
     space = services.backend.search_space()
     history = [trial_from_row(r) for r in services.ledger.trials() if r.get("status") != "running"]
+    job_model = build_job_model(state, services, history)
     model = MemoryModel.fit(
         [t for t in history if t.stage == "system"] if stage == "system" else history,
         [p.key for p in space.params], services.memory_capacity_gb(),
     )
+    predict_memory = model.predict
+    if job_model is not None:
+        def predict_memory(config: dict[str, Any]) -> float | None:
+            return job_model.predict(config).peak_gb
     notes = [VERL_PERF_GUIDE] if services.backend.name in ("verl", "sim") else []
     return AgentContext(
         stage=stage,
@@ -54,7 +84,7 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
         health_events=services.ledger.health_events(),
         feedback=list(state.get("feedback") or []),
         memory_limit_gb=services.memory_limit_gb(),
-        predict_memory=model.predict,
+        predict_memory=predict_memory,
         num_candidates=services.options.num_candidates,
         round=state.get("round", 0),
         seed=services.options.seed,
@@ -62,4 +92,6 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
         notes=notes,
         validate_config=services.backend.validate_config,
         rejected=services.ledger.rejected_overrides(services.run_id, stage),
+        job_model=job_model,
+        predictions=services.ledger.prediction_record(services.run_id, stage),
     )

@@ -51,6 +51,7 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
         "source": cand.source,
         "critique": crit.model_dump(mode="json") if crit else None,
         "predicted_memory_gb": cand.predicted_memory_gb,
+        "prediction": prediction_text(cand, services.ledger.prediction_record(services.run_id, stage)),
         "memory_limit_gb": services.memory_limit_gb(),
         "bottleneck": profile.bottleneck if profile else None,
         "trials_done": (state.get("trials_done") or {}).get(stage, 0),
@@ -64,6 +65,26 @@ def _short(e: Exception) -> str:
     if isinstance(e, ValidationError):
         return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'answer'}: {err['msg']}" for err in e.errors())
     return str(e)
+
+
+def prediction_text(cand: Candidate, record: list[dict[str, Any]]) -> str | None:
+    """The job model's forecast for the reviewer, with its latest error: "predicted +18% tok/s, 70.1 GB;
+    last error -3% tok/s, +0.4 GB" (None when the candidate carries no model prediction)."""
+    if cand.predicted_throughput is None:
+        return None
+    parts = [f"predicted {cand.expected_gain or 0.0:+.0%} tok/s ({cand.predicted_throughput:.0f} tok/s/GPU)"]
+    if cand.predicted_memory_gb is not None:
+        parts[0] += f", {cand.predicted_memory_gb:.1f} GB"
+    last = next((r for r in reversed(record) if r.get("throughput_error_pct") is not None
+                 or r.get("peak_error_gb") is not None), None)
+    if last is not None:
+        errs = []
+        if last.get("throughput_error_pct") is not None:
+            errs.append(f"{last['throughput_error_pct']:+.0f}% tok/s")
+        if last.get("peak_error_gb") is not None:
+            errs.append(f"{last['peak_error_gb']:+.1f} GB")
+        parts.append("last error " + ", ".join(errs) + f" ({last['trial_id']})")
+    return "; ".join(parts)
 
 
 def apply_decision(decision: ReviewDecision, cand: Candidate, space, stage: str, base: dict[str, Any]) -> dict[str, Any]:

@@ -86,9 +86,16 @@ def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal[
                             services.backend.score_metric_prefix)
     services.ledger.set_profile(services.run_id, stage, baseline.trial_id, profile)
     update: dict[str, Any] = {"profiles": {**(state.get("profiles") or {}), stage: profile}}
-    if baseline.objective(stage) is None:
+    if baseline.objective(stage) is None and not _can_search_without_baseline(stage, services):
         # A baseline that produced no objective (crash, OOM) leaves nothing to compare against.
         reason = f"baseline trial {baseline.trial_id} ended {baseline.status.value}: {baseline.reason or 'no objective'}"
         update["exhausted"] = {**(state.get("exhausted") or {}), stage: reason}
         return Command(goto="stage_control", update=update)
+    # An infeasible baseline (OOM, over the margin) does not end the stage: the job model knows the peak
+    # reached at least the capacity and proposes memory-reducing bundles first.
     return Command(goto="proposer", update=update)
+
+
+def _can_search_without_baseline(stage: Stage, services) -> bool:
+    """Stage 1 can start from an OOM'd or failed baseline when the job model is available."""
+    return stage == "system" and services.job_description() is not None

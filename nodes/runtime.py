@@ -50,6 +50,19 @@ class Services:
             self._capacity = self.options.memory_capacity_gb or self.backend.memory_capacity_gb()
         return self._capacity
 
+    def job_description(self):
+        """The backend's description of the job (``None`` = unknown), with the capacity the margin uses."""
+        if not hasattr(self, "_job"):
+            try:
+                job = self.backend.describe_job()
+            except Exception:  # noqa: BLE001 - a backend that cannot describe its job leaves the model off
+                job = None
+            cap = self.memory_capacity_gb()
+            if job is not None and cap is not None and job.hardware.memory_gb != cap:
+                job = job.model_copy(update={"hardware": job.hardware.model_copy(update={"memory_gb": cap})})
+            self._job = job
+        return self._job
+
     def memory_limit_gb(self) -> float | None:
         cap = self.memory_capacity_gb()
         return None if cap is None else (1.0 - self.options.memory_margin) * cap

@@ -34,7 +34,7 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "metrics": ({"trial_id": str, "step": int, "key": str, "value": float}, ("trial_id", "step", "key")),
     "proposals": ({"candidate_id": str, "run_id": str, "stage": str, "round": int, "overrides": str,
                    "rationale": str, "source": str, "predicted_memory_gb": float, "expected_gain": float,
-                   "created_at": float}, "candidate_id"),
+                   "predicted_throughput": float, "created_at": float}, "candidate_id"),
     "critiques": ({"candidate_id": str, "run_id": str, "accepted": int, "picked": int, "reasons": str,
                    "predicted_memory_gb": float, "risk": str, "score": float, "created_at": float}, "candidate_id"),
     "reviews": ({"review_id": str, "run_id": str, "candidate_id": str, "action": str, "edits": str,
@@ -187,8 +187,41 @@ class Ledger:
             {"candidate_id": c.candidate_id, "run_id": run_id, "stage": c.stage, "round": round_,
              "overrides": _json(c.overrides), "rationale": c.rationale, "source": c.source,
              "predicted_memory_gb": _num(c.predicted_memory_gb), "expected_gain": _num(c.expected_gain),
-             "created_at": now} for c in candidates
-        ], pk="candidate_id")
+             "predicted_throughput": _num(c.predicted_throughput), "created_at": now} for c in candidates
+        ], pk="candidate_id", alter=True)
+
+    def predictions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """candidate_id -> what was predicted before it ran (throughput, peak) and who proposed it."""
+        if "predicted_throughput" not in self.db["proposals"].columns_dict:
+            self.db["proposals"].add_column("predicted_throughput", float)
+        sql = ("select candidate_id, predicted_throughput, predicted_memory_gb, source from proposals where run_id = ?")
+        return {cid: {"predicted_throughput": thr, "predicted_memory_gb": mem, "source": src}
+                for cid, thr, mem, src in self.db.execute(sql, [run_id]).fetchall()}
+
+    def prediction_record(self, run_id: str, stage: str = "system") -> list[dict[str, Any]]:
+        """Predicted vs measured throughput and peak of every finished trial of a stage, in order."""
+        preds = self.predictions(run_id)
+        out = []
+        for t in self.trials(stage):
+            p = preds.get(t.get("candidate_id") or "", {})
+            if t.get("status") == "running":
+                continue
+            row = {"trial_id": t["trial_id"], "source": p.get("source") or t.get("kind"),
+                   "predicted_throughput": p.get("predicted_throughput"), "throughput": t.get("throughput"),
+                   "predicted_peak_gb": p.get("predicted_memory_gb"), "peak_memory_gb": t.get("peak_memory_gb"),
+                   "status": t.get("status")}
+            if row["predicted_throughput"] and row["throughput"]:
+                row["throughput_error_pct"] = round(100 * (row["throughput"] / row["predicted_throughput"] - 1), 2)
+            if row["predicted_peak_gb"] is not None and row["peak_memory_gb"] is not None:
+                row["peak_error_gb"] = round(row["peak_memory_gb"] - row["predicted_peak_gb"], 3)
+            out.append(row)
+        return out
+
+    def decision_sources(self, run_id: str) -> dict[str, int]:
+        """How many run trials each strategy proposed (rules/model, llm, reviewer-edit): the LLM's share."""
+        sql = ("select p.source, count(*) from trials t join proposals p on p.candidate_id = t.candidate_id "
+               "where t.run_id = ? group by p.source")
+        return {src: n for src, n in self.db.execute(sql, [run_id]).fetchall()}
 
     def add_critiques(self, run_id: str, critiques: list[Critique], pick: str | None) -> None:
         now = time.time()
@@ -249,6 +282,7 @@ class Ledger:
             "cost_usd": round(sum(r["cost_usd"] or 0.0 for r in rows), 6),
             "repairs": sum(1 for r in rows if (r.get("attempt") or 1) > 1),
             "invalid_answers": sum(1 for r in rows if r["strategy"] == "llm" and not r["ok"]),
+            "trials_by_source": self.decision_sources(run_id),
         }
 
     def set_profile(self, run_id: str, stage: str, trial_id: str, profile: Any) -> None:

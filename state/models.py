@@ -72,6 +72,7 @@ class Candidate(BaseModel):
     source: str = Field("rules", description="which strategy proposed it (rules, llm, reviewer-edit)")
     predicted_memory_gb: float | None = None
     expected_gain: float | None = Field(None, description="strategy's estimate of the relative improvement")
+    predicted_throughput: float | None = Field(None, description="the job model's throughput (tokens/s/GPU)")
 
     def key(self) -> str:
         return config_hash(self.overrides)

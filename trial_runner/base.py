@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mart.state.job import JobDescription
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import SearchSpace
@@ -83,6 +84,13 @@ class Backend(abc.ABC):
 
     def memory_capacity_gb(self) -> float | None:
         """Memory per device the margin rule is computed against (GPU memory, or the emulated capacity)."""
+        return None
+
+    def describe_job(self) -> JobDescription | None:
+        """The job's model shape, hardware, cluster shape and workload, for the agents' performance model.
+
+        Default: unknown (``None``); the agents then work from the measured profile alone.
+        """
         return None
 
 

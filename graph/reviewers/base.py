@@ -105,6 +105,8 @@ def _format_request(request: dict[str, Any]) -> str:
         p = "unknown" if pred is None else f"{pred:.2f} GB"
         lim = "none" if limit is None else f"{limit:.2f} GB"
         lines.append(f"Predicted peak memory: {p} (limit {lim})")
+    if request.get("prediction"):
+        lines.append(f"Job model: {request['prediction']}")
     if request.get("error"):
         lines.append(f"Previous answer refused: {request['error']}")
     return "\n".join(lines)

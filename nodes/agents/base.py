@@ -45,6 +45,21 @@ class AgentContext:
     """The backend's full-config check (constraints, and e.g. verl's own validate_config); None = constraints."""
     rejected: list[dict[str, Any]] = field(default_factory=list)
     """Overrides the reviewer rejected in this stage (never proposed again)."""
+    job_model: Any = None
+    """The calibrated per-phase model of the job (``mart.nodes.agents.job_model.JobModel``), or None when the
+    backend cannot describe its job."""
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    """Predicted vs measured throughput and peak of this stage's trials so far (the model's track record)."""
+
+    def predict(self, config: dict[str, Any]) -> Any:
+        """The job model's prediction for a full config (throughput, per-phase time and memory, peak,
+        confidence, safety gap), or None without a model."""
+        if self.job_model is None:
+            return None
+        try:
+            return self.job_model.predict(config)
+        except (TypeError, ValueError, KeyError, ZeroDivisionError):
+            return None
 
     def tried_keys(self) -> set[str]:
         """Config hashes of every trial run so far in this stage, and of rejected candidates."""

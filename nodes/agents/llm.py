@@ -217,8 +217,25 @@ class LLMProposer(_LLMStrategy, Proposer):
         if result:
             if reason:  # a partial answer: the valid candidates stand, the rest is on record
                 log.info("proposer: using %d valid LLM candidate(s); %s", len(result), reason)
-            return result[: ctx.num_candidates]
+            return self._with_model_pick(ctx, result[: ctx.num_candidates])
         return self._fall_back(ctx, reason or "LLM gave no usable candidate")
+
+    @staticmethod
+    def _with_model_pick(ctx: AgentContext, candidates: list[Candidate]) -> list[Candidate]:
+        """Stage 1 with a job model: the model's own best pick competes with the LLM's candidates (the critic
+        ranks all by the same model), so the LLM steers part of the search and its share is on record
+        (``trials_by_source`` in the summary)."""
+        if ctx.stage != "system" or ctx.job_model is None or not ctx.memory_limit_gb:
+            return candidates
+        from mart.nodes.agents.rules import model_candidates
+
+        keys = {c.key() for c in candidates}
+        try:
+            extra = [c for c in model_candidates(ctx, source="model", n=1) if c.key() not in keys]
+        except Exception as e:  # noqa: BLE001 - the LLM's candidates stand on their own
+            log.warning("job model search failed: %s", e)
+            extra = []
+        return candidates + [c.model_copy(update={"candidate_id": f"model-sys-{c.key()[:8]}"}) for c in extra]
 
     def _collect(self, ctx: AgentContext, answer: ProposalSet, found: dict[str, Candidate]) -> list[str]:
         """Validate each proposed candidate; add the good ones to ``found`` (keyed by config hash)."""
@@ -252,6 +269,13 @@ class LLMProposer(_LLMStrategy, Proposer):
                 continue
             if key in found:
                 continue  # the same candidate again (e.g. repeated in a repair answer): keep one
+            pred = ctx.predict(full) if ctx.stage == "system" else None
+            if pred is not None and ctx.memory_limit_gb and pred.peak_gb > ctx.memory_limit_gb:
+                errors.append(f"candidate {i} ({_kv(changes)}): the job model predicts a peak of {pred.peak_gb:.1f} GB, "
+                              f"over the limit {ctx.memory_limit_gb:.1f} GB (per phase: "
+                              + ", ".join(f"{p} {v:.1f}" for p, v in pred.phase_gb.items() if v > 0) + ")")
+                continue
+            inc = ctx.predict(ctx.full_config(ctx.best_overrides)) if pred is not None else None
             found[key] = Candidate(
                 candidate_id=f"llm-{ctx.stage[:3]}-{key[:8]}",
                 stage=ctx.stage,
@@ -259,7 +283,9 @@ class LLMProposer(_LLMStrategy, Proposer):
                 rationale=_clip(proposed.rationale, MAX_TEXT) or "(the LLM gave no rationale)",
                 source="llm",
                 predicted_memory_gb=_safe_predict(ctx, full),
-                expected_gain=_gain(proposed.expected_gain),
+                predicted_throughput=None if pred is None else round(pred.throughput, 3),
+                expected_gain=(round(pred.throughput / max(inc.throughput, 1e-9) - 1, 4) if pred is not None and inc
+                               else _gain(proposed.expected_gain)),
             )
         return errors
 

@@ -24,7 +24,7 @@ from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.models import Candidate, HealthEvent, TrialRecord
 
-PROMPT_VERSION = "mart-agents/1"
+PROMPT_VERSION = "mart-agents/2"
 """Bump when a prompt's meaning changes; recorded with every LLM call."""
 
 MAX_HISTORY_ROWS = 20
@@ -164,7 +164,7 @@ def build_proposer_prompt(ctx: AgentContext) -> list[BaseMessage]:
         backend=ctx.backend,
         search_space=format_search_space(ctx),
         current_best=format_current_best(ctx),
-        profile=format_profile(ctx),
+        profile=format_profile(ctx) + format_job_model(ctx),
         history=format_history(ctx),
         feedback=format_feedback(ctx.feedback),
         notes=format_notes(ctx),
@@ -297,6 +297,38 @@ def _earlier_stages(ctx: AgentContext) -> str:
     return "\n".join(lines)
 
 
+def format_job_model(ctx: AgentContext, top: int = 3) -> str:
+    """The job model as the LLM's tool: its predictions for the best configs it found, its track record,
+    and how candidates are scored. Empty without a model (a backend that cannot describe its job)."""
+    model = ctx.job_model
+    if model is None or ctx.stage != "system":
+        return ""
+    from mart.nodes.agents.rules import model_candidates
+
+    lines = ["", "# Job model (mart's calibrated per-phase model; every candidate is scored by it)"]
+    inc = ctx.predict(ctx.full_config(ctx.best_overrides))
+    if inc is not None:
+        lines.append(f"- current best predicted: {inc.throughput:.0f} tok/s/GPU, peak {inc.peak_gb:.1f} GB; "
+                     f"confidence {inc.confidence:.2f}; safety gap under the limit {inc.gap_gb:.1f} GB")
+        lines.append("- predicted seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in inc.phase_s.items()))
+        lines.append("- predicted GB per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in inc.phase_gb.items() if v > 0))
+    try:
+        best = model_candidates(ctx, source="model", n=top)
+    except Exception:  # noqa: BLE001 - the prompt must not fail because the search did
+        best = []
+    for c in best:
+        lines.append(f"- model's pick: {_compact(c.overrides)} -> predicted {c.predicted_throughput or 0:.0f} tok/s/GPU "
+                     f"({(c.expected_gain or 0):+.1%}), peak {c.predicted_memory_gb or 0:.1f} GB")
+    recent = [p for p in ctx.predictions if p.get("predicted_throughput")][-4:]
+    for p in recent:
+        lines.append(f"- track record {p['trial_id']}: predicted {p['predicted_throughput']:.0f} tok/s, "
+                     f"measured {p.get('throughput') or 0:.0f}; peak predicted {p.get('predicted_peak_gb') or 0:.1f} GB, "
+                     f"measured {p.get('peak_memory_gb') or 0:.1f} GB ({p.get('status')})")
+    lines.append("- Use it: propose what the model misses (interactions, knobs it does not model, the reviewer's "
+                 "wishes) or sharpen its picks; a candidate it predicts over the limit is sent back to you.")
+    return "\n".join(lines) + "\n"
+
+
 def format_feedback(feedback: list[str]) -> str:
     if not feedback:
         return "None."
@@ -330,11 +362,30 @@ def format_candidates(ctx: AgentContext, candidates: list[Candidate], checks: Ma
             lines.append(f"predicted peak memory: {_gb(chk.predicted_memory_gb)} ({_gb(abs(margin))} {side} the limit)")
         else:
             lines.append(f"predicted peak memory: {_gb(chk.predicted_memory_gb)}")
+        lines.extend(_model_line(ctx, c))
         lines.append("validation: " + ("ok" if not chk.validation_errors else "FAILED: " + " ".join(chk.validation_errors)))
         lines.append("constraints: " + ("ok" if not chk.constraint_errors else "FAILED: " + " ".join(chk.constraint_errors)))
         lines.append("already tried: " + ("yes, identical to a past trial" if chk.duplicate else "no"))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def _model_line(ctx: AgentContext, c: Candidate) -> list[str]:
+    """The job model's view of a candidate for the critic: predicted gain over the current best and the
+    chance its peak crosses the limit (rank by both)."""
+    if ctx.job_model is None or ctx.stage != "system":
+        return []
+    pred = ctx.predict(ctx.full_config(c.overrides))
+    inc = ctx.predict(ctx.full_config(ctx.best_overrides))
+    if pred is None or inc is None:
+        return []
+    line = (f"job model: predicted {pred.throughput / max(inc.throughput, 1e-9) - 1:+.1%} tok/s over the current best "
+            f"({pred.throughput:.0f} tok/s/GPU), peak {pred.peak_gb:.1f} GB")
+    if ctx.memory_limit_gb:
+        sigma = max(pred.gap_gb / 2, 1e-6)
+        p_over = 0.5 * math.erfc((ctx.memory_limit_gb - pred.peak_gb) / (sigma * math.sqrt(2)))
+        line += f", P(over the limit) {p_over:.0%}"
+    return [line + f"; model confidence {pred.confidence:.2f}"]
 
 
 # --------------------------------------------------------------------------- helpers

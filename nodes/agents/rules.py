@@ -1,20 +1,26 @@
-"""The rules strategy (offline default): informed coordinate search from the stage's best config.
+"""The rules strategy (offline default): model-driven search in stage 1, informed moves in stage 2.
 
-Proposer: from the current best, one-knob moves (×2 / ÷2, ±step, flip), scored by how much of the step
-the knob's phase takes (the profile), the direction known to be faster, memory headroom, momentum from
-moves that already paid off, health signals (stage 2) and reviewer feedback; the top K untried moves.
-Critic: validation, constraints, duplicates, the memory model against the margin; ranks the rest by
-expected gain discounted by risk.
+Proposer, stage 1 with a job model (every shipped backend describes its job): the calibrated per-phase
+model (``job_model``) searches the whole catalogue (``model_search``) and proposes the predicted-best
+multi-knob bundles that fit under the memory limit with a safety gap, plus trust-region moves around the
+incumbent. Without a model (a plugin backend that cannot describe its job), and in stage 2: from the
+current best, one-knob moves (x2 / /2, +-step, flip), scored by the phase the knob speeds up, the known
+direction, memory headroom, momentum, health signals (stage 2) and reviewer feedback.
+Critic: validation, constraints, duplicates, the model's peak against the margin; ranks the rest by
+predicted gain discounted by the chance of crossing the limit. In stage 2 a candidate is never rejected for
+memory it does not change (the system config is fixed there).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
+from mart.nodes.agents.model_search import Scored, search
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
 
@@ -67,6 +73,13 @@ class RulesProposer(Proposer):
     name = "rules"
 
     def propose(self, ctx: AgentContext) -> list[Candidate]:
+        if ctx.stage == "system" and ctx.job_model is not None and ctx.memory_limit_gb:
+            found = model_candidates(ctx, source=self.name)
+            if found:
+                return found
+        return self._coordinate(ctx)
+
+    def _coordinate(self, ctx: AgentContext) -> list[Candidate]:
         rng = random.Random(ctx.seed * 1000 + ctx.round + 17 * len(ctx.history))
         fb = parse_feedback(ctx.feedback, ctx.search_space)
         start = dict(ctx.best_overrides)
@@ -210,6 +223,50 @@ class RulesProposer(Proposer):
         return max(score, 0.0), why
 
 
+def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None) -> list[Candidate]:
+    """The job model's best untried configs for stage 1 (reviewer feedback applied), as candidates."""
+    fb = parse_feedback(ctx.feedback, ctx.search_space)
+    found = search(ctx.job_model, ctx.search_space, ctx.base_config, ctx.memory_limit_gb,
+                   incumbent=ctx.best_overrides, tried=ctx.tried_keys(), check=ctx.config_errors,
+                   n_out=4 * (n or ctx.num_candidates), stage=ctx.stage)
+    base_pred = ctx.job_model.predict(ctx.best_overrides)
+    out: list[Candidate] = []
+    for s in found:
+        if not _follows_feedback(s, ctx, fb):
+            continue
+        out.append(Candidate(
+            candidate_id="", stage=ctx.stage, overrides={**s.overrides}, source=source,
+            rationale=_model_rationale(ctx, s, base_pred), predicted_memory_gb=round(s.peak_gb, 3),
+            predicted_throughput=round(s.throughput, 3),
+            expected_gain=round(s.throughput / max(base_pred.throughput, 1e-9) - 1, 4)))
+        if len(out) == (n or ctx.num_candidates):
+            break
+    return out
+
+
+def _follows_feedback(s: Scored, ctx: AgentContext, fb: FeedbackRules) -> bool:
+    inc = ctx.full_config(ctx.best_overrides)
+    for key, value in s.overrides.items():
+        old = inc.get(key, ctx.base_config.get(key))
+        if old == value:
+            continue
+        up = _greater(value, old)
+        if up is not None and not fb.allows(key, "up" if up else "down"):
+            return False
+    return True
+
+
+def _model_rationale(ctx: AgentContext, s: Scored, base_pred: Any) -> str:
+    inc = ctx.full_config(ctx.best_overrides)
+    moves = [f"{k.split('.')[-1]} {inc.get(k)!r}->{v!r}" for k, v in s.overrides.items() if inc.get(k) != v]
+    gain = s.throughput / max(base_pred.throughput, 1e-9) - 1
+    slow = max(s.phase_s, key=s.phase_s.get) if s.phase_s else "?"
+    binding = max(s.phase_gb, key=s.phase_gb.get) if s.phase_gb else "?"
+    return (f"job model: predicted {gain:+.1%} tok/s over the incumbent ({s.throughput:.0f} tok/s/GPU), peak "
+            f"{s.peak_gb:.1f} GB in {binding} (limit {ctx.memory_limit_gb:.1f}, safety gap {s.gap_gb:.1f}); "
+            f"slowest phase {slow}. Moves: {', '.join(moves) or 'none'}.")
+
+
 def _greater(a: Any, b: Any) -> bool | None:
     if isinstance(a, bool) or isinstance(b, bool):
         return bool(a) and not bool(b)
@@ -225,6 +282,9 @@ class RulesCritic(Critic):
     def critique(self, ctx: AgentContext, candidates: list[Candidate]) -> CriticVerdict:
         tried = ctx.tried_keys()
         critiques = []
+        limit = ctx.memory_limit_gb
+        inc_pred = ctx.predict(ctx.full_config(ctx.best_overrides))
+        stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage == "learning" else None
         for cand in candidates:
             reasons: list[str] = []
             try:
@@ -237,20 +297,35 @@ class RulesCritic(Critic):
             if config_hash(full) in tried:
                 reasons.append("duplicate of a config already tried in this stage")
             pred = ctx.predict_memory(full)
+            model_pred = ctx.predict(full) if not reasons else None
             risk = "medium" if pred is None and ctx.stage == "system" else "low"
-            if pred is not None and ctx.memory_limit_gb:
-                if pred > ctx.memory_limit_gb:
-                    reasons.append(f"predicted peak memory {pred:.2f} GB exceeds the limit {ctx.memory_limit_gb:.2f} GB")
-                elif pred > 0.9 * ctx.memory_limit_gb:
+            p_over = 0.0
+            if pred is not None and limit:
+                # stage 2 fixes the system config: only memory the candidate adds can be held against it
+                changes_memory = stage_base is None or pred > stage_base + max(0.5, 0.01 * limit)
+                if pred > limit and changes_memory:
+                    reasons.append(f"predicted peak memory {pred:.2f} GB exceeds the limit {limit:.2f} GB")
+                elif model_pred is not None and changes_memory:
+                    sigma = max(model_pred.gap_gb / 2, 1e-6)
+                    p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))
+                    risk = "high" if p_over > 0.2 else "medium" if p_over > 0.05 else "low"
+                elif pred > 0.9 * limit and changes_memory:
                     risk = "high"
-                elif pred > 0.75 * ctx.memory_limit_gb:
+                elif pred > 0.75 * limit and changes_memory:
                     risk = "medium"
             accepted = not reasons
-            gain = cand.expected_gain if cand.expected_gain is not None else 0.1
-            score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
+            if model_pred is not None and inc_pred is not None and ctx.stage == "system":
+                gain = model_pred.throughput / max(inc_pred.throughput, 1e-9) - 1
+                score = max(1e-4, (1 + gain) * (1 - 1.5 * p_over)) if accepted else 0.0
+            else:
+                gain = cand.expected_gain if cand.expected_gain is not None else 0.1
+                score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
             if accepted:
-                reasons.append(f"passes constraints; predicted peak "
-                               f"{'unknown' if pred is None else f'{pred:.2f} GB'}; risk {risk}")
+                txt = "unknown" if pred is None else f"{pred:.2f} GB"
+                if model_pred is not None and ctx.stage == "system":
+                    txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
+                            f"P(over the limit) {p_over:.0%}")
+                reasons.append(f"passes constraints; predicted peak {txt}; risk {risk}")
             critiques.append(Critique(candidate_id=cand.candidate_id, accepted=accepted, reasons=reasons,
                                       predicted_memory_gb=pred, risk=risk, score=round(score, 4)))
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)

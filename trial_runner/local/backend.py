@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mart.state.job import JobDescription
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend, TrialRunner
 from mart.trial_runner.local.config import DEFAULTS, config_errors
@@ -68,6 +69,27 @@ class LocalBackend(Backend):
 
             return RayJobRunner(self.ray_address, runner)
         return runner
+
+    def describe_job(self) -> JobDescription:
+        """The tiny GPT's shape (GPT-2 MLP, 14-token vocabulary), the emulated device (a CPU: no vLLM;
+        its "capacity" is the emulated limit) and the workload of the base config."""
+        from mart.state.job import Hardware, ModelShape, Workload
+        from mart.trial_runner.local.task import VOCAB_SIZE
+
+        c = self._base
+        h = int(c["local.model.n_embd"])
+        return JobDescription(
+            model=ModelShape(num_hidden_layers=int(c["local.model.n_layer"]), hidden_size=h,
+                             num_attention_heads=int(c["local.model.n_head"]), intermediate_size=4 * h,
+                             vocab_size=VOCAB_SIZE, gated_mlp=False),
+            hardware=Hardware(name="cpu", memory_gb=float(self.memory_capacity_gb() or DEFAULT_MEMORY_CAPACITY_GB),
+                              cpu=True),
+            workload=Workload(train_batch_size=int(c["data.train_batch_size"]), rollout_n=int(c["actor_rollout_ref.rollout.n"]),
+                              max_prompt_length=int(c["data.max_prompt_length"]),
+                              max_response_length=int(c["data.max_response_length"]),
+                              uses_reference=bool(c["actor_rollout_ref.actor.use_kl_loss"])),
+            engine="hf",
+        )
 
     def memory_capacity_gb(self) -> float | None:
         return self._capacity if self._capacity is not None else DEFAULT_MEMORY_CAPACITY_GB

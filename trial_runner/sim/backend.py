@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mart.state.job import Hardware, JobDescription, ModelShape, Workload
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend
 from mart.trial_runner.sim import model
@@ -87,6 +88,28 @@ class SimBackend(Backend):
 
     def memory_capacity_gb(self) -> float | None:
         return self._capacity if self._capacity is not None else self.scenario.gpu.memory_gb
+
+    def describe_job(self) -> JobDescription:
+        """The scenario as a user would describe it (``Scenario.job()``: config.json fields, the GPU's
+        datasheet figures, the cluster, the workload). None of the simulator's cost constants crosses over."""
+        job = self.scenario.job()
+        m, c, w = job["model"], job["cluster"], job["workload"]
+        nvlink = "nvlink" in str(c.get("interconnect", "")).lower()
+        return JobDescription(
+            model=ModelShape(num_hidden_layers=m["num_hidden_layers"], hidden_size=m["hidden_size"],
+                             intermediate_size=m["intermediate_size"], num_attention_heads=m["num_attention_heads"],
+                             num_key_value_heads=m["num_key_value_heads"], head_dim=m.get("head_dim"),
+                             vocab_size=m["vocab_size"], params=m["num_parameters"]),
+            hardware=Hardware(name=c["gpu"], memory_gb=self.memory_capacity_gb() or c["memory_gb"],
+                              bf16_flops=c["bf16_tflops"] * 1e12, hbm_bandwidth=c["hbm_tb_s"] * 1e12,
+                              # a GPU without NVLink runs its collectives over PCIe (datasheet order of magnitude)
+                              intra_node_bandwidth=None if nvlink else 16e9),
+            nnodes=c["nodes"], gpus_per_node=c["gpus_per_node"],
+            workload=Workload(train_batch_size=w["train_batch_size"], rollout_n=w["rollout_n"],
+                              max_prompt_length=w["max_prompt_length"], max_response_length=w["max_response_length"],
+                              prompt_length_mean=w.get("mean_prompt_length"),
+                              response_length_mean=w.get("mean_response_length")),
+        )
 
     def make_runner(self) -> SimRunner:
         return SimRunner(*self._runner_args)

@@ -11,8 +11,10 @@ accepted file forms); the candidate's knobs are applied over it.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
+from mart.state.job import JobDescription
 from mart.state.models import config_hash
 from mart.state.search_space import ConfigError, SearchSpace
 from mart.trial_runner.base import Backend, TrialRunner
@@ -231,6 +233,34 @@ class VerlBackend(Backend):
 
             return RayJobRunner(self.ray_address, runner)
         return runner
+
+    def describe_job(self) -> JobDescription | None:
+        """From ``actor_rollout_ref.model.path``'s config.json (a local directory) and the Hydra config;
+        None when the model config cannot be read here (a hub id not downloaded) or the capacity is unknown."""
+        from mart.state.job import JobDescription, ModelShape, Workload, hardware_from_name
+        from mart.trial_runner.verl.space import cfg_get
+
+        cfg = self.base_config()
+        path = cfg.get("actor_rollout_ref.model.path")
+        capacity = self.memory_capacity_gb()
+        if not path or capacity is None:
+            return None
+        try:
+            shape = ModelShape.from_config_file(Path(str(path)).expanduser())
+        except ValueError:
+            return None
+        gpus = self._probe() if self.ray_address is None else []
+        hardware = hardware_from_name(gpus[0].name if gpus else "gpu", capacity)
+        uses_ref = bool(cfg_get(cfg, "actor_rollout_ref.actor.use_kl_loss")) or bool(cfg_get(cfg, "algorithm.use_kl_in_reward"))
+        return JobDescription(
+            model=shape, hardware=hardware, nnodes=int(cfg_get(cfg, "trainer.nnodes")),
+            gpus_per_node=int(cfg_get(cfg, "trainer.n_gpus_per_node")),
+            workload=Workload(train_batch_size=int(cfg_get(cfg, "data.train_batch_size")),
+                              rollout_n=int(cfg_get(cfg, "actor_rollout_ref.rollout.n")),
+                              max_prompt_length=int(cfg_get(cfg, "data.max_prompt_length")),
+                              max_response_length=int(cfg_get(cfg, "data.max_response_length")),
+                              uses_reference=uses_ref),
+        )
 
     def memory_capacity_gb(self) -> float | None:
         """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value.

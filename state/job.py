@@ -1,0 +1,153 @@
+"""What a user knows about an RL job before tuning it: the model's shape, the hardware, the workload.
+
+The performance/memory model of the agents (``mart.nodes.agents.job_model``) starts from this and the
+measured profile. Backends describe their job with ``Backend.describe_job()`` (``None`` = unknown: the
+agents then fall back to profile-only heuristics). Every field is a public fact of the job: a Hugging
+Face ``config.json``, the GPU's datasheet, the Hydra config; nothing here is a tuning constant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+
+class ModelShape(BaseModel):
+    """A decoder-only transformer as far as memory and FLOPs go (Hugging Face ``config.json`` names)."""
+
+    num_hidden_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int | None = Field(None, gt=0, description="GQA KV heads; None = num_attention_heads")
+    intermediate_size: int | None = Field(None, gt=0, description="FFN width; None = 4 x hidden_size")
+    vocab_size: int = Field(gt=0)
+    head_dim: int | None = Field(None, gt=0, description="None = hidden_size / num_attention_heads")
+    params: float | None = Field(None, gt=0, description="total parameters; None = counted from the shape")
+    gated_mlp: bool = Field(True, description="SwiGLU-style MLP (3 matrices) as in Llama/Qwen; False = GPT-2 MLP")
+    tie_word_embeddings: bool = False
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+    @property
+    def dhead(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def n_params(self) -> float:
+        if self.params:
+            return float(self.params)
+        h, f, L, v = self.hidden_size, self.ffn, self.num_hidden_layers, self.vocab_size
+        attn = h * self.num_attention_heads * self.dhead * 2 + h * self.kv_heads * self.dhead * 2
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return float(L * (attn + mlp + 2 * h) + emb)
+
+    @classmethod
+    def from_hf_config(cls, data: dict[str, Any]) -> "ModelShape":
+        """From a Hugging Face ``config.json`` dict (text configs nested under ``text_config`` too)."""
+        data = data.get("text_config", data) if isinstance(data.get("text_config"), dict) else data
+        keep = {k: data[k] for k in cls.model_fields if k in data and data[k] is not None}
+        act = str(data.get("hidden_act", "silu")).lower()
+        keep.setdefault("gated_mlp", act in ("silu", "swiglu", "swish") or "llama" in str(data.get("model_type", "")))
+        return cls(**keep)
+
+    @classmethod
+    def from_config_file(cls, path: str | Path) -> "ModelShape":
+        """Read ``<model dir>/config.json`` (or the file itself).
+
+        Raises:
+            ValueError: the file is missing, not JSON, or lacks a required field (named in the message).
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read the model config {p}: {e}") from None
+        try:
+            return cls.from_hf_config(data)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ValueError(f"model config {p}: {problems}") from None
+
+
+class Hardware(BaseModel):
+    """One accelerator (per device). Unknown figures are None: the model then uses a generic prior and
+    calibrates its time scale on the measured profile."""
+
+    name: str = "gpu"
+    memory_gb: float = Field(gt=0, description="capacity per device in GiB (the margin rule's reference)")
+    hbm_bandwidth: float | None = Field(None, gt=0, description="bytes/s (datasheet peak)")
+    bf16_flops: float | None = Field(None, gt=0, description="dense bf16 FLOP/s (datasheet peak)")
+    intra_node_bandwidth: float | None = Field(None, gt=0, description="collective bus bytes/s within a node")
+    inter_node_bandwidth: float | None = Field(None, gt=0, description="collective bytes/s per device across nodes")
+    host_bandwidth: float | None = Field(None, gt=0, description="host<->device copy bytes/s per device (PCIe)")
+    cpu: bool = Field(False, description="a CPU emulating a device (local backend): no vLLM, no CUDA graphs")
+
+
+class Workload(BaseModel):
+    """The job's shape per step (verl's data/rollout keys)."""
+
+    train_batch_size: int = Field(gt=0, description="prompts per step")
+    rollout_n: int = Field(1, gt=0)
+    max_prompt_length: int = Field(gt=0)
+    max_response_length: int = Field(gt=0)
+    prompt_length_mean: float | None = Field(None, gt=0, description="None = half of max_prompt_length")
+    response_length_mean: float | None = Field(None, gt=0, description="None = from the profile")
+    uses_reference: bool = Field(False, description="a KL term needs the reference policy's log-prob pass")
+
+
+class JobDescription(BaseModel):
+    """Model, hardware, cluster shape and workload of one RL job."""
+
+    model: ModelShape
+    hardware: Hardware
+    nnodes: int = Field(1, gt=0)
+    gpus_per_node: int = Field(1, gt=0)
+    workload: Workload
+    engine: str = Field("vllm", description="rollout engine: vllm (memory-share semantics) or hf (plain generate)")
+
+    @property
+    def n_gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @model_validator(mode="after")
+    def _check(self) -> "JobDescription":
+        if self.engine not in ("vllm", "hf"):
+            raise ValueError(f"engine must be 'vllm' or 'hf', got {self.engine!r}")
+        return self
+
+
+#: Datasheet figures of common accelerators (dense bf16 FLOP/s, HBM bytes/s), for jobs that name the GPU
+#: only. Sources: NVIDIA H100/H200/A100/H20/L40S datasheets.
+KNOWN_GPUS: dict[str, tuple[float, float]] = {
+    "H100": (989e12, 3.35e12),
+    "H200": (989e12, 4.8e12),
+    "H800": (989e12, 3.35e12),
+    "H20": (148e12, 4.0e12),
+    "A100": (312e12, 2.0e12),
+    "A800": (312e12, 2.0e12),
+    "L40S": (362e12, 0.864e12),
+}
+
+
+def hardware_from_name(name: str, memory_gb: float) -> Hardware:
+    """A ``Hardware`` for a GPU named like ``NVIDIA H100 80GB HBM3`` (unknown names: figures None)."""
+    upper = name.upper()
+    for key, (flops, bw) in KNOWN_GPUS.items():
+        if key in upper.replace("-", " ").split() or upper.startswith(key) or f" {key}" in upper:
+            return Hardware(name=name, memory_gb=memory_gb, bf16_flops=flops, hbm_bandwidth=bw)
+    return Hardware(name=name, memory_gb=memory_gb)
+
+
+__all__ = ["Hardware", "JobDescription", "KNOWN_GPUS", "ModelShape", "Workload", "hardware_from_name"]
