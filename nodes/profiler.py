@@ -92,8 +92,9 @@ def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal[
         update["exhausted"] = {**(state.get("exhausted") or {}), stage: reason}
         return Command(goto="stage_control", update=update)
     # An infeasible baseline (OOM, over the margin) does not end the stage: the job model knows the peak
-    # reached at least the capacity and proposes memory-reducing bundles first.
-    return Command(goto="proposer", update=update)
+    # reached at least the capacity and proposes memory-reducing bundles first. The baseline counts against
+    # the stage's budget, so stage control decides whether a candidate follows (--system-trials 1: none).
+    return Command(goto="stage_control", update=update)
 
 
 def _can_search_without_baseline(stage: Stage, services) -> bool:

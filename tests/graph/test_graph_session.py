@@ -229,8 +229,6 @@ def test_feedback_is_read_back_and_edits_take_short_names(tmp_path):
     assert len(reviewer.requests) == 2 and trials[1]["config"][MB] == 8  # the short name reached the full key
 
 
-@pytest.mark.xfail(strict=True, reason="nodes/profiler.py goes to the proposer after the baseline without checking "
-                                       "the budget: --system-trials 1 ('the baseline included') runs two trials")
 def test_a_budget_of_one_runs_only_the_baseline(tmp_path):
     summary = tune(options(tmp_path, system_trials=1, learning_trials=0))
     assert summary["trials"]["total"] == 1
