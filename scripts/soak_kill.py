@@ -151,16 +151,22 @@ class Soak:
         budget = self.args.system_trials + self.args.learning_trials
         problems: list[str] = []
         runs = sorted(self.run_ids())
-        trials_total = 0
+        trials_total = confirm_total = 0
         for run in runs:
             db = self.runs / run / "mart.sqlite"
             status = self.status(run)
             if status != "completed":
                 problems.append(f"{run}: status {status}")
             rows = query(db, "SELECT trial_id, candidate_id, status, steps_done, horizon FROM trials")
-            trials_total += len(rows)
-            if len(rows) != budget:
-                problems.append(f"{run}: {len(rows)} trials, budget {budget}")
+            # stage 2's re-runs of close contenders (on another seed) are planned on top of the budget, at most
+            # one per contender: counted apart, and a contender re-run twice is a duplicate
+            confirms = [c for (c,) in query(db, "SELECT confirms FROM trials WHERE confirms IS NOT NULL")]
+            trials_total += len(rows) - len(confirms)
+            confirm_total += len(confirms)
+            if len(rows) - len(confirms) != budget:
+                problems.append(f"{run}: {len(rows) - len(confirms)} trials, budget {budget}")
+            if len(confirms) != len(set(confirms)):
+                problems.append(f"{run}: a contender was re-run twice")
             cands = [r[1] for r in rows if r[1]]
             if len(cands) != len(set(cands)):
                 problems.append(f"{run}: a candidate ran twice")
@@ -174,7 +180,7 @@ class Soak:
         leftover = self.leftover_trials()
         if leftover:
             problems.append(f"trial processes still alive: {leftover}")
-        return {"runs": len(runs), "trials": trials_total, "problems": problems}
+        return {"runs": len(runs), "trials": trials_total, "confirm_trials": confirm_total, "problems": problems}
 
     def leftover_trials(self) -> list[int]:
         try:
@@ -208,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         result = soak.check()
     report = {"kills": soak.kills, "runs_started": soak.started, "resumes_killed_or_not": soak.resumes,
               "starts_killed_before_a_run_existed": soak.starts_killed_before_a_run, **timing, **result,
-              "lost_or_duplicated_trials": sum("trials, budget" in p or "ran twice" in p for p in result["problems"]),
+              "lost_or_duplicated_trials": sum("trials, budget" in p or "twice" in p for p in result["problems"]),
               "kill_moments_s": {"min": min(soak.kill_moments, default=None),
                                  "max": max(soak.kill_moments, default=None)}}
     print(json.dumps(report, indent=2))

@@ -23,7 +23,7 @@ def test_tune_runs_a_user_scenario_file(tmp_path: Path, monkeypatch: pytest.Monk
         "tune", "--backend", "sim", "--backend-option", f"scenario_file={EXAMPLE}", "--backend-option", "perturb=3",
         "--approve", "auto", "--system-trials", "3", "--learning-trials", "2"])
     assert result.exit_code == 0, result.output
-    assert "completed" in result.output and "system (tokens/s)" in result.output
+    assert "completed" in result.output and "system (tok/s/GPU)" in result.output
 
 
 def test_a_bad_scenario_file_is_refused_with_the_field(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ SCORE = "val-core/openai/gsm8k/reward/mean@1"
 def test_learning_trials_are_scored_after_training(tmp_path):
     opts = TuneOptions(
         backend="verl", approve="auto", runs_dir=str(tmp_path), system_trials=1, learning_trials=3,
+        learning_confirm_trials=0,  # this test is about scoring; re-runs of close contenders have their own
         system_horizon=3, learning_horizon=4, watch_interval_s=0.05, quiet=True, memory_capacity_gb=80.0,
         backend_options={"entrypoint": f"{sys.executable} {FAKE_VERL}", "prevalidate": False,
                          "base_config": {"fake.step_s": 0.02, "trainer.val_before_train": True}},

@@ -34,11 +34,16 @@ def test_tune_on_a_tiny_local_workload(tmp_path, local_tiny_config):
                                system_horizon=4, learning_horizon=6, quiet=True, watch_interval_s=0.2))
     assert summary["status"] == "completed"
     trials = Ledger.open(tmp_path / "runs" / summary["run_id"]).trials()
-    assert len(trials) == 5
+    # the budget, plus stage 2's re-runs of close contenders on another seed (at most the default 3)
+    assert len([t for t in trials if not t.get("confirms")]) == 5 and len(trials) - 5 <= 3
     assert all(t["config"]["local.model.n_layer"] == 2 for t in trials)  # the user's workload, not ours
     # a real trainer on a loaded CPU: no gain is guaranteed, but the best must be the ledger's best eligible trial
     best_sys = best_from_ledger(trials, "system", summary["system"]["memory_limit_gb"])
-    best_learn = best_from_ledger(trials, "learning", None)
     assert summary["system"]["best_throughput"] == pytest.approx(best_sys["throughput"])
-    assert summary["learning"]["best_score"] == pytest.approx(best_learn["score"])
+    # stage 2 picks under noise: the winner's score is the mean of its runs (its trial and its re-runs)
+    ledger = Ledger.open(tmp_path / "runs" / summary["run_id"])
+    winner = next(r["best_trial"] for r in ledger.table_rows("stage_results") if r["stage"] == "learning")
+    runs = [t["score"] for t in trials if winner in (t["trial_id"], t.get("confirms"))]
+    assert summary["learning"]["best_score"] == pytest.approx(sum(runs) / len(runs))
+    assert summary["learning"]["best_score_runs"] == len(runs)
     assert summary["system"]["baseline_throughput"] == pytest.approx(trials[0]["throughput"])
