@@ -177,14 +177,13 @@ def test_memory_capacity_ends_the_trial_as_oom(tmp_path, local_tiny_config):
               "actor_rollout_ref.model.use_remove_padding": False, "trainer.val_before_train": False,
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 64}
     runner = LocalRunner()
-    t0 = time.monotonic()
     handle = runner.launch(_spec(tmp_path, "oom", hungry, 10_000, memory_capacity_gb=0.03))
     poll = _wait(runner, handle, 60)
     assert poll.status is TrialStatus.OOM, (poll, Path(handle.trial_dir, "trial.log").read_text()[-2000:])
     assert "exceeded the capacity 0.03 GB during update_actor" in poll.reason
     assert runner._exit_codes[handle.pid] == 3
+    # it ended at its first step of 10,000 (within _wait's bound): no wall-clock assert on a shared box
     assert poll.last_step == 0
-    assert time.monotonic() - t0 < 30
 
 
 def test_peak_memory_grows_with_micro_batch_and_response_length(tmp_path, local_tiny_config):
