@@ -20,6 +20,7 @@ from mart.trial_runner.base import read_status
 from mart.trial_runner.local.backend import LocalBackend
 from mart.trial_runner.local.runner import LocalRunner
 from mart.trial_runner.registry import load_backend
+from tests.support.trials import wait_finished
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,14 +33,9 @@ def _spec(tmp_path: Path, name: str, overrides: dict, steps: int, **kw) -> Trial
     return TrialSpec(trial_id=name, config=config, steps=steps, trial_dir=str(tmp_path / name), **kw)
 
 
-def _wait(runner: LocalRunner, handle: TrialHandle, timeout_s: float = 120):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        poll = runner.poll(handle)
-        if poll.status.is_finished():
-            return poll
-        time.sleep(0.1)
-    raise AssertionError(f"{handle.trial_id} did not finish in {timeout_s} s")
+
+def _wait(runner, handle, timeout_s: float = 120):
+    return wait_finished(runner, handle, timeout_s)
 
 
 def _wait_step(runner, handle, step: int, timeout_s: float = 120) -> None:

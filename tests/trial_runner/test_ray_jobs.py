@@ -31,6 +31,7 @@ from mart.trial_runner.base import read_status
 from mart.trial_runner.ray.runner import RayJobRunner
 from mart.trial_runner.registry import load_backend
 from tests.support.paths import FAKE_VERL
+from tests.support.trials import wait_finished
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -117,14 +118,9 @@ def ray_head():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _wait(runner, handle, timeout_s: float) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        p = runner.poll(handle)
-        if p.status.is_finished():
-            return p
-        time.sleep(0.5)
-    raise AssertionError(f"{handle.trial_id} did not finish in {timeout_s} s")
+
+def _wait(runner, handle, timeout_s: float):
+    return wait_finished(runner, handle, timeout_s, every_s=0.5)
 
 
 def test_two_local_trials_as_ray_jobs_stop_one_read_the_other(ray_head, tmp_path):

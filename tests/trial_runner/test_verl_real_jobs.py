@@ -21,20 +21,15 @@ from mart.state.trials import TrialSpec
 from mart.trial_runner.verl import VerlBackend
 from mart.trial_runner.verl.script import import_run_script
 from tests.support.paths import FAKE_VERL
+from tests.support.trials import wait_finished
 
 SCORE = "val-core/openai/gsm8k/reward/mean@1"
 FAST = {"kill_grace_s": 1.0, "oom_exit_grace_s": 0.5, "gpu_free_threshold_gb": None}
 
 
+
 def _run(runner, handle, timeout_s: float = 40.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        p = runner.poll(handle)
-        if p.status.is_finished():
-            return p
-        time.sleep(0.05)
-    runner.stop(handle, "test timeout", grace_s=0.5)
-    raise AssertionError(f"trial did not end within {timeout_s} s")
+    return wait_finished(runner, handle, timeout_s)
 
 
 def _argv(trial_dir: str, attempt: int = 1) -> list[str]:

@@ -23,6 +23,7 @@ from mart.trial_runner.base import read_status
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.verl import VerlBackend, VerlRunner, WatchdogConfig
 from tests.support.paths import FAKE_VERL
+from tests.support.trials import wait_finished
 
 FAKE = FAKE_VERL
 FAST_WATCHDOG = WatchdogConfig(first_step_timeout_s=30, k=3.0, min_step_timeout_s=1.0, expected_step_s=0.1)
@@ -41,15 +42,9 @@ def make(mode: str = "normal", watchdog: WatchdogConfig = FAST_WATCHDOG, **base)
     return backend, runner
 
 
+
 def run_to_end(runner, handle, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        p = runner.poll(handle)
-        if p.status.is_finished():
-            return p
-        time.sleep(0.05)
-    runner.stop(handle, "test timeout", grace_s=0.5)
-    raise AssertionError(f"trial did not end within {timeout_s} s")
+    return wait_finished(runner, handle, timeout_s)
 
 
 def spec_for(backend: VerlBackend, tmp_path: Path, steps: int = 5, trial_id: str = "t1", **over) -> TrialSpec:
