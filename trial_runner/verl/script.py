@@ -131,15 +131,20 @@ class _Words:
             elif c == "$":
                 i = self._dollar(text, i, cur, problems, quoted=False)
             elif c == "`":
-                j = text.find("`", i + 1)
-                problems.append(f"command substitution `{text[i + 1:j if j > 0 else n]}`")
-                i = (j + 1) if j > 0 else n
+                i = self._backtick(text, i, problems)
             else:
                 cur.append(c)
                 i += 1
         if started:
             words.append(("".join(cur), problems))
         return words
+
+    @staticmethod
+    def _backtick(text: str, i: int, problems: list[str]) -> int:
+        """A `...` command substitution cannot be resolved statically: note it, skip past it."""
+        j = text.find("`", i + 1)
+        problems.append(f"command substitution `{text[i + 1:j if j > 0 else len(text)]}`")
+        return (j + 1) if j > 0 else len(text)
 
     def _double(self, text: str, i: int, cur: list[str], problems: list[str]) -> int:
         n = len(text)
@@ -151,9 +156,7 @@ class _Words:
             elif c == "$":
                 i = self._dollar(text, i, cur, problems, quoted=True)
             elif c == "`":
-                j = text.find("`", i + 1)
-                problems.append(f"command substitution `{text[i + 1:j if j > 0 else n]}`")
-                i = (j + 1) if j > 0 else n
+                i = self._backtick(text, i, problems)
             else:
                 cur.append(c)
                 i += 1
