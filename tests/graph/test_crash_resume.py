@@ -37,6 +37,11 @@ def _query(db: Path, sql: str, args=()):
         return []
 
 
+def _run_dir(runs: Path) -> Path | None:
+    """The run folder once it is in place (a run is built under a hidden name, then renamed)."""
+    return next((p.parent for p in runs.glob("*/mart.sqlite") if not p.parent.name.startswith(".")), None)
+
+
 def _wait_for(pred, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -58,7 +63,7 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     tuner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        run_dir = _wait_for(lambda: next(iter(runs.glob("*/mart.sqlite")), None), 60, "the run directory").parent
+        run_dir = _wait_for(lambda: _run_dir(runs), 60, "the run directory")
         db = run_dir / "mart.sqlite"
         # kill the tuner while a *candidate* trial is running and has reported steps
         row = _wait_for(lambda: _query(db, "select t.trial_id, t.handle from trials t where t.kind='candidate' "
@@ -134,7 +139,7 @@ def test_kill_minus_9_at_the_launch_node_then_resume(tmp_path):
     died = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
     trial_id = died.stdout.split("KILLED", 1)[1].split()[0]
-    [run_dir] = [p.parent for p in runs.glob("*/mart.sqlite")]
+    run_dir = _run_dir(runs)
     db = run_dir / "mart.sqlite"
     [(handle_at_kill, status_at_kill)] = _query(db, "select handle, status from trials where trial_id=?", (trial_id,))
     assert handle_at_kill and status_at_kill == "running"
