@@ -1,0 +1,179 @@
+"""Stage 2's final choice under noise: the defaults are a contender like any other, a change needs two seeds and
+a lead beyond the noise of the difference, a config near a collapse or with a collapse signal never replaces
+healthy defaults, the smaller move wins when the evidence is weak, and every re-run (the defaults' included)
+counts in the confirm budget."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from mart.nodes.stage_control import LR_KEY, learning_selection
+from mart.state.ledger import Ledger
+from mart.state.metrics import StepRecord
+from mart.state.models import TrialRecord
+from mart.state.objectives import (
+    RISK_AT_CLIFF,
+    RISK_BELOW_COLLAPSE,
+    Contender,
+    learning_choice,
+    move_size,
+    next_reevaluation,
+    pooled_noise,
+    student_z,
+)
+
+NOISE = 0.01
+
+
+def base(*scores: float) -> Contender:
+    return Contender("base", list(scores), [], is_baseline=True)
+
+
+def test_a_lucky_single_high_run_never_replaces_the_defaults():
+    # one run 5 noise above the defaults, never re-run: one seed is no evidence
+    lucky = Contender("lucky", [0.45], [], move=1)
+    assert learning_choice([base(0.40), lucky], NOISE)[0].is_baseline
+
+
+def test_a_lucky_config_at_the_cliff_edge_loses_even_when_its_seeds_were_spared():
+    # lr x6 where lr x8 collapsed: two seeds that happened not to collapse, each 2.5 noise above the defaults
+    edge = Contender("edge", [0.425, 0.425], [], move=2, risk=RISK_AT_CLIFF)
+    assert learning_choice([base(0.40, 0.40), edge], NOISE)[0].is_baseline
+    # a config whose own run showed a collapse signal never replaces healthy defaults either
+    fell = Contender("fell", [0.46, 0.46], ["validation fell 0.05 from its best 0.51"], move=1)
+    assert learning_choice([base(0.40, 0.40), fell], NOISE)[0].is_baseline
+    # nor one whose re-run did not finish
+    broke = Contender("broke", [0.46], ["run broke-s2 ended stopped early"], move=1)
+    assert learning_choice([base(0.40, 0.40), broke], NOISE)[0].is_baseline
+
+
+def test_a_real_improvement_on_two_seeds_still_wins():
+    good = Contender("good", [0.44, 0.435], [], move=1)
+    winner, why = learning_choice([base(0.40, 0.402), good], NOISE)
+    assert winner is good and "good beats the defaults" in why
+    # ... and a clear one below a collapse further up (RISK_BELOW_COLLAPSE) wins too, with a larger lead
+    below = Contender("below", [0.45, 0.445], [], move=1, risk=RISK_BELOW_COLLAPSE)
+    assert learning_choice([base(0.40, 0.402), below], NOISE)[0] is below
+    near = Contender("near", [0.43, 0.425], [], move=1, risk=RISK_BELOW_COLLAPSE)  # 2.7 standard errors only
+    assert learning_choice([base(0.40, 0.402), near], NOISE)[0].is_baseline
+    assert learning_choice([base(0.40, 0.402), Contender("n", [0.43, 0.425], [], move=1)], NOISE)[0].key == "n"
+
+
+def test_the_lead_must_clear_the_noise_and_the_unbiased_rerun_must_agree():
+    # within 2 standard errors of the difference (noise x sqrt(1/2 + 1/2) = 0.01): the defaults stay
+    close = Contender("close", [0.42, 0.415], [], move=1)
+    assert learning_choice([base(0.40, 0.40), close], NOISE)[0].is_baseline
+    # the first run was picked for being high; a mean carried by it alone (its re-run below the defaults) loses
+    carried = Contender("carried", [0.47, 0.395], [], move=1)
+    assert learning_choice([base(0.40), carried], NOISE / 2)[0].is_baseline
+    # a noise estimated from few points asks for a larger lead (Student t at the same level: 2.87 with 4 dof,
+    # 2.32 with 10)
+    assert 2.75 < student_z(2.0, 4) < 2.95 and 2.28 < student_z(2.0, 10) < 2.36 and student_z(2.0, None) == 2.0
+    mid = Contender("mid", [0.424, 0.424], [], move=1)
+    assert learning_choice([base(0.40, 0.40), mid], NOISE, dof=100)[0] is mid
+    assert learning_choice([base(0.40, 0.40), mid], NOISE, dof=3)[0].is_baseline
+
+
+def test_with_weak_evidence_the_smaller_move_wins():
+    small = Contender("small", [0.43, 0.43], [], move=1)
+    big = Contender("big", [0.44, 0.44], [], move=3)  # 1 standard error better than the small move
+    assert learning_choice([base(0.40, 0.40), big, small], NOISE)[0] is small
+    much = Contender("much", [0.46, 0.46], [], move=3)  # 3 standard errors better: the evidence carries it
+    assert learning_choice([base(0.40, 0.40), much, small], NOISE)[0] is much
+    assert move_size({"lr": 4e-6}, {"lr": 1e-6}) == 2 and move_size({"lr": 1.5e-6}, {"lr": 1e-6}) == 1
+    assert move_size({"lr": 2e-6, "use_kl": True, "n": 16}, {"lr": 1e-6, "use_kl": False, "n": 8}) == 3
+    assert move_size({}, {"lr": 1e-6}) == 0
+
+
+def test_pooled_noise_is_unbiased_where_a_median_of_few_point_stds_sits_low():
+    rng = random.Random(1)
+    sigma, pooled, naive = 0.01, [], []
+    for _ in range(300):
+        ests = []
+        for _ in range(6):  # six trials, 4 tail points each: residual stds with 2 dof
+            xs = [rng.gauss(0, sigma) for _ in range(3)]
+            m = sum(xs) / 3
+            ests.append(((sum((x - m) ** 2 for x in xs) / 2) ** 0.5, 2))
+        pooled.append(pooled_noise(ests)[0])
+        naive.append(sorted(s for s, _ in ests)[2:4][0] / 2 + sorted(s for s, _ in ests)[2:4][1] / 2)
+    med = sorted(pooled)[150]
+    assert 0.0093 < med < 0.0107, med
+    assert sorted(naive)[150] < 0.0092  # what the old median of stds gave
+    assert pooled_noise([(0.01, 2), (0.5, 2), (0.011, 2)])[0] < 0.02  # one wild estimate does not inflate it
+    assert pooled_noise([]) is None
+
+
+def test_reevaluation_order_the_best_hopeful_then_the_defaults_then_nothing_that_cannot_change_the_choice():
+    a = Contender("a", [0.45], [], move=1)
+    b = Contender("b", [0.43], [], move=1)
+    edge = Contender("edge", [0.50], [], move=2, risk=RISK_AT_CLIFF)
+    low = Contender("low", [0.39], [], move=1)
+    cs = [base(0.40), a, b, edge, low]
+    assert next_reevaluation(cs, NOISE, set()) is a  # the cliff-edge config is not worth a re-run
+    a.scores.append(0.44)
+    assert next_reevaluation(cs, NOISE, {"a"}).is_baseline  # a re-run change leads the defaults: re-measure them
+    cs[0].scores.append(0.40)
+    # a now wins; b (1 run, below a) cannot change that, low neither
+    assert next_reevaluation(cs, NOISE, {"a", "base"}) is None
+    # had a's re-run dropped, b is the next hopeful
+    a.scores[1] = 0.38
+    assert next_reevaluation(cs, NOISE, {"a", "base"}) is b
+
+
+# --- through stage_control with a real ledger: the budget counts the defaults' re-run ------------------------
+VAL = "val-core/task/reward/mean@1"
+
+
+class _Backend:
+    score_metric_prefix = "val-core/"
+
+    @staticmethod
+    def base_config():
+        return {LR_KEY: 1e-6, "x": 1}
+
+
+def _trial(ledger: Ledger, seq: int, tid: str, kind: str, lr: float, score: float | None, rng: random.Random,
+           confirms: str | None = None, status: str = "completed", early: bool = False) -> TrialRecord:
+    rec = TrialRecord(trial_id=tid, stage="learning", kind=kind, config={LR_KEY: lr, "x": 1}, status=status,
+                      score=score, early_stopped=early, confirms=confirms, seed=1 if confirms else 0, steps_done=30)
+    overrides = {} if lr == 1e-6 else {LR_KEY: lr}
+    ledger.upsert_trial(rec, run_id="r", seq=seq, overrides=overrides)
+    if score is not None:  # a flat validation curve with noise 0.01 around the final score
+        ledger.add_metrics(tid, [StepRecord(step=s, data={VAL: score + (rng.gauss(0, 0.01) if s < 30 else 0.0)})
+                                 for s in range(0, 31, 5)])
+    return rec
+
+
+def test_learning_selection_spends_the_budget_on_the_best_hopeful_and_the_defaults_and_reports_it(tmp_path):
+    rng = random.Random(3)
+    ledger = Ledger(tmp_path / "ledger.db")
+    baseline = _trial(ledger, 1, "lea-base", "baseline", 1e-6, 0.40, rng)
+    _trial(ledger, 2, "lea-a", "candidate", 2e-6, 0.45, rng)
+    _trial(ledger, 3, "lea-b", "candidate", 1.5e-6, 0.43, rng)
+    _trial(ledger, 4, "lea-edge", "candidate", 6e-6, 0.48, rng)  # lr 8e-6 collapsed: at the cliff edge
+    _trial(ledger, 5, "lea-crash", "candidate", 8e-6, None, rng, status="stopped", early=True)
+    services = SimpleNamespace(ledger=ledger, backend=_Backend(),
+                               options=SimpleNamespace(seed=0, learning_confirm_trials=2))
+    state = {"baseline": {"learning": baseline}, "best": {}, "best_overrides": {}}
+    reruns = {"lea-a": 0.445, "lea-base": 0.402, "lea-b": 0.43}
+    launched = []
+    for seq in range(6, 12):
+        nxt, update = learning_selection(state, services)
+        if nxt is None:
+            break
+        assert nxt.kind == "confirm" and nxt.seed == 1 and nxt.trial_id == f"{nxt.confirms}-s2"
+        launched.append(nxt.confirms)
+        _trial(ledger, seq, nxt.trial_id, "confirm", nxt.config[LR_KEY], reruns[nxt.confirms], rng,
+               confirms=nxt.confirms)
+    # the best hopeful first, then the defaults (their re-run counts), then the budget of 2 is spent
+    assert launched == ["lea-a", "lea-base"]
+    sel = update["selection"]["learning"]
+    assert sel["reevaluated"] == launched and sel["confirm_budget"] == 2
+    assert sel["winner"] == "lea-a" and sel["runs"] == 2
+    assert update["best_overrides"]["learning"] == {LR_KEY: 2e-6}
+    edge = next(c for c in sel["contenders"] if c["trial_id"] == "lea-edge")
+    assert any("collapsed (lea-crash)" in s for s in edge["signals"]) and edge["runs"] == 1
+    # the same ledger gives the same answer (a resumed session decides alike)
+    assert learning_selection(state, services)[1]["selection"]["learning"]["winner"] == "lea-a"
+    ledger.close()
