@@ -287,13 +287,22 @@ def _beats(c: Contender, w: Contender, noise: float, z: float, dof: float | None
     return c.mean - w.mean > z * se and bool(reruns) and sum(reruns) / len(reruns) > w.mean
 
 
+def _no_defaults_pool(contenders: list[Contender]) -> list[Contender]:
+    finished = [c for c in contenders if not ended_early(c)] or contenders
+    safe = [c for c in finished if c.risk < RISK_AT_CLIFF] or finished
+    return [c for c in safe if not c.signals] or safe
+
+
 def learning_choice(contenders: list[Contender], noise: float, z: float = 2.0,
                     dof: float | None = None) -> tuple[Contender, str]:
     """The final stage-2 winner and why (see the block comment above). Without a measured baseline (the
-    defaults failed), the best finished contender by ``pick_learning_winner``."""
+    defaults' run failed or collapsed), the best mean among the safest contenders, re-run ones first."""
     base = next((c for c in contenders if c.is_baseline), None)
     if base is None:
-        return pick_learning_winner(contenders, noise, guard_baseline=True)[0], "no measured defaults: best mean"
+        pool = _no_defaults_pool(contenders)
+        confirmed = [c for c in pool if len(c.scores) >= 2] or pool
+        winner = max(confirmed, key=lambda c: (c.mean, c.key))
+        return winner, f"no measured defaults: the best mean over {len(winner.scores)} run(s) of the safest configs"
     eligible = [c for c in contenders if _can_replace_defaults(c, base) and len(c.scores) >= 2]
     winner, why = base, "no change beat the defaults by more than the noise on two seeds"
     for c in sorted(eligible, key=lambda c: (c.risk, c.move, -c.mean, c.key)):
@@ -319,7 +328,12 @@ def next_reevaluation(contenders: list[Contender], noise: float, rerun: set[str]
     if base is not None and base.key not in rerun and len(base.scores) == 1:
         if any(_can_replace_defaults(c, base) and len(c.scores) >= 2 and c.mean > base.mean for c in contenders):
             return base
-    hopeful = [c for c in contenders if not c.is_baseline and c.key not in rerun and len(c.scores) == 1
-               and c.mean > current.mean and not ended_early(c) and c.risk < RISK_AT_CLIFF
-               and (base is None or _can_replace_defaults(c, base))]
+    if base is None:  # no defaults to beat: confirm the best single runs, while one could top the best re-run
+        pool = _no_defaults_pool(contenders)
+        confirmed = [c.mean for c in pool if len(c.scores) >= 2]
+        hopeful = [c for c in pool if c.key not in rerun and len(c.scores) == 1
+                   and (not confirmed or c.mean > max(confirmed))]
+    else:
+        hopeful = [c for c in contenders if c.key not in rerun and len(c.scores) == 1 and c.mean > current.mean
+                   and _can_replace_defaults(c, base)]
     return max(hopeful, key=lambda c: (c.mean, c.key), default=None)

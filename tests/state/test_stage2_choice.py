@@ -121,6 +121,21 @@ def test_reevaluation_order_the_best_hopeful_then_the_defaults_then_nothing_that
     assert next_reevaluation(cs, NOISE, {"a", "base"}) is b
 
 
+def test_without_measured_defaults_the_best_single_run_is_confirmed_before_it_wins():
+    # the defaults' run collapsed (no score): the best single runs are re-run while one could top the best
+    top = Contender("top", [0.45], [], move=1)
+    second = Contender("second", [0.44], [], move=1)
+    edge = Contender("edge", [0.50], [], move=2, risk=RISK_AT_CLIFF)
+    cs = [top, second, edge]
+    assert next_reevaluation(cs, NOISE, set()) is top
+    top.scores.append(0.42)  # its re-run fell below the second's single run: confirm that one too
+    assert next_reevaluation(cs, NOISE, {"top"}) is second
+    second.scores.append(0.445)
+    assert next_reevaluation(cs, NOISE, {"top", "second"}) is None
+    winner, why = learning_choice(cs, NOISE)
+    assert winner is second and "no measured defaults" in why  # never the cliff-edge config
+
+
 # --- through stage_control with a real ledger: the budget counts the defaults' re-run ------------------------
 VAL = "val-core/task/reward/mean@1"
 
