@@ -202,13 +202,16 @@ def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2
 # beat them too (its first run was picked for being high, so it is biased upward), no run of it showed a
 # collapse signal, and no trial at a learning rate less than one doubling above its own collapsed (one
 # within two doublings needs ``Z_RISKIER``). Among the changes that qualify, a larger move from the defaults
-# (or a riskier one) replaces a smaller one only when it beats it by the same margin: with weak evidence the
-# smaller move wins.
+# replaces a smaller one only when it beats it by ``Z_LARGER_MOVE`` standard errors (a riskier one by
+# ``Z_RISKIER``): with weak evidence the smaller move wins.
 
 RISK_NONE, RISK_BELOW_COLLAPSE, RISK_AT_CLIFF = 0, 1, 2
 #: the lead (in standard errors) a riskier config needs over a safer one: the collapse it may be spared on
 #: two seeds costs far more than the noise, so a lead of 2 standard errors does not pay for the risk
 Z_RISKIER = 3.0
+#: the lead (in standard errors) a larger move needs over a smaller one that already beat the defaults: a
+#: near tie goes to the smaller move, a clear lead to the larger (it must beat the defaults on its own too)
+Z_LARGER_MOVE = 1.0
 
 
 def noise_estimate(series: list[tuple[int, float]]) -> tuple[float, int] | None:
@@ -306,7 +309,9 @@ def learning_choice(contenders: list[Contender], noise: float, z: float = 2.0,
     eligible = [c for c in contenders if _can_replace_defaults(c, base) and len(c.scores) >= 2]
     winner, why = base, "no change beat the defaults by more than the noise on two seeds"
     for c in sorted(eligible, key=lambda c: (c.risk, c.move, -c.mean, c.key)):
-        if _beats(c, winner, noise, z, dof):
+        if not _beats(c, base, noise, z, dof):
+            continue
+        if winner is base or _beats(c, winner, noise, Z_LARGER_MOVE, dof):
             what = "the defaults" if winner is base else f"{winner.key} (a smaller or safer move)"
             why = (f"{c.key} beats {what} by {c.mean - winner.mean:.4g} over {len(c.scores)} vs "
                    f"{len(winner.scores)} runs (noise {noise:.3g}, z {z:g})")

@@ -72,10 +72,15 @@ def test_the_lead_must_clear_the_noise_and_the_unbiased_rerun_must_agree():
 
 def test_with_weak_evidence_the_smaller_move_wins():
     small = Contender("small", [0.43, 0.43], [], move=1)
-    big = Contender("big", [0.44, 0.44], [], move=3)  # 1 standard error better than the small move
+    big = Contender("big", [0.435, 0.435], [], move=3)  # half a standard error better than the small move
     assert learning_choice([base(0.40, 0.40), big, small], NOISE)[0] is small
-    much = Contender("much", [0.46, 0.46], [], move=3)  # 3 standard errors better: the evidence carries it
+    much = Contender("much", [0.445, 0.445], [], move=3)  # 1.5 standard errors better: the evidence carries it
     assert learning_choice([base(0.40, 0.40), much, small], NOISE)[0] is much
+    # ... unless it is riskier (below a collapse): then it needs 3 standard errors over the safer move
+    risky = Contender("risky", [0.445, 0.445], [], move=3, risk=RISK_BELOW_COLLAPSE)
+    assert learning_choice([base(0.40, 0.40), risky, small], NOISE)[0] is small
+    # a larger move never wins without beating the defaults on its own, whatever the smaller one did
+    assert learning_choice([base(0.40, 0.40), Contender("x", [0.415, 0.415], [], move=3)], NOISE)[0].is_baseline
     assert move_size({"lr": 4e-6}, {"lr": 1e-6}) == 2 and move_size({"lr": 1.5e-6}, {"lr": 1e-6}) == 1
     assert move_size({"lr": 2e-6, "use_kl": True, "n": 16}, {"lr": 1e-6, "use_kl": False, "n": 8}) == 3
     assert move_size({}, {"lr": 1e-6}) == 0
