@@ -56,6 +56,8 @@ before its 16k stage)."""
 FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 UNSTABLE_EVENTS = {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan", "loss_spike"}
+COLLAPSE_BLOCKS = ("collapse",)
+"""Pathologies under which adding capacity or exploration is no answer: the run must be stabilised first."""
 
 
 class Diagnosis(BaseModel):
@@ -76,6 +78,7 @@ class Diagnosis(BaseModel):
     response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
     reward: float | None = None
     reward_slope: float | None = None
+    reward_best: float | None = Field(None, description="best level of the reward over the trajectory")
     val_score: float | None = None
     val_best: float | None = None
     val_slope: float | None = None
@@ -175,6 +178,8 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
     d.response_clip_ratio = _r(level(rc))
     d.reward, d.reward_slope = _r(level(rew)), _r(slope(rew), 3)
+    if rew:  # the best smoothed level (a 3-step mean), so one lucky step is not the reference
+        d.reward_best = _r(max(_mean(rew[max(0, i - now_w + 1): i + 1]) for i in range(len(rew))))
     if val:
         d.val_score = _r(val[-1][1])
         d.val_best = _r(max(v for _, v in val))
@@ -206,7 +211,7 @@ def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
                 f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
     if d.response_clip_ratio is not None and d.response_clip_ratio >= CLIP_RATIO_WARN:
         growing = (d.response_length_slope or 0) > FLAT_SLOPE
-        add("length_clipping", 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0),
+        add("length_clipping", min(0.9, 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0)),
             f"{d.response_clip_ratio:.0%} of responses hit the length limit"
             + (" and responses are still growing" if growing else ""))
     drift = []
@@ -216,8 +221,18 @@ def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
         drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
     if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
         drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
-    if drift:
+    kl_rising = bool(drift) and drift[0].startswith("KL")
+    if len(drift) >= 2 or kl_rising:  # a growing grad norm alone is common early in training
         add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift))
+    # a collapse: the reward falling fast well below its best, or validation far below its best
+    rew_fall = (d.reward is not None and d.reward_best and d.reward < 0.7 * d.reward_best
+                and (d.reward_slope or 0) < -0.01)
+    val_fall = (d.val_score is not None and d.val_best and d.val_score < 0.7 * d.val_best)
+    if rew_fall or val_fall or any("reward_collapse" in e for e in d.health_events):
+        what = (f"the reward fell from {d.reward_best:.3g} to {d.reward:.3g}" if rew_fall
+                else f"validation fell from {d.val_best:.3g} to {d.val_score:.3g}" if val_fall
+                else "the health monitor saw a reward collapse")
+        add("collapse", 1.0, f"training collapses: {what}")
     bad = sorted({e for e in d.health_events for rule in UNSTABLE_EVENTS if rule in e})
     if bad:
         add("instability", 0.9, "health events: " + ", ".join(bad))
@@ -288,12 +303,12 @@ RULES: list[Rule] = [
          [Move("entropy_coeff", "ent+"), Move("rollout.temperature", "atleast:1.0")],
          "entropy below target: raise the entropy bonus as Skywork-OR1's adaptive entropy control does "
          "(arXiv 2505.22312: +1e-4 per step, at most 0.005), sampling at temperature >= 1.0 as it does",
-         0.8, "entropy", blocked_by=("instability",)),
+         0.8, "entropy", blocked_by=("instability", "collapse")),
     Rule("hotter-sampling", ("entropy_collapse",),
          [Move("rollout.temperature", "temp+"), Move("clip_ratio_high", "atleast:0.28")],
          "diversity collapsed: raise the sampling temperature, more after a larger entropy fall, with "
          "clip-higher (POLARIS raises the temperature across stages by the previous stage's entropy drop)",
-         0.7, "temperature"),
+         0.7, "temperature", blocked_by=("collapse",)),
     # entropy runaway: the same controls turned back
     Rule("entropy-brake", ("entropy_explosion",),
          [Move("entropy_coeff", "ent-"), Move("clip_ratio_high", "atmost:0.28")],
@@ -307,14 +322,20 @@ RULES: list[Rule] = [
     # responses cut at the limit: capacity, raised in stages
     Rule("longer-budget", ("length_clipping",), [Move("max_response_length", "x2")],
          "responses hit the length limit: double the budget, in stages as Skywork-OR1 (8k -> 16k -> 32k) and "
-         "DeepScaleR (8k -> 16k -> 24k) do", 0.9, "length"),
+         "DeepScaleR (8k -> 16k -> 24k) do", 0.9, "length",
+         blocked_by=("collapse", "entropy_explosion")),  # runaway lengths are then a symptom
     # the policy drifts from the reference, or the run is unstable
-    Rule("kl-anchor", ("policy_drift", "instability"),
+    Rule("rescue", ("collapse",),
+         [Move("optim.lr", "/2"), Move("use_kl_loss", "on"), Move("entropy_coeff", "ent-"),
+          Move("clip_ratio_high", "atmost:0.28")],
+         "training collapses: a smaller step anchored to the reference, without the exploration pushes (a "
+         "too-large lr collapses GRPO runs: 50x takes Qwen3-0.6B on GSM8K from 57% to 2.4%)", 0.95, "rescue"),
+    Rule("kl-anchor", ("policy_drift", "instability", "collapse"),
          [Move("use_kl_loss", "on"), Move("kl_loss_coef", "x2")],
          "the policy drifts: anchor it to the reference with a KL loss, doubling the coefficient when it is "
          "on (PPO's adaptive KL penalty doubles it when KL exceeds 1.5x its target, arXiv 1707.06347)",
          0.8, "kl"),
-    Rule("smaller-step", ("policy_drift", "instability", "val_decline"),
+    Rule("smaller-step", ("policy_drift", "instability", "val_decline", "collapse"),
          [Move("optim.lr", "/2"), Move("clip_ratio_high", "atmost:0.28")],
          "halve the learning rate (too large a step collapses GRPO runs; verl uses 1e-6..1e-5) and cap "
          "clip-higher at DAPO's 0.28", 0.75, "lr"),
@@ -324,21 +345,22 @@ RULES: list[Rule] = [
     # capacity accumulates on any trajectory (LLMZero)
     Rule("more-rollouts", ("healthy", "plateau"), [Move("rollout.n", "x2")],
          "capacity accumulates across segments (LLMZero, arXiv 2606.18388): more samples per prompt for the "
-         "next segment, a better group baseline", 0.5, "capacity"),
+         "next segment, a better group baseline", 0.5, "capacity", blocked_by=COLLAPSE_BLOCKS),
     Rule("bigger-batch", ("healthy", "plateau"),
          [Move("train_batch_size", "x2"), Move("ppo_mini_batch_size", "x2")],
          "capacity accumulates across segments (LLMZero): twice the prompts per step, the same updates per step",
-         0.4, "capacity"),
+         0.4, "capacity", blocked_by=COLLAPSE_BLOCKS),
     Rule("early-clip-higher", ("healthy",), [Move("clip_ratio_high", "atleast:0.28")],
          "entropy falls fastest early in RL training (Cui et al., arXiv 2505.22617): DAPO keeps clip-higher on "
-         "from the start to prevent the collapse rather than cure it", 0.3, "clip"),
+         "from the start to prevent the collapse rather than cure it", 0.3, "clip",
+         blocked_by=("collapse", "entropy_explosion")),
     Rule("step-decay", ("healthy",), [Move("optim.lr", "/2")],
          "a later segment with a smaller step: the classic step-decay schedule, consolidating what was learnt",
          0.2, "lr", blocked_by=("entropy_explosion",)),
     Rule("relax", ("healthy",), [Move("entropy_coeff", "ent-"), Move("kl_loss_coef", "/2")],
          "regularisation oscillates with the dynamics (LLMZero): with the trajectory healthy, relax the entropy "
          "bonus and the KL anchor (PPO halves the KL coefficient when KL is under its target)", 0.3, "relax",
-         blocked_by=("entropy_collapse", "policy_drift", "instability")),
+         blocked_by=("entropy_collapse", "policy_drift", "instability", "collapse")),
 ]
 
 
@@ -608,21 +630,21 @@ def _combine(ctx: AgentContext, options: list[_Option], start: dict[str, Any], m
 
 
 def _diverse(options: list[_Option], k: int) -> list[Candidate]:
-    """Up to ``k`` candidates: the best of each family by score, a capacity move among them when ``k >= 3``,
-    then the rest by score; never two with the same config."""
+    """Up to ``k`` candidates, never two with the same config: the best answer to each finding (most severe
+    first), a capacity move when ``k >= 3``, then one per untried family, then the rest by score."""
     if k <= 0:
         return []
     picked: list[_Option] = []
     keys: set[str] = set()
-    fams: set[str] = set()
 
     def take(o: _Option) -> None:
         picked.append(o)
         keys.add(o.cand.key())
-        fams.add(o.family)
 
-    for o in options:
-        if len(picked) < k and o.family not in fams and o.cand.key() not in keys:
+    answers: set[str] = set()
+    for o in options:  # sorted by score: the first option of each answer is its best
+        if len(picked) < k and o.answer not in answers and o.answer != "healthy" and o.cand.key() not in keys:
+            answers.add(o.answer)
             take(o)
     if k >= 3 and not any(o.capacity for o in picked):
         cap = next((o for o in options if o.capacity and o.cand.key() not in keys), None)
@@ -631,6 +653,11 @@ def _diverse(options: list[_Option], k: int) -> list[Candidate]:
                 dropped = picked.pop()
                 keys.discard(dropped.cand.key())
             take(cap)
+    fams = {o.family for o in picked}
+    for o in options:
+        if len(picked) < k and o.family not in fams and o.cand.key() not in keys:
+            fams.add(o.family)
+            take(o)
     for o in options:
         if len(picked) >= k:
             break
@@ -650,7 +677,7 @@ def _finding_for(diag: Diagnosis | None, pathology: str) -> str:
     return pathology.replace("_", " ").capitalize()
 
 
-_PHRASE_OF = {"entropy_collapse": "entropy fell", "entropy_explosion": "entropy rose",
+_PHRASE_OF = {"collapse": "collapses", "entropy_collapse": "entropy fell", "entropy_explosion": "entropy rose",
               "length_clipping": "length limit", "policy_drift": "drifts", "instability": "health events",
               "val_decline": "validation fell", "plateau": "stopped improving"}
 

@@ -187,3 +187,26 @@ def test_critic_rejects_siblings_system_knobs_and_memory_it_adds():
     assert "exceeds the limit" in by_id["big"].reasons[0]
     assert "system-stage knob" in by_id["sys"].reasons[0]
     assert by_id["n"].accepted and not by_id["n2"].accepted and verdict.pick == "n"
+
+
+def test_a_collapsing_run_is_stabilised_before_anything_else():
+    # reward and validation fall, KL and lengths run away: a too-large step (as lr 50x collapses GRPO runs)
+    crash = dict(reward=lambda s: 0.45 if s < 15 else 0.45 - 0.03 * (s - 15),
+                 val=lambda s: 0.42 if s < 15 else 0.42 - 0.025 * (s - 15), kl=lambda s: 0.002 * 1.2 ** s,
+                 length=lambda s: 300 + 20 * s, clip=lambda s: 0.01 * s, entropy=lambda s: 1.0 + 0.04 * s)
+    d = diagnose(trajectory(**crash))
+    assert d.worst() == "collapse" and d.findings[0].startswith("training collapses: the reward fell")
+    c = transition_candidates(ctx(diag=d, base={**VERL_BASE, LR: 4e-6}, k=4))
+    assert c[0].overrides == {LR: 2e-6, KL_ON: True} and "Training collapses" in c[0].rationale
+    # no capacity, no longer budget, no exploration push while it collapses
+    moved = {k for o in c for k in o.overrides}
+    assert not moved & {N, MAX_LEN, "data.train_batch_size", ENT_COEF} and all(
+        o.overrides.get(TEMP, 1.0) <= 1.0 and o.overrides.get(CLIP_HIGH, 0.2) <= 0.2 for o in c)
+
+
+def test_every_finding_gets_an_answer_before_a_second_idea_for_one():
+    both = {**COLLAPSE, **CLIPPING}
+    c = transition_candidates(ctx(diag=diagnose(trajectory(**both)), base=VERL_BASE, k=3))
+    assert c[0].overrides == {CLIP_HIGH: 0.28}
+    assert {MAX_LEN: 1024} in [o.overrides for o in c]
+    assert any(o.overrides.get(N) == 16 for o in c)  # capacity accumulates alongside
