@@ -242,7 +242,9 @@ class LLMProposer(_LLMStrategy, Proposer):
         """Validate each proposed candidate; add the good ones to ``found`` (keyed by config hash)."""
         space = ctx.search_space
         tried = ctx.tried_keys()
-        base_key = config_hash(ctx.full_config(dict(ctx.best_overrides)))
+        # stage 3: a transition changes the parent branch's config (the base), not a best-so-far
+        start = {} if ctx.stage == "schedule" else dict(ctx.best_overrides)
+        base_key = config_hash(ctx.full_config(start))
         errors: list[str] = []
         for i, proposed in enumerate(answer.candidates[: ctx.num_candidates + 2], start=1):
             keys = [kv.key for kv in proposed.overrides]
@@ -255,7 +257,7 @@ class LLMProposer(_LLMStrategy, Proposer):
             except ConfigError as e:
                 errors.append(f"candidate {i}: {e}")
                 continue
-            overrides = {**ctx.best_overrides, **changes}
+            overrides = {**start, **changes}
             full = ctx.full_config(overrides)
             broken = ctx.config_errors(overrides)
             if broken:
@@ -281,7 +283,7 @@ class LLMProposer(_LLMStrategy, Proposer):
                 continue
             peak = _safe_predict(ctx, full)
             if ctx.stage == "schedule" and peak is not None and ctx.memory_limit_gb and peak > ctx.memory_limit_gb:
-                parent = _safe_predict(ctx, ctx.full_config(dict(ctx.best_overrides)))
+                parent = _safe_predict(ctx, dict(ctx.base_config))
                 if parent is None or peak > parent:  # memory the transition adds (a longer budget, more rollouts)
                     errors.append(f"candidate {i} ({_kv(changes)}): the memory model predicts a peak of {peak:.1f} GB, "
                                   f"over the limit {ctx.memory_limit_gb:.1f} GB")

@@ -295,7 +295,7 @@ def format_diagnosis(ctx: AgentContext) -> str:
 
 
 def format_parent(ctx: AgentContext) -> str:
-    config = ctx.full_config(dict(ctx.best_overrides))
+    config = ctx.base_config
     keys = [p.key for p in ctx.search_space.stage_params(knob_stage(ctx.stage))]  # type: ignore[arg-type]
     return _compact({k: config[k] for k in keys if k in config}) or "(the backend's defaults)"
 
@@ -306,7 +306,7 @@ def format_siblings(ctx: AgentContext) -> str:
             and (frm is None or t.parent_step == frm or (not frm and t.parent_step is None))]
     if not rows and not ctx.rejected:
         return "None yet."
-    parent = ctx.full_config(dict(ctx.best_overrides))
+    parent = ctx.base_config
     lines = []
     for t in rows:
         diff = {k: v for k, v in t.config.items() if parent.get(k, _MISSING) != v}

@@ -445,16 +445,22 @@ def severities(ctx: AgentContext) -> dict[str, float]:
     budget read against the parent's config; ``healthy`` always (capacity moves are always on offer)."""
     d = ctx.diagnosis
     sev = dict(d.severity) if d is not None else {}
-    events = {e.rule for e in ctx.health_events}
-    if events & UNSTABLE_EVENTS:
+    # in stage 3 the diagnosis holds the events of the branch's own path; the context's are the session's
+    texts = list(d.health_events) if ctx.stage == "schedule" and d is not None else [
+        e.rule for e in ctx.health_events]
+
+    def seen(rule: str) -> bool:
+        return any(rule in t for t in texts)
+
+    if any(seen(r) for r in UNSTABLE_EVENTS):
         sev["instability"] = max(sev.get("instability", 0.0), 0.9)
-    if "entropy_collapse" in events:
+    if seen("entropy_collapse"):
         sev["entropy_collapse"] = max(sev.get("entropy_collapse", 0.0), 0.7)
-    if "response_clipping" in events:
+    if seen("response_clipping"):
         sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.6)
     limit_key = _key(ctx, "max_response_length")
     if d is not None and d.response_length and limit_key:
-        limit = ctx.full_config(dict(ctx.best_overrides)).get(limit_key)
+        limit = ctx.base_config.get(limit_key)
         if isinstance(limit, (int, float)) and limit > 0 and d.response_length > 0.6 * limit \
                 and (d.response_length_slope or 0) > FLAT_SLOPE:
             sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.4)  # growing toward the limit
@@ -531,7 +537,7 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     sev = severities(ctx)
     info = _Info(segment_steps=(ctx.segment[1] - ctx.segment[0]) if ctx.segment and ctx.segment[1] > ctx.segment[0]
                  else DEFAULT_SEGMENT, entropy_ratio=diag.entropy_ratio if diag else None)
-    start = dict(ctx.best_overrides)
+    start: dict[str, Any] = {}  # transitions are changes of the parent branch's config (ctx.base_config)
     parent = ctx.full_config(start)
     # the parent's own config continuing is no transition (the stage runs it, or not, by itself)
     tried = ctx.tried_keys() | {config_hash(parent)}
@@ -689,7 +695,7 @@ def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[floa
     hypothesis is still worth a branch)."""
     sev = severities(ctx)
     info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None)
-    parent = ctx.full_config(dict(ctx.best_overrides))
+    parent = dict(ctx.base_config)
     new = ctx.full_config(overrides)
     moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
     best, answered = 0.05, None

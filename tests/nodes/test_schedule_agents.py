@@ -72,8 +72,9 @@ def test_diagnosis_reads_health_events_and_missing_metrics():
 def ctx(space=VERL, diag: Diagnosis | None = None, history=(), feedback=(), k: int = 3, base: dict | None = None,
         **kw: Any) -> AgentContext:
     config = {**space.defaults(), **(base or {})}
+    kw.setdefault("best_overrides", {})
     return AgentContext(stage="schedule", objective="validation score", search_space=space, base_config=config,
-                        best_overrides={}, profile=None, history=list(history), feedback=list(feedback),
+                        profile=None, history=list(history), feedback=list(feedback),
                         num_candidates=k, diagnosis=diag, segment=(10, 20), **kw)
 
 
@@ -210,3 +211,18 @@ def test_every_finding_gets_an_answer_before_a_second_idea_for_one():
     assert c[0].overrides == {CLIP_HIGH: 0.28}
     assert {MAX_LEN: 1024} in [o.overrides for o in c]
     assert any(o.overrides.get(N) == 16 for o in c)  # capacity accumulates alongside
+
+
+def test_only_the_branch_path_events_and_the_parent_config_count():
+    from mart.state.models import HealthEvent
+
+    other = HealthEvent(trial_id="elsewhere", step=3, rule="kl_blowup", severity="stop", message="x")
+    healthy = diagnose(trajectory())
+    c = transition_candidates(ctx(diag=healthy, base=VERL_BASE, health_events=[other]))
+    assert c[0].overrides == {N: 16}  # another branch's blow-up is not this trajectory's
+    clipped = diagnose(trajectory(), health_events=["response_clipping"])
+    c = transition_candidates(ctx(diag=clipped, base=VERL_BASE))
+    assert c[0].overrides == {MAX_LEN: 1024}
+    # a best-so-far of the stage is not the parent: transitions change ctx.base_config only
+    c = transition_candidates(ctx(diag=healthy, base=VERL_BASE, best_overrides={TEMP: 0.7}))
+    assert all(TEMP not in o.overrides for o in c)
