@@ -183,7 +183,8 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     if val:
         d.val_score = _r(val[-1][1])
         d.val_best = _r(max(v for _, v in val))
-        d.val_slope = _r(_rel_slope(_tail(val, max(w, 2 * (val[-1][0] - val[-2][0]) if len(val) > 1 else w))), 3)
+        if len(val) >= 3:  # a slope through two noisy points says nothing
+            d.val_slope = _r(_rel_slope(_tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
     _find(d, rl)
     return d
 
@@ -221,9 +222,13 @@ def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
         drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
     if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
         drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
-    kl_rising = bool(drift) and drift[0].startswith("KL")
-    if len(drift) >= 2 or kl_rising:  # a growing grad norm alone is common early in training
-        add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift))
+    # KL and grad norm grow while a policy learns (KL starts at 0): they count as drift only when the reward
+    # does not rise with them; a large clipped share is drift on its own
+    gaining = d.reward_slope is not None and d.reward_slope > FLAT_SLOPE
+    heavy_clip = d.pg_clipfrac is not None and d.pg_clipfrac > 0.2
+    if drift and (heavy_clip or not gaining):
+        add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift)
+            + ("" if gaining else " without a reward gain"))
     # a collapse: the reward falling fast well below its best, or validation far below its best
     rew_fall = (d.reward is not None and d.reward_best and d.reward < 0.7 * d.reward_best
                 and (d.reward_slope or 0) < -0.01)

@@ -226,3 +226,12 @@ def test_only_the_branch_path_events_and_the_parent_config_count():
     # a best-so-far of the stage is not the parent: transitions change ctx.base_config only
     c = transition_candidates(ctx(diag=healthy, base=VERL_BASE, best_overrides={TEMP: 0.7}))
     assert all(TEMP not in o.overrides for o in c)
+
+
+def test_kl_growing_with_the_reward_is_learning_not_drift():
+    learning = diagnose(trajectory(kl=lambda s: 0.01 * s, grad=lambda s: 1.0 + 0.05 * s))
+    assert "policy_drift" not in learning.severity
+    stalled = diagnose(trajectory(kl=lambda s: 0.01 * s, reward=lambda s: 0.4, val=lambda s: 0.4))
+    assert stalled.worst() == "policy_drift" and "without a reward gain" in stalled.findings[0]
+    # two validation points are no trend
+    assert diagnose(trajectory(steps=10)).val_slope is None
