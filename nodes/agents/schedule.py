@@ -600,6 +600,15 @@ def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackR
         return None
     spec = ctx.search_space[key]
     old = ctx.full_config(start).get(key, spec.default)
+    if spec.kind == "categorical":  # the next choice, then the previous one
+        choices = list(spec.choices or ())
+        i = choices.index(old) if old in choices else -1
+        for new in [c for c in (choices[(i + 1) % len(choices)], choices[i - 1]) if c != old][:2]:
+            cand = make({**start, key: new}, 1.0, f"The reviewer asked for {ctx.search_space.edit_name(key)} -> "
+                                                  f"{key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(new)}{seg}.")
+            if cand is not None:
+                return _Option(1.0, "reviewer", False, cand, "reviewer")
+        return None
     if spec.kind == "bool":
         hows = ["off" if old else "on"]
     elif spec.kind in ("int", "log"):

@@ -235,3 +235,8 @@ def test_kl_growing_with_the_reward_is_learning_not_drift():
     assert stalled.worst() == "policy_drift" and "without a reward gain" in stalled.findings[0]
     # two validation points are no trend
     assert diagnose(trajectory(steps=10)).val_slope is None
+
+
+def test_a_named_categorical_knob_moves_to_another_choice():
+    c = transition_candidates(ctx(diag=diagnose(trajectory()), base=VERL_BASE, feedback=["try kl_loss_type"]))
+    assert c[0].overrides == {A + "kl_loss_type": "kl"} and "reviewer asked" in c[0].rationale
