@@ -185,11 +185,11 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
         d.val_best = _r(max(v for _, v in val))
         if len(val) >= 3:  # a slope through two noisy points says nothing
             d.val_slope = _r(_rel_slope(_tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
-    _find(d, rl)
+    _find(d)
     return d
 
 
-def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
+def _find(d: Diagnosis) -> None:
     """Fill ``findings`` and ``severity`` from the measured levels and slopes."""
     found: list[tuple[float, str, str]] = []  # (severity, pathology, phrase)
 
