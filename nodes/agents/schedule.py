@@ -57,6 +57,9 @@ FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 UNSTABLE_EVENTS = {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan", "loss_spike"}
 COLLAPSE_BLOCKS = ("collapse",)
+CAPACITY_KNOBS = ("rollout.n", "max_response_length", "train_batch_size")
+"""LLMZero's capacity knobs: they accumulate across segments (never shrunk by the rules; the critic halves the
+score of a transition that shrinks one, except to rescue a collapsing run)."""
 """Pathologies under which adding capacity or exploration is no answer: the run must be stabilised first."""
 
 
@@ -737,4 +740,9 @@ def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[floa
         score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
         if score > best:
             best, answered = score, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+    shrunk = [k.rsplit(".", 1)[-1] for k, d in moved.items() if d == "down"
+              and any(k == c or k.endswith("." + c) for c in CAPACITY_KNOBS)]
+    if shrunk and "collapse" not in sev:  # LLMZero: capacity accumulates; shrinking it is the odd move out
+        best *= 0.5
+        answered = (answered + "; " if answered else "") + f"shrinks capacity ({', '.join(sorted(shrunk))})"
     return round(best, 4), answered

@@ -253,3 +253,13 @@ def test_every_rule_moves_catalogue_knobs_and_is_documented():
         for mv in rule.moves:  # a renamed verl key must not silently switch a rule off
             assert any(k == mv.suffix or k.endswith("." + mv.suffix) for k in learning), (rule.name, mv.suffix)
         assert f"| {rule.name} |" in docs, rule.name
+
+
+def test_critic_marks_a_transition_that_shrinks_capacity():
+    cx = ctx(diag=diagnose(trajectory(**COLLAPSE)), base=VERL_BASE)
+    grow = Candidate(candidate_id="grow", stage="schedule", overrides={CLIP_HIGH: 0.28, N: 16})
+    shrink = Candidate(candidate_id="shrink", stage="schedule", overrides={CLIP_HIGH: 0.28, N: 4})
+    verdict = RulesCritic().critique(cx, [shrink, grow])
+    by_id = {cr.candidate_id: cr for cr in verdict.critiques}
+    assert verdict.pick == "grow" and by_id["shrink"].score == pytest.approx(by_id["grow"].score / 2)
+    assert "shrinks capacity (n)" in by_id["shrink"].reasons[-1]
