@@ -453,7 +453,9 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
         table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
                       i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
                       f"#{req['review_no']} {req['candidate_id']} ({len(req.get('diff') or [])} changes)" if req else "-",
-                      f"mart review {i['run_id']}" if req else "")
+                      f"mart review {i['run_id']}" if req else
+                      f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
+                      else "")
     _console().print(table)
 
 

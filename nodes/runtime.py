@@ -110,7 +110,8 @@ def ensure_run(state: Mapping[str, Any]) -> dict[str, str]:
         run_id = f"studio-{thread}"
     run_dir = Path(options.runs_dir).resolve() / run_id
     if not (run_dir / "trials").is_dir():
-        RunStore.create(options.runs_dir, run_id).close()
+        # the driver is recorded: `mart status/resume/review` must not treat a Studio thread's run as their own
+        RunStore.create(options.runs_dir, run_id, driver="studio", thread_id=run_id.removeprefix("studio-")).close()
     return {"run_id": run_id, "run_dir": str(run_dir)}
 
 
