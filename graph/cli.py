@@ -491,7 +491,7 @@ def status(
     typer.echo(f"run {info['run_id']}: {info['status']}"
                + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
                + (f", stage {info['stage']}" if info["stage"] else "")
-               + f", trials done {info['trials_done']}")
+               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none"))
     if info["running_trial"]:
         t = info["running_trial"]
         typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}): {t['steps_done']}/{t['horizon']} steps")

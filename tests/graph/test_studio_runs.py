@@ -41,6 +41,9 @@ def test_status_resume_and_review_of_a_studio_run(studio_runs, thread):
     info = json.loads(res.output)
     assert (info["status"], info["waiting_for"], info["thread_id"]) == ("paused", "LangGraph Studio", thread)
     assert info["trials_done"] == {"system": 1}  # the baseline ran in the Studio thread
+    text = runner.invoke(app, ["status", run, "--runs-dir", str(studio_runs)]).output
+    assert "paused (waiting for LangGraph Studio), stage system, trials done: system 1" in text
+    assert "{" not in text  # no Python dict reprs for people
     listing = runner.invoke(app, ["status", "--runs-dir", str(studio_runs)])
     assert listing.exit_code == 0 and f"LangGraph Studio (thread {thread})" in listing.output
     for cmd in (["resume", run], ["review", run, "--approve"]):
