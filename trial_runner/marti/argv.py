@@ -148,6 +148,7 @@ def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, d
             raise ConfigError(f"`{key}` is a JSON flag: give its entries as {key}.<key>.")
         if key not in FLAGS:
             raise ConfigError(f"`{key}` is not a flag of MARTI's multi_agent_train_ppo_ray (commit-pinned list).")
+        flag_args(key, value)  # type, choices, nargs and the secret rule, here already
         flags[key] = value
     return flags, objects, agents, env
 

@@ -132,8 +132,9 @@ class _Pending:
 class MartiLogParser:
     """Feeds on MARTI's log lines, returns finished step records (see the module docstring)."""
 
-    def __init__(self, context: LogContext | None = None) -> None:
+    def __init__(self, context: LogContext | None = None, horizon: int | None = None) -> None:
         self.ctx = context or LogContext()
+        self.horizon = horizon  # steps past it are dropped (the run is ended there, a step may slip out)
         self._pending: _Pending | None = None
         self._phase_times: dict[str, float] = {}  # the running step's boundaries (seconds)
         self._last_emitted = -1
@@ -199,6 +200,8 @@ class MartiLogParser:
         """The pending step's record (at a boundary, or when the run has ended)."""
         pending, self._pending = self._pending, None
         if pending is None or pending.step <= self._last_emitted:
+            return []
+        if self.horizon is not None and pending.step > self.horizon:
             return []
         self._last_emitted = pending.step
         return [StepRecord(step=pending.step, data=self._record(pending))]
@@ -279,9 +282,10 @@ def _eval_names(metrics: dict[str, float]) -> dict[str, float]:
 class MartiTextTail:
     """Records from a text source read whole each time (a Ray job's log): new complete lines only."""
 
-    def __init__(self, fetch: Callable[[], str], context: LogContext | None = None) -> None:
+    def __init__(self, fetch: Callable[[], str], context: LogContext | None = None,
+                 horizon: int | None = None) -> None:
         self._fetch = fetch
-        self.parser = MartiLogParser(context)
+        self.parser = MartiLogParser(context, horizon)
         self._offset = 0
 
     def read_new(self, final: bool = False) -> list[StepRecord]:
@@ -308,10 +312,11 @@ class MartiTextTail:
 class MartiLogTail:
     """Incremental reader of MARTI's lines in a log file from ``offset`` on (complete lines only)."""
 
-    def __init__(self, path: str | os.PathLike, offset: int = 0, context: LogContext | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, offset: int = 0, context: LogContext | None = None,
+                 horizon: int | None = None) -> None:
         self.path = Path(path)
         self.offset = offset
-        self.parser = MartiLogParser(context)
+        self.parser = MartiLogParser(context, horizon)
 
     def read_new(self, final: bool = False) -> list[StepRecord]:
         try:

@@ -173,7 +173,8 @@ class MartiRunner(VerlRunner):
         """MARTI's console lines of this attempt in trial.log, with the device-wide GPU peak so far."""
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
         ctx = LogContext.read(adir / CONTEXT_FILE)
-        tail = MartiLogTail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)), ctx)
+        tail = MartiLogTail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)), ctx,
+                            _horizon(handle))
         return _PeakTail(tail, adir / "gpu_peaks.json")
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
@@ -193,6 +194,11 @@ class MartiRunner(VerlRunner):
         poll = super()._finish(handle, st, status, reason)
         _mirror_metrics(handle, self.metrics(handle).read_new(final=True))
         return poll
+
+
+def _horizon(handle: TrialHandle) -> int | None:
+    steps = handle.extra.get("steps")
+    return int(steps) if steps else None
 
 
 def _mirror_metrics(handle: TrialHandle, records: list[StepRecord]) -> None:
@@ -219,7 +225,7 @@ class MartiRayJobRunner(RayJobRunner):
     def metrics(self, handle: TrialHandle) -> MartiTextTail:
         attempt = handle.extra.get("attempt", 1)
         ctx = LogContext.read(Path(handle.trial_dir) / f"attempt-{attempt}" / CONTEXT_FILE)
-        return MartiTextTail(lambda: self._logs(handle), ctx)
+        return MartiTextTail(lambda: self._logs(handle), ctx, _horizon(handle))
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
         if read_status(handle.trial_dir) is None and not self._status(handle).is_terminal():
