@@ -191,6 +191,8 @@ class MartiRunner(VerlRunner):
         return super().poll(handle)
 
     def _finish(self, handle: TrialHandle, st: Any, status: TrialStatus, reason: str | None) -> TrialPoll:
+        # the run is over: its last step's record has no next boundary to wait for (a hang, a kill, a stop)
+        self._update(handle, st, final=True)
         poll = super()._finish(handle, st, status, reason)
         _mirror_metrics(handle, self.metrics(handle).read_new(final=True))
         return poll
