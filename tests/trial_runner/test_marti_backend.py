@@ -19,7 +19,7 @@ from mart.trial_runner.marti.argv import build_argv, build_env, flag_args
 from mart.trial_runner.marti.backend import MartiBackend
 from mart.trial_runner.marti.prevalidate import check_argv, parse_argv
 from mart.trial_runner.marti.runner import MartiRayJobRunner, MartiRunner
-from mart.trial_runner.marti.space import MARTI_BASE, build_space, job_gpus
+from mart.trial_runner.marti.space import MARTI_BASE, job_gpus
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.registry import load_backend
 from tests.support.paths import REPO
@@ -125,6 +125,14 @@ def test_argv_refuses_what_marti_cannot_take(key, value, message):
     cfg = {**MARTI_BASE, key: value}
     with pytest.raises(ConfigError, match=message):
         build_argv(cfg)
+
+
+def test_relative_workflow_files_become_absolute(tmp_path, monkeypatch):
+    (tmp_path / "wf.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    b = MartiBackend(base_config={"workflow_func_path": "wf.py", "processor_func_path": "missing.py"})
+    assert b.base_config()["workflow_func_path"] == str(tmp_path / "wf.py")
+    assert b.base_config()["processor_func_path"] == "missing.py"  # not a file here: left as the user wrote it
 
 
 def test_backend_refuses_a_secret_in_the_base_config():

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import math
 
-from mart.trial_runner.marti.logs import LogContext, MartiLogParser, MartiLogTail, MartiTextTail, find_oom, \
-    parse_status_dict
+from mart.trial_runner.marti.logs import (
+    LogContext,
+    MartiLogParser,
+    MartiLogTail,
+    MartiTextTail,
+    find_oom,
+    parse_status_dict,
+)
 
 P = "(MultiAgent_PPOTrainer pid=4242) "
 

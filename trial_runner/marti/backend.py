@@ -11,6 +11,7 @@ models and cluster layout go there, the candidate's knobs are applied over it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -55,6 +56,11 @@ class MartiBackend(Backend):
     ) -> None:
         self.entrypoint = entrypoint
         self.user_base = load_base_config(base_config)
+        for key, value in self.user_base.items():
+            # trials run in their own directory: a workflow file named relative to here must stay found
+            if key.endswith("func_path") and isinstance(value, str) and not os.path.isabs(value) and \
+                    os.path.isfile(value):
+                self.user_base[key] = os.path.abspath(value)
         bad = sorted(k for k in self.user_base if k in RUN_FLAGS)
         if bad:
             warnings.warn(f"marti backend: the base config's {bad} are set by mart on every trial (paths in the trial "

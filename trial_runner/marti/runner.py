@@ -33,12 +33,12 @@ from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import read_status
-from mart.trial_runner.metrics import write_record
-from mart.trial_runner.ray.runner import RayJobRunner
-from mart.trial_runner.verl.runner import VerlRunner, job_peak_gb
 from mart.trial_runner.marti.argv import build_argv, build_env
 from mart.trial_runner.marti.logs import LogContext, MartiLogTail, MartiTextTail
 from mart.trial_runner.marti.space import agent_ids, agent_value, job_gpus, samples_per_agent_step
+from mart.trial_runner.metrics import write_record
+from mart.trial_runner.ray.runner import RayJobRunner
+from mart.trial_runner.verl.runner import VerlRunner, job_peak_gb
 
 DEFAULT_ENTRYPOINT = ("python", "-m", "marti.cli.multi_agent_train_ppo_ray")
 CONTEXT_FILE = "marti_context.json"
