@@ -237,3 +237,54 @@ def test_mart_tune_backend_marti_with_the_stand_in(tmp_path, fake_env):
     assert result["status"] == "completed", result
     assert result["system"]["baseline_throughput"] > 0 and result["learning"]["baseline_score"] > 0
     assert result["trials"]["total"] >= 4 and result["trials"]["failed"] == 0
+
+
+def test_run_flags_paths_seed_evaluation_and_no_silent_resume(tmp_path):
+    from mart.state.trials import CheckpointRef, TrialSpec
+
+    with pytest.warns(UserWarning, match="set by mart"):
+        b = MartiBackend(base_config={"ckpt_path": "/shared/ckpt", "load_checkpoint": True, "eval_steps": 2})
+    runner = b.make_runner()
+    cfg = b.base_config()
+    spec = TrialSpec(trial_id="t1", config=cfg, steps=4, trial_dir=str(tmp_path / "t1"), seed=7, stage="learning")
+    argv = runner.build_command(spec)
+    ns = parse_argv(argv[argv.index("--agents"):])
+    trial = str((tmp_path / "t1").resolve())
+    assert ns.ckpt_path.startswith(trial) and not ns.load_checkpoint and ns.seed == 7
+    assert ns.eval_steps == 2  # the user's interval divides the horizon: kept
+    assert all(a[k].startswith(trial) for obj in ns.agents for a in obj.values() for k in ("ckpt_path", "save_path"))
+    system = spec.model_copy(update={"stage": "system", "seed": 0, "trial_dir": str(tmp_path / "t2")})
+    ns = parse_argv(runner.build_command(system)[3:])
+    assert ns.eval_steps == -1 and not ns.eval_before_training and ns.seed == 42  # MARTI's default seed
+    branch = spec.model_copy(update={"init_from": CheckpointRef(path=str(tmp_path / "c"), step=2)})
+    with pytest.raises(ConfigError, match="checkpoint"):
+        runner.build_command(branch)
+
+
+def test_gen_flags_reads_argparse_calls_without_running_them():
+    from mart.trial_runner.marti.gen_flags import extract
+
+    src = '''
+import json, argparse
+from datetime import datetime
+raise SystemExit("never run")
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--agents", type=json.loads, nargs="+", required=True)
+    parser.add_argument("--zero_stage", type=int, default=2, help="x")
+    parser.add_argument("--max_samples", type=int, default=1e8)
+    parser.add_argument("--bf16", action="store_true", default=False)
+    parser.add_argument("--kl_estimator", type=str, default="k1", choices=["k1", "k2", "k3"])
+    parser.add_argument("--wandb_run_name", type=str, default="ppo_%s" % datetime.now().strftime("%m%d"))
+    parser.add_argument("--pretrain", default=None)
+'''
+    flags = extract(src)
+    assert flags == {
+        "agents": {"action": "store", "type": "json", "nargs": "+", "required": True},
+        "zero_stage": {"action": "store", "type": "int", "default": 2},
+        "max_samples": {"action": "store", "type": "int", "default": 100000000},
+        "bf16": {"action": "store_true", "default": False},
+        "kl_estimator": {"action": "store", "type": "str", "default": "k1", "choices": ["k1", "k2", "k3"]},
+        "wandb_run_name": {"action": "store", "type": "str", "default": None},
+        "pretrain": {"action": "store", "type": "str", "default": None},
+    }

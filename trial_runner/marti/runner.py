@@ -46,6 +46,7 @@ CONTEXT_FILE = "marti_context.json"
 #: global flags mart sets on every launch (the user's values of the paths are replaced: see run_config)
 RUN_FLAGS = frozenset({"save_path", "ckpt_path", "load_checkpoint", "eval_steps", "eval_before_training",
                        "save_steps", "logging_steps", "wandb_run_name", "eval_only"})
+# ``seed`` is the config's unless the trial carries a seed of its own (run_config)
 #: per-agent keys mart sets on every launch
 RUN_AGENT_KEYS = ("save_path", "ckpt_path")
 
@@ -134,6 +135,8 @@ class MartiRunner(VerlRunner):
             "logging_steps": 1,
             "wandb_run_name": f"{spec.trial_id}-a{attempt}",
         }
+        if spec.seed:  # the session's (or a re-run's) seed, as the local runner does; 0 keeps the config's
+            out["seed"] = int(spec.seed)
         for i in agent_ids(cfg):
             out[f"agents.{i}.save_path"] = str(ckpt / f"agent{i}" / "final")
             out[f"agents.{i}.ckpt_path"] = str(ckpt / f"agent{i}" / "ckpt")
