@@ -274,6 +274,7 @@ if __name__ == "__main__":
     parser.add_argument("--zero_stage", type=int, default=2, help="x")
     parser.add_argument("--max_samples", type=int, default=1e8)
     parser.add_argument("--bf16", action="store_true", default=False)
+    parser.add_argument("--enable_ema", action="store_true", help="no default: argparse's False")
     parser.add_argument("--kl_estimator", type=str, default="k1", choices=["k1", "k2", "k3"])
     parser.add_argument("--wandb_run_name", type=str, default="ppo_%s" % datetime.now().strftime("%m%d"))
     parser.add_argument("--pretrain", default=None)
@@ -284,6 +285,7 @@ if __name__ == "__main__":
         "zero_stage": {"action": "store", "type": "int", "default": 2},
         "max_samples": {"action": "store", "type": "int", "default": 100000000},
         "bf16": {"action": "store_true", "default": False},
+        "enable_ema": {"action": "store_true", "default": False},
         "kl_estimator": {"action": "store", "type": "str", "default": "k1", "choices": ["k1", "k2", "k3"]},
         "wandb_run_name": {"action": "store", "type": "str", "default": None},
         "pretrain": {"action": "store", "type": "str", "default": None},

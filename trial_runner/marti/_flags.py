@@ -62,7 +62,7 @@ FLAGS: dict[str, dict] = {'agents': {'action': 'store', 'type': 'json', 'nargs':
  'gradient_checkpointing': {'action': 'store_true', 'default': False},
  'deepcompile': {'action': 'store_true', 'default': False},
  'bf16': {'action': 'store_true', 'default': False},
- 'enable_ema': {'action': 'store_true'},
+ 'enable_ema': {'action': 'store_true', 'default': False},
  'ema_beta': {'action': 'store', 'type': 'float', 'default': 0.992},
  'zpg': {'action': 'store', 'type': 'int', 'default': 1},
  'adam_offload': {'action': 'store_true', 'default': False},

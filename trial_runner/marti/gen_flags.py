@@ -47,6 +47,8 @@ def extract(source: str) -> dict[str, dict]:
         for key in ("nargs", "choices", "required", "default"):
             if key in kw:
                 entry[key] = _literal(kw[key])
+        if entry["action"] == "store_true" and "default" not in entry:
+            entry["default"] = False  # argparse's own default of a switch
         if entry.get("type") == "int" and isinstance(entry.get("default"), float):
             entry["default"] = int(entry["default"])  # 1e8 given as an int flag's default
         flags[name[2:]] = entry
