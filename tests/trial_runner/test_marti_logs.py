@@ -148,3 +148,20 @@ def test_oom_inside_a_ray_actor_is_found():
     text = ("(PolicyModelActor pid=11) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
             "ray.exceptions.RayTaskError(OutOfMemoryError): ray::PolicyModelActor.fit()\n")
     assert "CUDA out of memory" in find_oom(text)
+
+
+def test_a_step_sampled_twice_adds_both_rollouts():
+    """With dynamic_filtering_for_agents MARTI samples again until every agent has enough experiences."""
+    p = MartiLogParser()
+    feed(p, [line("INFO", "10:00:00", "[MultiAgent_PPOTrainer] Begin ROLLOUT"),
+             line("INFO", "10:00:10", "[MultiAgent_PPOTrainer] ROLLOUT FINISHED! Begin making experiences"),
+             line("INFO", "10:00:12", "[Agent 1] filtered_samples 8.00 < rollout_batch_size 16, continue sampling"),
+             line("INFO", "10:00:15", "[MultiAgent_PPOTrainer] Begin ROLLOUT"),
+             line("INFO", "10:00:30", "[MultiAgent_PPOTrainer] ROLLOUT FINISHED! Begin making experiences"),
+             line("INFO", "10:00:33", "[MultiAgent_PPOTrainer] make_experience FINISHED! Begin Training"),
+             line("WARNING", "10:00:50", "✨ Global step 1: {'agent_id': 0.0, 'reward': 0.5}")])
+    (rec,) = p.flush()
+    d = rec.data
+    assert (d["timing_s/gen"], d["timing_s/make_experience"], d["timing_s/update_actor"], d["timing_s/step"]) == \
+        (25.0, 8.0, 17.0, 50.0)
+    assert d["marti/rollouts_per_step"] == 2.0

@@ -5,7 +5,9 @@ What MARTI prints (``marti/trainer/multi_agent_ppotrainer.py`` at ``_flags.MARTI
 Ray actor (so with Ray's ``(MultiAgent_PPOTrainer pid=N)`` prefix):
 
 * per step, ``[MultiAgent_PPOTrainer] Begin ROLLOUT``, ``... ROLLOUT FINISHED! Begin making experiences``,
-  ``... make_experience FINISHED! Begin Training``: the phase boundaries (1 s resolution timestamps);
+  ``... make_experience FINISHED! Begin Training``: the phase boundaries (1 s resolution timestamps); with
+  ``dynamic_filtering_for_agents`` a step may sample more than once before training (each rollout's
+  generation and experience time is added; ``marti/rollouts_per_step`` counts them);
 * per step and trained agent, ``✨ Global step N: {status}``: the dict the agent's actor returned (Python repr:
   ``policy_loss``, ``actor_lr``, ``ppo_clip_ratio``, ``ppo_kl``, ``kl``, ``reward``, ``return``,
   ``response_length``, ``total_length``, ``response_clip_ratio``, ``agent_id``, ``entropy_loss`` with an
@@ -122,11 +124,26 @@ class LogContext:
 
 
 @dataclass
+class _Phases:
+    """The running step's phase times. With ``dynamic_filtering_for_agents`` a step may take several rollouts
+    (MARTI samples again until every agent has enough experiences): each adds its generation and experience time."""
+
+    start: float
+    last_begin: float
+    gen: float = 0.0
+    exp: float = 0.0
+    rollouts: int = 1
+    last_finish: float | None = None
+    train: float | None = None
+    end: float | None = None
+
+
+@dataclass
 class _Pending:
     step: int
     agents: dict[int, dict[str, float]] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)
-    times: dict[str, float] = field(default_factory=dict)
+    phases: _Phases | None = None
 
 
 class MartiLogParser:
@@ -136,7 +153,9 @@ class MartiLogParser:
         self.ctx = context or LogContext()
         self.horizon = horizon  # steps past it are dropped (the run is ended there, a step may slip out)
         self._pending: _Pending | None = None
-        self._phase_times: dict[str, float] = {}  # the running step's boundaries (seconds)
+        self._phases: _Phases | None = None  # the running step's phase times (seconds)
+        self._closed = True  # a step's status lines came since the last rollout began: the next one starts a step
+        self._latest: float | None = None
         self._last_emitted = -1
         self._year = 2000  # MARTI's timestamps carry no year; a leap year accepts 02-29
 
@@ -146,9 +165,9 @@ class MartiLogParser:
         except ValueError:
             return None
         secs = (t - datetime(2000, 1, 1)).total_seconds()
-        last = max(self._phase_times.values(), default=None)
-        if last is not None and secs < last - 180 * 86400:  # the run crossed a new year
+        if self._latest is not None and secs < self._latest - 180 * 86400:  # the run crossed a new year
             secs += timedelta(days=366).total_seconds()
+        self._latest = secs
         return secs
 
     def feed(self, line: str) -> list[StepRecord]:
@@ -158,26 +177,39 @@ class MartiLogParser:
             return []
         msg, when = m.group("msg"), self._seconds(m.group("md"), m.group("hms"))
         out: list[StepRecord] = []
+        ph = self._phases
         if "Begin ROLLOUT" in msg:
             out += self.flush()
-            self._phase_times = {"rollout": when} if when is not None else {}
-        elif "ROLLOUT FINISHED" in msg and when is not None:
-            self._phase_times["gen_end"] = when
-        elif "Begin Training" in msg and when is not None:
-            self._phase_times["train"] = when
+            if when is None:
+                self._phases = None
+            elif self._closed or ph is None:
+                self._phases, self._closed = _Phases(start=when, last_begin=when), False
+            else:  # sampling again for the same step
+                if ph.last_finish is not None:
+                    ph.exp += when - ph.last_finish
+                ph.last_begin, ph.last_finish, ph.rollouts = when, None, ph.rollouts + 1
+        elif "ROLLOUT FINISHED" in msg and when is not None and ph is not None:
+            ph.gen += when - ph.last_begin
+            ph.last_finish = when
+        elif "Begin Training" in msg and when is not None and ph is not None:
+            if ph.last_finish is not None:
+                ph.exp += when - ph.last_finish
+                ph.last_finish = None
+            ph.train = when
         elif (s := _STEP_RE.search(msg)) is not None:
             step = int(s.group(1))
             if self._pending is not None and self._pending.step != step:
                 out += self.flush()
+            self._closed = True
             if step <= self._last_emitted:
                 return out  # a line echoed again (a re-read log): each step once
             if self._pending is None:
-                self._pending = _Pending(step, times=dict(self._phase_times))
+                self._pending = _Pending(step, phases=ph)
             status = parse_status_dict(s.group(2))
             agent = self._agent_of(status, len(self._pending.agents))
             self._pending.agents[agent] = status
-            if when is not None:
-                self._pending.times["end"] = when
+            if when is not None and self._pending.phases is not None:
+                self._pending.phases.end = when
         elif (e := _EVAL_RE.search(msg)) is not None:
             step = int(e.group(1))
             metrics = parse_status_dict(e.group(2))
@@ -228,15 +260,13 @@ class MartiLogParser:
                 data[f"agent{i}/prompt_length/mean"] = status["total_length"] - status["response_length"]
         for name, values in means.items():
             data[name] = sum(values) / len(values)
-        t = p.times
-        if "rollout" in t and "gen_end" in t:
-            data["timing_s/gen"] = t["gen_end"] - t["rollout"]
-        if "gen_end" in t and "train" in t:
-            data["timing_s/make_experience"] = t["train"] - t["gen_end"]
-        if "train" in t and "end" in t:
-            data["timing_s/update_actor"] = t["end"] - t["train"]
-        if "rollout" in t and "end" in t:
-            step_s = t["end"] - t["rollout"]
+        ph = p.phases
+        if ph is not None and ph.train is not None and ph.end is not None:
+            data["timing_s/gen"] = ph.gen
+            data["timing_s/make_experience"] = ph.exp
+            data["timing_s/update_actor"] = ph.end - ph.train
+            data["marti/rollouts_per_step"] = float(ph.rollouts)
+            step_s = ph.end - ph.start
             data["timing_s/step"] = step_s
             if tokens > 0:
                 data["perf/total_num_tokens"] = tokens
