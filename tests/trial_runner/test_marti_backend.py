@@ -224,7 +224,6 @@ def test_mart_trial_backend_marti_with_the_stand_in(tmp_path, fake_env):
     assert "--eval_steps=4" in launch["argv"] and "--load_checkpoint" not in launch["argv"]
 
 
-@pytest.mark.slow
 def test_mart_tune_backend_marti_with_the_stand_in(tmp_path, fake_env):
     base, env = fake_env
     proc = _mart("tune", "--backend", "marti", "--verl-entrypoint", "python tests/support/fake_marti.py",
