@@ -111,6 +111,8 @@ def test_argv_is_typed_whitelisted_and_json_built():
     ("use_wandb", "0123456789abcdef", "API key"),
     ("tools_config.api_key", "sk-x", "secret"),
     ("agents.0.actor_learning_rate", 1e-6, "does not read"),
+    ("agents.1.n_samples_per_prompt", 4, "does not read"),  # only checked per agent; training reads the flag
+    ("default_agent.init_kl_coef", 0.01, "does not read"),
     ("no_such_flag", 1, "not a flag"),
     ("micro_train_batch_size", 1.5, "integer"),
     ("policy_loss_type", "dpo", "one of"),

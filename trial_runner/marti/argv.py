@@ -134,6 +134,11 @@ def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, d
                     raise ConfigError(f"`{key}`: MARTI (at the pinned commit) does not read `{name}` from an agent's "
                                       f"config; set the global flag `{name}` instead (it applies to every agent).")
                 target, name_ = agents.setdefault(int(idx), {}), name
+            elif head == "default_agent":
+                if rest not in AGENT_KEYS:
+                    raise ConfigError(f"`{key}`: MARTI (at the pinned commit) does not read `{rest}` from an agent's "
+                                      f"config; set the global flag `{rest}` instead (it applies to every agent).")
+                target, name_ = objects.setdefault(head, {}), rest
             else:
                 if not _NAME_RE.match(rest):
                     raise ConfigError(f"`{key}`: {head} entries are {head}.<name> (one level).")

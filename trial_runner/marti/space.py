@@ -45,10 +45,9 @@ AGENT_KEYS = frozenset({
     "enable_prefix_caching", "enforce_eager", "agent_func_path", "actor_num_nodes", "actor_num_gpus_per_node",
     "ref_num_nodes", "ref_num_gpus_per_node", "critic_num_nodes", "critic_num_gpus_per_node", "reward_num_nodes",
     "reward_num_gpus_per_node", "critic_pretrain", "reward_pretrain", "save_value_network",
-    # read by the CLI's own checks of each agent
-    "advantage_estimator", "n_samples_per_prompt", "packing_samples", "async_train", "dynamic_filtering",
-    "use_kl_loss", "kl_estimator", "input_template", "ring_attn_size", "use_dynamic_batch",
 })
+# Not here on purpose: keys the CLI only *checks* per agent (advantage_estimator, n_samples_per_prompt,
+# packing_samples, use_kl_loss, ...) while training reads the global flag: per agent they would mislead.
 
 #: reward shaping modes of ``MultiAgentRewardAllocation._reward_shaping`` (None: no shaping).
 SHAPING_MODES = ("margin", "quality", "conditional_quality", "quality_with_outcome", "margin_with_outcome")
