@@ -2,7 +2,10 @@
 
 Stage 2: NaN, entropy collapse, KL blow-up, grad-norm explosion, reward collapse (stop when persistent),
 stagnation and response clipping (warnings unless persistent). Stage 1: NaN and the memory margin.
-Baselines are never stopped (they define the reference), but their events are recorded.
+A multi-agent job's agents each go through the same rules, and the event and the stop reason name the agent
+("agent 1: entropy ..."); its pathologies (copying, reward concentration, stale debate rounds) are warnings
+unless persistent and harmful. Baselines are never stopped (they define the reference), but their events are
+recorded.
 """
 
 from __future__ import annotations
