@@ -57,6 +57,9 @@ class HealthConfig:
     """workflow/answer_change_rate at or below this = a debate round changed no answer."""
     stale_rounds_steps: int = 10
     """Steps of rounds that change no answer before it is reported (a warning only)."""
+    num_rounds: int | None = None
+    """The trial's ``workflow.num_rounds`` when it has one: with a single round no answer can change, so the
+    stale-rounds rule has nothing to say."""
     pathology_stop_steps: int = 12
     """Copying or reward concentration persisting this long while the team's reward has not improved since it
     began stops the trial; shorter, or while the team still improves, it is a warning."""
@@ -317,6 +320,8 @@ def reward_concentration(trial_id: str, records: list[StepRecord], cfg: HealthCo
 def stale_debate_rounds(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> list[HealthEvent]:
     """Debate rounds after the first change no answer for ``stale_rounds_steps`` steps: the extra rounds cost
     generation and teach nothing. A warning only (agreeing is what a debate converges to)."""
+    if cfg.num_rounds is not None and cfg.num_rounds <= 1:
+        return []
     run = _trailing(_series(records, ANSWER_CHANGE_RATE), lambda v: v <= cfg.answer_change_min)
     if len(run) < cfg.stale_rounds_steps:
         return []

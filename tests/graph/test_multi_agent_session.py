@@ -69,3 +69,25 @@ def test_build_summary_splits_the_best_config_by_agent():
     assert config_by_agent({"a.b": 1}) is None
     assert config_by_agent({lr(1): 5e-4, "reward.shaping_alpha": 0.5}) == {
         "shared": {"reward.shaping_alpha": 0.5}, "per_agent": {"1": {"actor.optim.lr": 5e-4}}}
+
+
+SIM_LR1 = "agents.1.actor_rollout_ref.actor.optim.lr"
+
+
+def test_sim_debate_one_agents_lr_far_too_high_is_stopped_naming_that_agent(tmp_path):
+    # the simulator's MARTI-style debate (2 x Qwen2.5-3B, 2 rounds): agent 1's lr 30x the script's 1e-6
+    reviewer = EditsByStage(learning=[{SIM_LR1: 3e-5}])
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen2.5-3b-debate-2x2", "seed": 0,
+                                                       "clock": "poll", "steps_per_poll": 1},
+                       approve="auto", runs_dir=str(tmp_path), quiet=True, report=False, watch_interval_s=1e-6,
+                       system_trials=1, learning_trials=2, system_horizon=6, learning_horizon=20,
+                       learning_confirm_trials=0)
+    summary = tune(opts, reviewer=reviewer)
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    base, sick = ledger.trials("learning")
+    assert sick["config"][SIM_LR1] == 3e-5
+    assert sick["status"] == "stopped" and sick["early_stopped"] and sick["steps_done"] < 20
+    assert sick["reason"].startswith("health: ") and ": agent 1: " in sick["reason"]
+    assert "agent 0 is healthy" in sick["reason"]
+    assert {e.agent for e in ledger.health_events(sick["trial_id"]) if e.severity == "stop"} == {1}
+    assert base["status"] == "completed" and not base["early_stopped"]

@@ -137,5 +137,7 @@ def test_debate_rounds_that_change_nothing_warn_after_many_steps():
     events = evaluate("learning", "t", team_stream(15, agents=2, extra=stale), cfg)
     assert [(e.rule, e.severity, e.agent) for e in events] == [("stale_debate_rounds", "warn", None)]
     assert "agreement 1.00" in events[0].message
-    # not in stage 1, and never without agents
+    # not in stage 1, and not with a single round (no later round could change an answer)
     assert evaluate("system", "t", team_stream(30, agents=2, extra=stale), cfg) == []
+    one_round = HealthConfig(stale_rounds_steps=10, num_rounds=1)
+    assert evaluate("learning", "t", team_stream(15, agents=2, extra=stale), one_round) == []
