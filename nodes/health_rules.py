@@ -328,8 +328,9 @@ def stale_debate_rounds(trial_id: str, records: list[StepRecord], cfg: HealthCon
     agreement = _series(records, AGREEMENT)
     agree = f"; agreement {agreement[-1][1]:.2f}" if agreement else ""
     return [HealthEvent(trial_id=trial_id, step=run[-1][0], rule="stale_debate_rounds", severity="warn",
-                        message=f"debate rounds changed no answer (answer change rate {run[-1][1]:.2f} <= "
-                                f"{cfg.answer_change_min:g}) for {len(run)} steps{agree}", value=run[-1][1])]
+                        message=f"rounds after the first (debate rounds, chain revisions) changed no answer (answer "
+                                f"change rate {run[-1][1]:.2f} <= {cfg.answer_change_min:g}) for {len(run)} steps{agree}",
+                        value=run[-1][1])]
 
 
 PATHOLOGY_RULES: tuple[Callable[[str, list[StepRecord], HealthConfig], list[HealthEvent]], ...] = (
