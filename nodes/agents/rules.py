@@ -18,11 +18,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
 from mart.nodes.agents.model_search import Scored, search
-from mart.state.agents import NUM_ROUNDS, SHAPING_ALPHA, SHAPING_KNOBS, SHAPING_MODE, split_knob
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
 
@@ -297,7 +297,7 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
     f = agent_findings(ctx)
     if not f:
         return score, why
-    agent, rest = split_knob(key)
+    agent, rest = names.split_knob(key)
     if agent is not None:
         own = f.health.get(agent, set())
         copying = agent in f.copying
@@ -312,17 +312,17 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
             who = ", ".join(map(str, sick))
             return score * 0.3, f"{why} (agent {agent} is healthy; the findings are about agent(s) {who})"
         return score, why
-    if f.concentrated and key in SHAPING_KNOBS:
+    if f.concentrated and key in names.SHAPING_KNOBS:
         who = ", ".join(map(str, sorted(f.concentrated)))
-        if key == SHAPING_ALPHA:
+        if key == names.SHAPING_ALPHA:
             if direction == "up":
                 return 0.95, (f"the reward concentrated on agent(s) {who}: a larger shaping alpha credits each agent "
                               "for beating its own history (MARTI's influence-aware shaping)")
             return 0.05, "less shaping would concentrate the reward further"
-        if key == SHAPING_MODE:
+        if key == names.SHAPING_MODE:
             return 0.85, f"the reward concentrated on agent(s) {who}: try the other shaping mode"
         return 0.35, f"the reward concentrated on agent(s) {who}: a different history scope changes each agent's Q"
-    if f.stale_rounds and key == NUM_ROUNDS:
+    if f.stale_rounds and key == names.NUM_ROUNDS:
         if direction == "down":
             return 0.85, "debate rounds changed no answer: fewer rounds cost less generation for the same answers"
         return 0.05, "more rounds would change nothing either"
