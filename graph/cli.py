@@ -538,6 +538,9 @@ def knobs(
     backend: str = typer.Option("local", "--backend", help="local, verl, sim, or package.module:factory."),
     stage: Optional[str] = typer.Option(None, "--stage", help="system or learning (default: both)."),
     as_json: bool = JSON,
+    backend_option: list[str] = typer.Option(
+        [], "--backend-option", help="KEY=VALUE passed to the backend's factory (e.g. workflow=debate); repeatable."
+    ),
 ) -> None:
     """The knob catalogue a reviewer edits: key, short name, type and range, default, phase, why it matters.
 
@@ -551,7 +554,7 @@ def knobs(
     if stage not in (None, "system", "learning"):
         _fail(f"--stage must be system or learning, got {stage!r}")
     try:
-        space = load_backend(backend).search_space()
+        space = load_backend(backend, **_backend_options(backend_option)).search_space()
     except (ValueError, TypeError) as e:
         _fail(str(e))
     from mart.state.agents import knob_agent

@@ -313,15 +313,16 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
             return score * 0.3, f"{why} (agent {agent} is healthy; the findings are about agent(s) {who})"
         return score, why
     if f.concentrated and key in names.SHAPING_KNOBS:
-        who = ", ".join(map(str, sorted(f.concentrated)))
-        if key == names.SHAPING_ALPHA:
-            if direction == "up":
-                return 0.95, (f"the reward concentrated on agent(s) {who}: a larger shaping alpha credits each agent "
-                              "for beating its own history (MARTI's influence-aware shaping)")
-            return 0.05, "less shaping would concentrate the reward further"
+        # MARTI's R~ = R + alpha * Delta, Delta against the agent's own history Q: which way a change evens
+        # the shares depends on the agents' histories, so the re-shaping moves are trials, not a known direction
+        who = f"the reward concentrated on agent(s) {', '.join(map(str, sorted(f.concentrated)))}"
         if key == names.SHAPING_MODE:
-            return 0.85, f"the reward concentrated on agent(s) {who}: try the other shaping mode"
-        return 0.35, f"the reward concentrated on agent(s) {who}: a different history scope changes each agent's Q"
+            return 0.9, f"{who}: re-shape it with another shaping mode (none / margin / quality)"
+        if key == names.SHAPING_ALPHA:
+            return (0.87 if direction == "up" else 0.84), (
+                f"{who}: re-shape it, a {'larger' if direction == 'up' else 'smaller'} alpha changes how much of "
+                "each agent's reward comes from beating its own history")
+        return 0.5, f"{who}: another history scope changes each agent's reference Q"
     if f.stale_rounds and key == names.NUM_ROUNDS:
         if direction == "down":
             return 0.85, "debate rounds changed no answer: fewer rounds cost less generation for the same answers"

@@ -61,6 +61,12 @@ def test_summary_and_knobs_group_per_agent_knobs_by_agent(capsys):
     assert {r["key"] for r in rows if r["agent"] == 1} == {lr(1), ent(1)}
     table = CliRunner().invoke(app, ["knobs", "--backend", MULTI, "--stage", "learning"])
     assert table.exit_code == 0 and "agent" in table.output and "shared" in table.output
+    # a backend's own multi-agent job, picked with --backend-option: the simulator's MARTI debate
+    sim = CliRunner().invoke(app, ["knobs", "--backend", "sim", "--backend-option", "scenario=qwen2.5-3b-debate-2x2",
+                                   "--json"])
+    assert sim.exit_code == 0, sim.output
+    agents = [r["agent"] for r in json.loads(sim.output)]
+    assert agents == sorted(agents, key=lambda a: -1 if a is None else a) and {0, 1} <= set(agents)
 
 
 def test_build_summary_splits_the_best_config_by_agent():

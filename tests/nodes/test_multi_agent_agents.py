@@ -90,9 +90,10 @@ def test_a_copying_agent_gets_more_diversity():
 
 def test_reward_concentration_reshapes_the_reward():
     cands = RulesProposer().propose(ctx([event("reward_concentration", agent=0, severity="warn")]))
-    assert changed(cands[0]) == {SHAPING_ALPHA} and cands[0].overrides[SHAPING_ALPHA] > 0.2
-    assert "concentrated on agent(s) 0" in cands[0].rationale
-    assert changed(cands[1]) == {SHAPING_MODE} and cands[1].overrides[SHAPING_MODE] == "quality"
+    assert [changed(c) for c in cands] == [{SHAPING_MODE}, {SHAPING_ALPHA}, {SHAPING_ALPHA}]
+    assert cands[0].overrides[SHAPING_MODE] == "quality"
+    assert sorted(c.overrides[SHAPING_ALPHA] for c in cands[1:]) == [0.1, 0.4]  # both ways: trials decide
+    assert all("concentrated on agent(s) 0" in c.rationale for c in cands)
 
 
 def test_stale_rounds_cut_rounds():
