@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-Stage = Literal["system", "learning"]
+Stage = Literal["system", "learning", "schedule"]
 
 
 class TrialStatus(str, enum.Enum):
