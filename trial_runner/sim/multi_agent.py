@@ -953,12 +953,6 @@ def ground_truth_learning(sc: MultiAgentScenario, horizon: int = 30) -> dict[str
             "baseline_score": base, "gain": best_score - base, "evaluated": evaluated}
 
 
-def describe(sc: MultiAgentScenario) -> str:
-    return (f"{sc.num_agents} agents x {sc.model.name}, {sc.workflow}"
-            f"{f' {sc.num_rounds} rounds' if sc.workflow == 'debate' else ''}, "
-            f"{sc.placement} GPUs ({sc.total_gpus} in all)")
-
-
 __all__ = ["ASYNC_KEY", "HISTORY_SCOPE_KEY", "MultiAgentScenario", "PER_AGENT_KEYS", "ROUNDS_KEY", "SHAPING_ALPHA_KEY",
            "SHAPING_MODE_KEY", "agent_config", "agent_key", "async_factor", "expected_team_score", "focus_space",
            "ground_truth", "ground_truth_learning", "is_multi_agent", "search_space", "shaping_efficiency", "simulate",
