@@ -12,7 +12,12 @@ A deliberately simple, smooth response surface with the qualitative shape report
 * after a collapse the validation score falls toward a third of its start, entropy and grad norm blow
   up, and responses run to the length limit (repetition) -- the health monitor's signals.
 
-Pure: ``learning_trajectory(config, scenario, steps, seed)`` returns the noise-free and noisy series.
+Path-consistent (issue 13, docs/sim.md "Schedules"): every knob-dependent term acts per step and
+accumulates into the learning state a checkpoint holds, so a branch's new knobs change only what follows
+the branch point, and a static config plays exactly as it did before schedules existed.
+
+Pure: ``learning_trajectory(config, scenario, steps, collapse_draw, start=checkpoint)`` returns the
+noise-free series; ``schedule_score_noise_free(segments, scenario, total_steps)`` a schedule's expected score.
 """
 
 from __future__ import annotations
