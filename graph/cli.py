@@ -212,10 +212,11 @@ def _console():
 
 
 def _finish(summary: dict, as_json: bool) -> None:
-    from mart.graph.session import SUMMARY_KEYS
+    from mart.graph.session import OPTIONAL_SUMMARY_KEYS, SUMMARY_KEYS
 
     if as_json:
-        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in SUMMARY_KEYS})
+        keys = [*SUMMARY_KEYS, *(k for k in OPTIONAL_SUMMARY_KEYS if summary.get(k) is not None)]
+        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in keys})
     else:
         _print_summary(summary)
 

@@ -339,6 +339,11 @@ def build_summary(state, services) -> dict[str, Any]:
             notes.append(f"{stage} stage: no candidate beat the baseline; the baseline config is kept")
         if exhausted.get(stage):
             notes.append(f"{stage} stage ended early: {exhausted[stage]}")
+    sched = (state.get("schedule") or {}).get("result")
+    if sched is not None:
+        notes += [f"schedule stage: {n}" for n in sched.get("notes", [])]
+    elif "schedule" in session_stages(services.options) and exhausted.get("schedule"):
+        notes.append(f"schedule stage: {exhausted['schedule']}")
     if services.memory_limit_gb() is None:
         notes.append("memory margin rule off: no memory capacity is known (no GPU visible to the tuner, e.g. trials "
                      "on a Ray cluster); give --memory-capacity-gb to enforce it")
@@ -372,4 +377,13 @@ def build_summary(state, services) -> dict[str, Any]:
         },
         "notes": notes,
         "agents": services.ledger.agent_usage(services.run_id),
+        **({"schedule": schedule_summary(sched)} if sched is not None else {}),
     }
+
+
+def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The schedule stage's part of the summary: the winning schedule's segments, its final score against the
+    static config's at equal total steps, and the tree (one row per segment-trial)."""
+    keys = ("segments", "final_score", "final_score_spread", "final_score_runs", "static_best_score", "gain",
+            "branches_run", "budget", "boundaries", "noise", "winner", "reevaluated", "tree")
+    return {k: result.get(k) for k in keys}
