@@ -21,6 +21,7 @@ from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
 from mart.nodes.agents.model_search import Scored, search
+from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
 
@@ -73,6 +74,8 @@ class RulesProposer(Proposer):
     name = "rules"
 
     def propose(self, ctx: AgentContext) -> list[Candidate]:
+        if ctx.stage == "schedule":  # stage 3: transitions answering the diagnosis at the checkpoint
+            return transition_candidates(ctx)
         if ctx.stage == "system" and ctx.job_model is not None and ctx.memory_limit_gb:
             found = model_candidates(ctx, source=self.name)
             if found:
@@ -284,18 +287,25 @@ class RulesCritic(Critic):
         critiques = []
         limit = ctx.memory_limit_gb
         inc_pred = ctx.predict(ctx.full_config(ctx.best_overrides))
-        stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage == "learning" else None
+        # stages 2 and 3 fix the system config: only memory a candidate adds can be held against it
+        stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage != "system" else None
+        siblings: set[str] = set()
         for cand in candidates:
             reasons: list[str] = []
             try:
-                ctx.search_space.validate_overrides(cand.overrides, stage=ctx.stage)
+                ctx.search_space.validate_overrides(cand.overrides, stage=knob_stage(ctx.stage))
             except ConfigError as e:
                 reasons.append(str(e))
             full = ctx.full_config(cand.overrides)
             if not reasons:  # the backend's check (verl's validate_config) only on well-typed overrides
                 reasons += ctx.config_errors(cand.overrides)
             if config_hash(full) in tried:
-                reasons.append("duplicate of a config already tried in this stage")
+                reasons.append("duplicate of a config already tried from this checkpoint" if ctx.stage == "schedule"
+                               else "duplicate of a config already tried in this stage")
+            elif ctx.stage == "schedule" and config_hash(full) in siblings:
+                reasons.append("duplicate of another transition in this round")
+            if ctx.stage == "schedule":
+                siblings.add(config_hash(full))
             pred = ctx.predict_memory(full)
             model_pred = ctx.predict(full) if not reasons else None
             risk = "medium" if pred is None and ctx.stage == "system" else "low"
@@ -314,9 +324,13 @@ class RulesCritic(Critic):
                 elif pred > 0.75 * limit and changes_memory:
                     risk = "medium"
             accepted = not reasons
+            answers = None
             if model_pred is not None and inc_pred is not None and ctx.stage == "system":
                 gain = model_pred.throughput / max(inc_pred.throughput, 1e-9) - 1
                 score = max(1e-4, (1 + gain) * (1 - 1.5 * p_over)) if accepted else 0.0
+            elif ctx.stage == "schedule":  # rank by the severity of the finding the transition answers
+                gain, answers = transition_score(ctx, cand.overrides)
+                score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
             else:
                 gain = cand.expected_gain if cand.expected_gain is not None else 0.1
                 score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
@@ -326,6 +340,8 @@ class RulesCritic(Critic):
                     txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
                             f"P(over the limit) {p_over:.0%}")
                 reasons.append(f"passes constraints; predicted peak {txt}; risk {risk}")
+                if answers:
+                    reasons.append(f"answers: {answers}")
             critiques.append(Critique(candidate_id=cand.candidate_id, accepted=accepted, reasons=reasons,
                                       predicted_memory_gb=pred, risk=risk, score=round(score, 4)))
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
