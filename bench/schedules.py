@@ -66,12 +66,18 @@ class ScheduleBudget:
     total_steps: int = 60
     segments: int = 4
     branches: int = 3
-    budget: int = 16  # segment-trials for mart and random search
+    budget: int | None = None  # segment-trials for mart and random search (default S x K, as mart's stage)
+
+    def __post_init__(self) -> None:
+        if self.budget is None:
+            self.budget = self.segments * self.branches
+        if self.total_steps < self.segments:
+            raise ValueError(f"{self.segments} segments need at least as many steps (got {self.total_steps})")
 
     def boundaries(self) -> list[int]:
-        """Segment ends: equal lengths, the last one absorbing the remainder."""
-        seg = self.total_steps // self.segments
-        return [seg * (i + 1) for i in range(self.segments - 1)] + [self.total_steps]
+        """Segment ends, as mart's stage cuts them (``TuneOptions.schedule_boundaries``: round(i x T / S))."""
+        t, s = self.total_steps, self.segments
+        return [max(i, round(i * t / s)) for i in range(1, s + 1)]
 
 
 @dataclass
@@ -218,7 +224,7 @@ def mart_schedule_available() -> str | None:
 
 def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: MethodRun, base: dict[str, Any]) -> None:
     """A ``--stages schedule`` session with the rules agents and auto-approval; the schedule from its summary."""
-    from bench.compare import backend_options
+    from bench.compare import _sim_usage_index, backend_options
     from mart.graph.session import TuneOptions, tune
 
     opts = TuneOptions(
@@ -226,7 +232,7 @@ def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: Meth
                                                        task.get("perturb")),
         approve="auto", agents="rules", runs_dir=str(workdir), seed=task["seed"], quiet=True, watch_interval_s=0.01,
         stages=["schedule"], schedule_segments=bud.segments, schedule_branches=bud.branches,
-        schedule_budget=bud.budget, learning_horizon=bud.total_steps,
+        schedule_budget=bud.budget, schedule_horizon=bud.total_steps,
     )
     summary = tune(opts)
     sched = summary.get("schedule") or {}
@@ -235,13 +241,10 @@ def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: Meth
                     for s in sched.get("segments") or []]
     res.measured = sched.get("final_score")
     run_dir = Path(summary.get("run_dir") or Path(workdir) / summary["run_id"])
-    hours, n = 0.0, 0
-    for meta in run_dir.rglob("sim_state.json"):
-        try:
-            hours += float(json.loads(meta.read_text())["gpu_hours"])
-            n += 1
-        except (OSError, KeyError, ValueError):
-            continue
+    usage = _sim_usage_index(run_dir)  # trial_id -> the sim's GPU-hour accounting
+    n, hours = len(usage), sum(float(u.get("gpu_hours", 0.0)) for u in usage.values())
+    path = [usage.get(str(s.get("trial_id")), {}) for s in sched.get("segments") or []]
+    res.schedule_gpu_hours = sum(float(u.get("gpu_hours", 0.0)) for u in path) if path else None
     res.segment_trials, res.gpu_hours = n, hours
 
 
@@ -398,7 +401,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=ScheduleBudget.total_steps, help="total training steps T")
     p.add_argument("--segments", type=int, default=ScheduleBudget.segments)
     p.add_argument("--branches", type=int, default=ScheduleBudget.branches)
-    p.add_argument("--budget", type=int, default=ScheduleBudget.budget, help="segment-trials (mart, random)")
+    p.add_argument("--budget", type=int, default=None, help="segment-trials for mart and random (default S x K)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the JSON verdict as the last line of stdout")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
