@@ -14,6 +14,9 @@ At ``T`` total steps, 5 seeds per scenario, on the simulator (``python bench/com
 * ``mart`` - a session ``--stages schedule`` from the same start config (verl's defaults), rules agents,
   ``--approve auto``, through the session API ``bench/compare.py`` uses (once stage 3 is in this build).
 
+``--start grid`` starts mart's and random's schedules from the grid's pick of the same seed instead (does a
+schedule add to the best static config found?); the grid's trials then come on top of their budgets.
+
 Every trial runs through the simulator backend's own runner (``TrialSpec.save_steps`` / ``init_from``: a
 segment branches from its parent's checkpoint), so every method sees the same measurement noise. Reported
 per method: the chosen schedule's noise-free expected final score (``schedule_score_noise_free``, over the
@@ -57,6 +60,8 @@ GRID: dict[str, list[Any]] = {
     A + "clip_ratio_high": [0.2, 0.28],
     A + "entropy_coeff": [0.0, 0.001],
 }
+START_TEXT = {"defaults": "verl's defaults (mart and random)",
+              "grid": "the grid's pick of the same seed (mart and random; the grid's trials come on top of theirs)"}
 #: the issue's target: LLMZero's floor over grid search
 TARGET_GAIN_PCT = 6.0
 
@@ -232,7 +237,7 @@ def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: Meth
                                                        task.get("perturb")),
         approve="auto", agents="rules", runs_dir=str(workdir), seed=task["seed"], quiet=True, watch_interval_s=0.01,
         stages=["schedule"], schedule_segments=bud.segments, schedule_branches=bud.branches,
-        schedule_budget=bud.budget, schedule_horizon=bud.total_steps,
+        schedule_budget=bud.budget, schedule_horizon=bud.total_steps, start_overrides=dict(task.get("start") or {}),
     )
     summary = tune(opts)
     sched = summary.get("schedule") or {}
@@ -264,7 +269,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         opts["steps_per_poll"] = 10**6  # a whole trial per poll: no pruner watches the baselines' trials
         backend = load_backend("sim", **opts)
         base = dict(backend.base_config())
-        start = dict(base)  # the same start for every method: verl's defaults
+        start = {**base, **(task.get("start") or {})}  # the same start for mart and random: defaults or grid's pick
         if task["method"] == "mart":
             run_mart(task, bud, workdir, res, base)
         else:
@@ -310,11 +315,11 @@ def _stats(xs: list[float]) -> dict[str, float] | None:
 
 
 def build_report(runs: list[dict[str, Any]], bud: ScheduleBudget, refs: dict[str, dict[str, float]],
-                 methods: list[str]) -> dict[str, Any]:
+                 methods: list[str], start: str = "defaults") -> dict[str, Any]:
     """Per scenario and overall: noise-free scores, gains over grid (per seed), trials and GPU-hours."""
     out: dict[str, Any] = {"total_steps": bud.total_steps, "segments": bud.segments, "branches": bud.branches,
                            "budget_segment_trials": bud.budget, "grid": {k: v for k, v in GRID.items()},
-                           "grid_full_trials": len(grid_points()), "start": "verl's defaults (all methods)",
+                           "grid_full_trials": len(grid_points()), "start": START_TEXT[start],
                            "target_gain_pct": TARGET_GAIN_PCT, "scenarios": {}, "overall": {}}
     by = {(r["scenario"], r["seed"], r["method"]): r for r in runs}
     all_gains: dict[str, list[float]] = {m: [] for m in methods}
@@ -402,6 +407,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--segments", type=int, default=ScheduleBudget.segments)
     p.add_argument("--branches", type=int, default=ScheduleBudget.branches)
     p.add_argument("--budget", type=int, default=None, help="segment-trials for mart and random (default S x K)")
+    p.add_argument("--start", choices=sorted(START_TEXT), default="defaults",
+                   help="the config mart's and random's schedules start from (default: verl's defaults)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the JSON verdict as the last line of stdout")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -444,15 +451,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[schedules] {run['scenario']} seed {run['seed']} {run['method']}: {run['segment_trials']} "
               f"segment-trials, noise-free {nf}, {run['wall_s']:.1f}s{err}", file=sys.stderr, flush=True)
 
-    if args.jobs <= 1:
+    def run_all(batch: list[dict[str, Any]]) -> None:
+        if args.jobs <= 1:
+            for t in batch:
+                done(run_task(t))
+        else:
+            with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                for fut in cf.as_completed([pool.submit(run_task, t) for t in batch]):
+                    done(fut.result())
+
+    # the grid first: with --start grid, mart and random start from its pick of the same seed
+    run_all([t for t in tasks if t["method"] == "grid"])
+    if args.start == "grid":
+        picks = {(r["scenario"], r["seed"]): (r["segments"][0]["overrides"] if r["segments"] else {}) for r in runs}
         for t in tasks:
-            done(run_task(t))
-    else:
-        with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for fut in cf.as_completed([pool.submit(run_task, t) for t in tasks]):
-                done(fut.result())
+            t["start"] = picks.get((t["scenario"], t["seed"]), {})
+    run_all([t for t in tasks if t["method"] != "grid"])
     refs = {sc: references(sc, path, args.perturb, bud.total_steps) for sc, path in files.items()}
-    report = build_report(runs, bud, refs, methods)
+    report = build_report(runs, bud, refs, methods, args.start)
     report["wall_s"] = time.monotonic() - t0
     out = Path(args.out) / time.strftime("schedules-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

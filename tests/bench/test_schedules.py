@@ -56,3 +56,19 @@ def test_each_pick_is_scored_noise_free_from_the_schedule_it_reports(verdict) ->
             assert segs[0][2] == base  # the same start as every method: verl's defaults
         assert run["noise_free"] == pytest.approx(schedule_score_noise_free(segs, sc, 10), abs=1e-12)
         assert run["gpu_hours"] > 0 and run["schedule_gpu_hours"] > 0
+
+
+def test_start_grid_starts_the_schedules_from_the_grids_pick(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import schedules
+
+        schedules.main(["--scenarios", SCENARIO, "--seeds", "1", "--methods", "grid,random", "--steps", "6",
+                        "--segments", "2", "--budget", "3", "--start", "grid", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(str(ROOT))
+    raw = json.loads(next(tmp_path.glob("schedules-*/raw.json")).read_text())
+    grid = next(r for r in raw["runs"] if r["method"] == "grid")
+    rnd = next(r for r in raw["runs"] if r["method"] == "random")
+    assert rnd["segments"][0]["overrides"] == grid["segments"][0]["overrides"]
+    assert "grid's pick" in raw["report"]["start"]
