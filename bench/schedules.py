@@ -111,6 +111,7 @@ class Player:
         self.runner = backend.make_runner()
         self.n = 0
         self.gpu_hours = 0.0
+        self.failures: list[str] = []
 
     def play(self, overrides: dict[str, Any], from_step: int, to_step: int,
              parent_dir: str | None) -> tuple[float | None, str, float]:
@@ -132,7 +133,10 @@ class Player:
         while not self.runner.poll(handle).status.is_finished():
             pass
         records = self.runner.read_all_metrics(handle)
-        ok = self.runner.poll(handle).status.value == "completed"
+        end = self.runner.poll(handle)
+        ok = end.status.value == "completed"
+        if not ok:
+            self.failures.append(f"{end.status.value}: {(end.reason or '')[:160]}")
         score = learning_score(records) if ok else math.nan  # an OOM or failed segment leaves no checkpoint
         try:
             hours = float(json.loads((Path(trial_dir) / "sim_state.json").read_text())["gpu_hours"])
@@ -270,6 +274,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         backend = load_backend("sim", **opts)
         base = dict(backend.base_config())
         start = {**base, **(task.get("start") or {})}  # the same start for mart and random: defaults or grid's pick
+        res.extra["start"] = dict(task.get("start") or {})
         if task["method"] == "mart":
             run_mart(task, bud, workdir, res, base)
         else:
@@ -280,6 +285,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             finally:
                 player.close()
             res.segment_trials, res.gpu_hours = player.n, player.gpu_hours
+            res.extra["failures"] = player.failures
         if res.segments:
             sc = sim_scenario(task["scenario"], *where)
             res.noise_free = schedule_score_noise_free(res.segments, sc, bud.total_steps)

@@ -70,5 +70,7 @@ def test_start_grid_starts_the_schedules_from_the_grids_pick(tmp_path) -> None:
     raw = json.loads(next(tmp_path.glob("schedules-*/raw.json")).read_text())
     grid = next(r for r in raw["runs"] if r["method"] == "grid")
     rnd = next(r for r in raw["runs"] if r["method"] == "random")
-    assert rnd["segments"][0]["overrides"] == grid["segments"][0]["overrides"]
+    assert grid["segments"][0]["overrides"] and rnd["extra"]["start"] == grid["segments"][0]["overrides"]
+    if rnd["segments"]:  # a random schedule reached the horizon (its random segments may all OOM)
+        assert rnd["segments"][0]["overrides"] == grid["segments"][0]["overrides"]
     assert "grid's pick" in raw["report"]["start"]
