@@ -290,7 +290,8 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
         start: a learning state from ``LearningTrajectory.states`` (a checkpoint): the trajectory continues
             from it under ``config``'s knobs (a branch) instead of starting from the base model.
         horizon: the training length the learning-rate warm-up is a share of (verl's total training
-            steps); default: the checkpoint's, else ``steps``.
+            steps); default ``steps``, the trial's last global step, which is what the backends pass as
+            ``trainer.total_training_steps`` to a trial, resumed or not.
     """
     k = LearningKnobs.from_config(config, sc)
     lp = sc.learning
@@ -299,12 +300,11 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
     if start is None:
         st = _initial_state(kt, sc, int(horizon or steps), collapse_draw)
     else:  # a branch: the accumulated state carries over (and the parent's collapse, if any)
-        st = _upgrade_state(start, kt, sc, int(horizon or start.get("horizon") or steps))
+        st = _upgrade_state(start, kt, sc, int(horizon or steps))
         out.collapse_step, out.collapse_kind = st["collapse_step"], st["collapse_kind"]
         st["ent_pre"] = st["ent_pre"] * kt.ent_sampling / st["ent1"]  # sampling entropy follows T and top-p at once
         out.score0 = st["score"]
-        if horizon is not None:
-            st["horizon"] = int(horizon)
+        st["horizon"] = int(horizon or steps)  # a resumed trial rebuilds its lr schedule from its own total steps
     progress, pressure, log_growth = st["progress"], st["pressure"], st["log_growth"]
     ent_fast, ent_slow_log, gain_acc, len_acc = st["ent_fast"], st["ent_slow_log"], st["gain_acc"], st["len_acc"]
     exhausted_steps, exhausted_at, cum_hazard = st["exhausted_steps"], st["exhausted_at"], st["cum_hazard"]
