@@ -376,6 +376,10 @@ def render(report: dict[str, Any], methods: list[str]) -> str:
         if rep.get("static_optimum") is not None:
             lines.append(f"Defaults {rep['default']:.4f}; static optimum (noise-free best of the 864-config learning "
                          f"grid at {report['total_steps']} steps) {rep['static_optimum']:.4f}.")
+        if rep.get("oracle_schedule") is not None:
+            lines.append(f"Oracle schedule (noise-free beam search, each segment a config of that grid at 1x or 2x the "
+                         f"response limit): {rep['oracle_schedule']:.4f}; with the first segment at the defaults "
+                         f"(verl's defaults): {rep['oracle_schedule_from_defaults']:.4f}.")
         lines += ["", "| method | noise-free final score | gain vs grid (%) | segment-trials | GPU-h spent | "
                       "GPU-h of one run with the pick | errors |", "|---|---|---|---|---|---|---|"]
         for m in methods:
@@ -393,12 +397,61 @@ def render(report: dict[str, Any], methods: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def references(scenario: str, scenario_file: str | None, perturb: int | None, steps: int) -> dict[str, float]:
-    from bench.compare import sim_scenario
-    from mart.trial_runner.sim.model import ground_truth_learning
+def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None = None,
+                    beam: int = 2) -> tuple[float, list[tuple[int, int, dict[str, Any]]]]:
+    """A noise-free reference (not a method): a beam search over schedules whose segments each take a config
+    of the simulator's learning grid (``model.LEARNING_GRID``, at the scenario's response limit and at twice
+    it), a prefix ranked by its expected final score when its last config runs on to T. ``first``: the
+    first segment's config fixed (the start mart's schedule has), else free. Says how much a schedule can
+    gain over a static config on this simulator at all."""
+    import itertools
 
-    gt = ground_truth_learning(sim_scenario(scenario, scenario_file, perturb), steps)
-    return {"default": gt["baseline_score"], "static_optimum": gt["score"], "static_optimum_overrides": gt["overrides"]}
+    from mart.trial_runner.sim import model
+    from mart.trial_runner.sim.learning import schedule_score_noise_free
+
+    base = model.base_config(sc)
+    keys = list(model.LEARNING_GRID)
+    cands = []
+    for values in itertools.product(*model.LEARNING_GRID.values()):
+        over = dict(zip(keys, values))
+        if not over[A + "use_kl_loss"] and over[A + "kl_loss_coef"] != 0.001:
+            continue
+        for length in (sc.max_response_length, 2 * sc.max_response_length):
+            cands.append({**base, **over, "data.max_response_length": length})
+    ends = bud.boundaries()
+    beams: list[list[tuple[int, int, dict[str, Any]]]] = [[]]
+    for i, end in enumerate(ends):
+        a = 0 if i == 0 else ends[i - 1]
+        options = [first] if (i == 0 and first is not None) else cands
+        scored = []
+        for prefix in beams:
+            for cfg in options:
+                rest = [*prefix, (a, bud.total_steps, cfg)]
+                scored.append((schedule_score_noise_free(rest, sc, bud.total_steps, n_draws=8), [*prefix, (a, end, cfg)]))
+        scored.sort(key=lambda z: -z[0])
+        beams = [segs for _, segs in scored[:beam]]
+    best = beams[0]
+    return schedule_score_noise_free(best, sc, bud.total_steps), best
+
+
+def references(scenario: str, scenario_file: str | None, perturb: int | None, bud: ScheduleBudget,
+               oracle: bool = False) -> dict[str, Any]:
+    from bench.compare import sim_scenario
+    from mart.trial_runner.sim.model import base_config, ground_truth_learning
+
+    sc = sim_scenario(scenario, scenario_file, perturb)
+    gt = ground_truth_learning(sc, bud.total_steps)
+    out: dict[str, Any] = {"default": gt["baseline_score"], "static_optimum": gt["score"],
+                           "static_optimum_overrides": gt["overrides"]}
+    if oracle:
+        base = base_config(sc)
+        for name, first in (("oracle_schedule", None), ("oracle_schedule_from_defaults", base)):
+            score, segs = oracle_schedule(sc, bud, first)
+            out[name] = score
+            out[name + "_segments"] = [{"from_step": a, "to_step": b,
+                                        "overrides": {k: v for k, v in c.items() if base.get(k) != v}}
+                                       for a, b, c in segs]
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -415,6 +468,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=None, help="segment-trials for mart and random (default S x K)")
     p.add_argument("--start", choices=sorted(START_TEXT), default="defaults",
                    help="the config mart's and random's schedules start from (default: verl's defaults)")
+    p.add_argument("--oracle", action="store_true",
+                   help="also a noise-free beam search over schedules (a reference: how much a schedule can gain "
+                        "over a static config on this simulator; ~20 s per scenario)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the JSON verdict as the last line of stdout")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -473,7 +529,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for t in tasks:
             t["start"] = picks.get((t["scenario"], t["seed"]), {})
     run_all([t for t in tasks if t["method"] != "grid"])
-    refs = {sc: references(sc, path, args.perturb, bud.total_steps) for sc, path in files.items()}
+    refs = {sc: references(sc, path, args.perturb, bud, args.oracle) for sc, path in files.items()}
     report = build_report(runs, bud, refs, methods, args.start)
     report["wall_s"] = time.monotonic() - t0
     out = Path(args.out) / time.strftime("schedules-%Y%m%d-%H%M%S")

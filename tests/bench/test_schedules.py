@@ -74,3 +74,15 @@ def test_start_grid_starts_the_schedules_from_the_grids_pick(tmp_path) -> None:
     if rnd["segments"]:  # a random schedule reached the horizon (its random segments may all OOM)
         assert rnd["segments"][0]["overrides"] == grid["segments"][0]["overrides"]
     assert "grid's pick" in raw["report"]["start"]
+
+
+def test_the_oracle_schedule_is_at_least_the_static_optimum() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.schedules import ScheduleBudget, references
+    finally:
+        sys.path.remove(str(ROOT))
+    refs = references(SCENARIO, None, None, ScheduleBudget(total_steps=8, segments=2), oracle=True)
+    assert refs["oracle_schedule"] >= refs["static_optimum"] - 1e-9
+    assert refs["oracle_schedule_from_defaults"] >= refs["default"] - 1e-9
+    assert refs["oracle_schedule_from_defaults_segments"][0]["overrides"] == {}
