@@ -403,7 +403,10 @@ def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None =
     of the simulator's learning grid (``model.LEARNING_GRID``, at the scenario's response limit and at twice
     it), a prefix ranked by its expected final score when its last config runs on to T. ``first``: the
     first segment's config fixed (the start mart's schedule has), else free. Says how much a schedule can
-    gain over a static config on this simulator at all."""
+    gain over a static config on this simulator at all. Prefixes are ranked with the same estimator as the
+    final score (16 quantiles of the collapse draw): with fewer, a 3-6% collapse risk rounds to zero. With
+    the first segment free it is never below the static optimum: the static config is ranked first after
+    segment 1 and its unchanged continuation stays a candidate at every boundary."""
     import itertools
 
     from mart.trial_runner.sim import model
@@ -427,7 +430,7 @@ def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None =
         for prefix in beams:
             for cfg in options:
                 rest = [*prefix, (a, bud.total_steps, cfg)]
-                scored.append((schedule_score_noise_free(rest, sc, bud.total_steps, n_draws=8), [*prefix, (a, end, cfg)]))
+                scored.append((schedule_score_noise_free(rest, sc, bud.total_steps), [*prefix, (a, end, cfg)]))
         scored.sort(key=lambda z: -z[0])
         beams = [segs for _, segs in scored[:beam]]
     best = beams[0]
