@@ -231,7 +231,7 @@ def mart_schedule_available() -> str | None:
     return f"TuneOptions lacks {', '.join(missing)} (stage 3 is not in this build)" if missing else None
 
 
-def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: MethodRun, base: dict[str, Any]) -> None:
+def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: MethodRun, start: dict[str, Any]) -> None:
     """A ``--stages schedule`` session with the rules agents and auto-approval; the schedule from its summary."""
     from bench.compare import _sim_usage_index, backend_options
     from mart.graph.session import TuneOptions, tune
@@ -246,7 +246,8 @@ def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: Meth
     summary = tune(opts)
     sched = summary.get("schedule") or {}
     res.extra["summary_schedule"] = sched
-    res.segments = [(int(s["from_step"]), int(s["to_step"]), {**base, **(s.get("overrides") or {})})
+    # mart reports each segment's overrides against its stage's base: the backend's base with the start's
+    res.segments = [(int(s["from_step"]), int(s["to_step"]), {**start, **(s.get("overrides") or {})})
                     for s in sched.get("segments") or []]
     res.measured = sched.get("final_score")
     run_dir = Path(summary.get("run_dir") or Path(workdir) / summary["run_id"])
@@ -276,7 +277,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         start = {**base, **(task.get("start") or {})}  # the same start for mart and random: defaults or grid's pick
         res.extra["start"] = dict(task.get("start") or {})
         if task["method"] == "mart":
-            run_mart(task, bud, workdir, res, base)
+            run_mart(task, bud, workdir, res, start)
         else:
             player = Player(backend, workdir, task["seed"])
             try:
