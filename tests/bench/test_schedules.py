@@ -86,3 +86,23 @@ def test_the_oracle_schedule_is_at_least_the_static_optimum() -> None:
     assert refs["oracle_schedule"] >= refs["static_optimum"] - 1e-9
     assert refs["oracle_schedule_from_defaults"] >= refs["default"] - 1e-9
     assert refs["oracle_schedule_from_defaults_segments"][0]["overrides"] == {}
+
+
+def test_mart_from_the_grids_pick_is_scored_with_that_start(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import schedules
+
+        if schedules.mart_schedule_available():
+            pytest.skip("stage 3 is not in this build")
+        schedules.main(["--scenarios", SCENARIO, "--seeds", "1", "--methods", "grid,mart", "--steps", "6",
+                        "--segments", "2", "--branches", "2", "--start", "grid", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(str(ROOT))
+    raw = json.loads(next(tmp_path.glob("schedules-*/raw.json")).read_text())
+    grid = next(r for r in raw["runs"] if r["method"] == "grid")
+    mart = next(r for r in raw["runs"] if r["method"] == "mart")
+    assert not mart["error"], mart["error"]
+    pick = grid["segments"][0]["overrides"]
+    assert pick and mart["segments"] and all(mart["segments"][0]["overrides"].get(k) == v for k, v in pick.items())
+    assert 0 < mart["segment_trials"] <= 4 and mart["noise_free"] is not None
