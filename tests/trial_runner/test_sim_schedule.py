@@ -50,7 +50,7 @@ def assert_same(a, b, tol: float = 1e-9) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_static_configs_play_exactly_as_before_schedules(scenario: str) -> None:
     sc = load_scenario(scenario)
-    for cfg in random_configs(scenario, 40, seed=hash(scenario) % 1000):
+    for cfg in random_configs(scenario, 40, seed=SCENARIOS.index(scenario)):
         for steps, draw in ((30, math.inf), (60, 1.0), (150, 0.2)):
             assert_same(L.learning_trajectory(cfg, sc, steps, draw), V1.learning_trajectory(cfg, sc, steps, draw))
         assert L.final_score_noise_free(cfg, sc, 30) == pytest.approx(V1.final_score_noise_free(cfg, sc, 30), abs=1e-9)
