@@ -150,8 +150,9 @@ def schedule_facts(sc: Scenario, cfg: dict[str, Any], at: int = 60) -> list[Fact
     clip2 = L.clip_ratio(longer.resp_mean_untruncated[0], sc.resp_cv, 2 * sc.max_response_length)
     out.append(Fact(f"doubling the response limit at step {at} cuts the clip ratio (after / before)",
                     "8K -> 16K -> 24/32K stages", "rllm-org/rllm #44; Skywork-OR1", clip2 / clip[-1], 0.0, 0.5, "ratio"))
-    hot = cont({R + "temperature": 1.2}, at + 1)
-    out.append(Fact(f"temperature 1.0 -> 1.2 at step {at} restores sampling entropy (after / before)",
+    t0 = float(cfg.get(R + "temperature", 1.0) or 1.0)
+    hot = cont({R + "temperature": 1.2 * t0}, at + 1)
+    out.append(Fact(f"temperature x1.2 at step {at} (1.0 -> 1.2) restores sampling entropy (after / before)",
                     "raise T as diversity falls", "POLARIS", hot.entropy[0] / past.entropy[-1], 1.1, 1.5, "ratio"))
     bonus = cont({A + "entropy_coeff": 0.005}, at + 30)
     out.append(Fact(f"an entropy bonus 5e-3 from step {at} raises entropy (30 steps later / before)",
