@@ -179,8 +179,13 @@ def _print_summary(summary: dict) -> None:
     def config(overrides) -> str:  # key=value lines in the names a reviewer edits, never a dict repr
         if not overrides:
             return "baseline"
+        from mart.state.agents import group_by_agent
+
         short = lambda k: k.rsplit(".", 1)[-1]  # noqa: E731
-        return "\n".join(f"{short(k)}={v}" for k, v in sorted(overrides.items()))
+        shared, per_agent = group_by_agent(overrides)  # a multi-agent job's knobs: one line per agent
+        return "\n".join([f"{short(k)}={v}" for k, v in sorted(shared.items())]
+                         + [f"agent {a}: " + ", ".join(f"{short(k)}={v}" for k, v in sorted(knobs.items()))
+                            for a, knobs in per_agent.items()])
 
     table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"), fmt(sys_["best_throughput"], ",.0f"),
                   fmt(sys_["throughput_gain_pct"], "+.1f") + "%", config(sys_["best_config"]))
@@ -212,10 +217,11 @@ def _console():
 
 
 def _finish(summary: dict, as_json: bool) -> None:
-    from mart.graph.session import SUMMARY_KEYS
+    from mart.graph.session import OPTIONAL_SUMMARY_KEYS, SUMMARY_KEYS
 
     if as_json:
-        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in SUMMARY_KEYS})
+        keys = [*SUMMARY_KEYS, *(k for k in OPTIONAL_SUMMARY_KEYS if summary.get(k) is not None)]
+        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in keys})
     else:
         _print_summary(summary)
 
@@ -232,7 +238,7 @@ TUNE_FLAG_ALIASES = {
 
 
 @app.command()
-@model_options(TuneOptions, exclude=["backend_options"], aliases=TUNE_FLAG_ALIASES, into="fields")
+@model_options(TuneOptions, exclude=["backend_options", "start_overrides"], aliases=TUNE_FLAG_ALIASES, into="fields")
 def tune(
     # command-line-only flags; every TuneOptions field is added as a flag by @model_options
     detach: bool = typer.Option(False, "--detach", help="Exit at the first review (same as --approve none)."),
@@ -252,10 +258,13 @@ def tune(
     backend_option: list[str] = typer.Option(
         [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
     ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="KEY=VALUE change to the base config every stage starts from (verl key names); repeatable."),
     as_json: bool = JSON,
     fields: Optional[dict] = None,  # the TuneOptions fields, filled in by @model_options
 ) -> None:
-    """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
+    """Run a tuning session: system knobs for throughput, then learning knobs for score (the default stages),
+    then, with --stages ...,schedule, a schedule of learning knobs per training segment."""
     from pydantic import ValidationError
 
     from mart.graph.session import tune as run_tune
@@ -271,8 +280,15 @@ def tune(
                        **_backend_options(backend_option)}
     if detach:
         fields["approve"] = "none"
+    from mart.state.config_values import parse_assignments
+
     try:
-        options = TuneOptions(backend_options={k: v for k, v in backend_options.items() if v is not None}, **fields)
+        start_overrides = parse_assignments(set_)
+    except ValueError as e:
+        _fail(f"--set: {e}")
+    try:
+        options = TuneOptions(backend_options={k: v for k, v in backend_options.items() if v is not None},
+                              start_overrides=start_overrides, **fields)
     except ValidationError as e:
         flags = flag_names(TuneOptions, TUNE_FLAG_ALIASES)
         _fail("; ".join(f"{flags.get(str(err['loc'][0]), err['loc'][0]) if err['loc'] else 'options'}: {err['msg']}"
@@ -453,7 +469,9 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
         table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
                       i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
                       f"#{req['review_no']} {req['candidate_id']} ({len(req.get('diff') or [])} changes)" if req else "-",
-                      f"mart review {i['run_id']}" if req else "")
+                      f"mart review {i['run_id']}" if req else
+                      f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
+                      else "")
     _console().print(table)
 
 
@@ -489,7 +507,7 @@ def status(
     typer.echo(f"run {info['run_id']}: {info['status']}"
                + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
                + (f", stage {info['stage']}" if info["stage"] else "")
-               + f", trials done {info['trials_done']}")
+               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none"))
     if info["running_trial"]:
         t = info["running_trial"]
         typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}): {t['steps_done']}/{t['horizon']} steps")
@@ -533,6 +551,9 @@ def knobs(
     backend: str = typer.Option("local", "--backend", help="local, verl, sim, or package.module:factory."),
     stage: Optional[str] = typer.Option(None, "--stage", help="system or learning (default: both)."),
     as_json: bool = JSON,
+    backend_option: list[str] = typer.Option(
+        [], "--backend-option", help="KEY=VALUE passed to the backend's factory (e.g. workflow=debate); repeatable."
+    ),
 ) -> None:
     """The knob catalogue a reviewer edits: key, short name, type and range, default, phase, why it matters.
 
@@ -546,18 +567,28 @@ def knobs(
     if stage not in (None, "system", "learning"):
         _fail(f"--stage must be system or learning, got {stage!r}")
     try:
-        space = load_backend(backend).search_space()
+        space = load_backend(backend, **_backend_options(backend_option)).search_space()
     except (ValueError, TypeError) as e:
         _fail(str(e))
+    from mart.state.agents import knob_agent
+
     params = [p for p in space.params if stage is None or p.stage == stage]
+    # a multi-agent job's knobs: the shared ones first, then each agent's (agents.<i>.*) together
+    params.sort(key=lambda p: -1 if knob_agent(p.key) is None else knob_agent(p.key))
     if as_json:
-        _print_json([{**p.to_dict(), "short": space.edit_name(p.key), "phase": p.phase} for p in params])
+        _print_json([{**p.to_dict(), "short": space.edit_name(p.key), "phase": p.phase, "agent": knob_agent(p.key)}
+                     for p in params])
         return
+    per_agent = any(knob_agent(p.key) is not None for p in params)
     table = Table(title=f"{space.backend} knobs" + (f" ({stage} stage)" if stage else ""), show_lines=False)
-    for col in ("key", "short", "stage", "range", "default", "phase", "why"):
+    for col in ("agent",) * per_agent + ("key", "short", "stage", "range", "default", "phase", "why"):
         table.add_column(col, overflow="fold")
-    for p in params:
-        table.add_row(p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
+    for i, p in enumerate(params):
+        agent = knob_agent(p.key)
+        if per_agent and i and agent != knob_agent(params[i - 1].key):
+            table.add_section()
+        first = ("shared" if agent is None else str(agent),) * per_agent
+        table.add_row(*first, p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
                       p.description)
     _console().print(table, markup=False)
 

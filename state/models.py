@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-Stage = Literal["system", "learning"]
+Stage = Literal["system", "learning", "schedule"]
+#: the stages in the order a session runs them (`TuneOptions.stages` keeps this order)
+STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
 
 
 class TrialStatus(str, enum.Enum):
@@ -109,6 +111,13 @@ class HealthEvent(BaseModel):
     severity: Literal["warn", "stop"]
     message: str
     value: float | None = None
+    agent: int | None = Field(None, description="the agent of a multi-agent job whose stream raised it (None: the team "
+                                                "or a single-agent job)")
+
+    @property
+    def scoped_rule(self) -> str:
+        """``agent1/entropy_collapse`` for an agent's event, the rule name otherwise (unique per trial and step)."""
+        return self.rule if self.agent is None else f"agent{self.agent}/{self.rule}"
 
 
 class TrialRecord(BaseModel):
@@ -136,7 +145,7 @@ class TrialRecord(BaseModel):
     confirms: str | None = Field(None, description="kind confirm: the trial whose config it re-evaluates")
 
     def objective(self, stage: Stage) -> float | None:
-        return self.throughput if stage == "system" else self.score
+        return self.throughput if stage == "system" else self.score  # learning, schedule: validation score
 
 
 STATE_TYPES = [TrialStatus, PhaseProfile, Profile, Candidate, Critique, ReviewDecision, HealthEvent, TrialRecord]

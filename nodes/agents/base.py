@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, Field
 
 from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord
 from mart.state.search_space import SearchSpace
+
+if TYPE_CHECKING:
+    from mart.nodes.agents.schedule import Diagnosis
 
 
 @dataclass
@@ -50,6 +53,10 @@ class AgentContext:
     backend cannot describe its job."""
     predictions: list[dict[str, Any]] = field(default_factory=list)
     """Predicted vs measured throughput and peak of this stage's trials so far (the model's track record)."""
+    diagnosis: Diagnosis | None = None
+    """Stage ``schedule``: the trajectory so far at the checkpoint the next segment starts from."""
+    segment: tuple[int, int] | None = None
+    """Stage ``schedule``: (from_step, to_step) of the segment being proposed."""
 
     def predict(self, config: dict[str, Any]) -> Any:
         """The job model's prediction for a full config (throughput, per-phase time and memory, peak,
@@ -65,6 +72,10 @@ class AgentContext:
         """Config hashes of every trial run so far in this stage, and of rejected candidates."""
         from mart.state.models import config_hash
 
+        if self.stage == "schedule":  # siblings from the same checkpoint only (mart.nodes.agents.schedule)
+            from mart.nodes.agents.schedule import tried_keys
+
+            return tried_keys(self)
         keys = {config_hash(t.config) for t in self.history if t.stage == self.stage}
         return keys | {config_hash(self.full_config(o)) for o in self.rejected}
 

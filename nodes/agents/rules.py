@@ -1,4 +1,5 @@
-"""The rules strategy (offline default): model-driven search in stage 1, informed moves in stage 2.
+"""The rules strategy (offline default): model-driven search in stage 1, informed moves in stage 2,
+diagnosis-driven transitions in stage 3 (``mart.nodes.agents.schedule``).
 
 Proposer, stage 1 with a job model (every shipped backend describes its job): the calibrated per-phase
 model (``job_model``) searches the whole catalogue (``model_search``) and proposes the predicted-best
@@ -7,20 +8,24 @@ incumbent. Without a model (a plugin backend that cannot describe its job), and 
 current best, one-knob moves (x2 / /2, +-step, flip), scored by the phase the knob speeds up, the known
 direction, memory headroom, momentum, health signals (stage 2) and reviewer feedback.
 Critic: validation, constraints, duplicates, the model's peak against the margin; ranks the rest by
-predicted gain discounted by the chance of crossing the limit. In stage 2 a candidate is never rejected for
-memory it does not change (the system config is fixed there).
+predicted gain discounted by the chance of crossing the limit. In stages 2 and 3 a candidate is never rejected
+for memory it does not change (the system config is fixed there). In stage 3 the critic also refuses a repeat of
+another transition of the round, and ranks by the severity of the finding a transition answers.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
+import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
 from mart.nodes.agents.model_search import Scored, search
+from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
 
@@ -73,6 +78,8 @@ class RulesProposer(Proposer):
     name = "rules"
 
     def propose(self, ctx: AgentContext) -> list[Candidate]:
+        if ctx.stage == "schedule":  # stage 3: transitions answering the diagnosis at the checkpoint
+            return transition_candidates(ctx)
         if ctx.stage == "system" and ctx.job_model is not None and ctx.memory_limit_gb:
             found = model_candidates(ctx, source=self.name)
             if found:
@@ -215,12 +222,117 @@ class RulesProposer(Proposer):
         elif "kl" in key:
             score = 0.6 if unstable and direction == "up" else 0.2 if direction == "down" else 0.1
             why = "a KL penalty keeps the policy near the reference" if direction == "up" else "less KL regularisation lets the policy move"
+        score, why = multi_agent_move(ctx, key, direction, score, why)
         m = self._momentum(ctx, key, direction)
         score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
         why = f"{key}: {old!r} -> {new!r}. {why}."
         if m > 0:
             why += " Moving it this way already paid off."
         return max(score, 0.0), why
+
+
+# -- multi-agent jobs ----------------------------------------------------------------------------------
+# A finding about one agent (its own stream collapsed or blew up, it copies the others, it takes all the
+# reward) moves *that agent's* knobs (``agents.<i>.<rest>``) first and leaves the healthy agents' alone;
+# reward concentration re-shapes the team's reward (MARTI's shaping alpha/mode/scope); debate rounds that
+# change no answer suggest fewer rounds. Knobs shared by all agents keep the single-agent scores above. A
+# remedy scores above the single-agent priors (0.8 at most without a finding): a finding outranks a prior.
+
+_UNSTABLE = frozenset({"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"})
+_PATHOLOGIES = frozenset({"agent_copying", "reward_concentration", "stale_debate_rounds"})
+
+
+@dataclass
+class AgentFindings:
+    """The learning stage's health findings of a multi-agent job, by agent."""
+
+    health: dict[int, set[str]] = field(default_factory=dict)
+    """Single-agent rules each agent's own stream raised (entropy_collapse, kl_blowup, ...)."""
+    copying: set[int] = field(default_factory=set)
+    concentrated: set[int] = field(default_factory=set)
+    """Agents that took nearly all of the team's reward."""
+    stale_rounds: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.health or self.copying or self.concentrated or self.stale_rounds)
+
+
+def agent_findings(ctx: AgentContext) -> AgentFindings:
+    """What the health monitor found about each agent in this stage's trials."""
+    trials = {t.trial_id for t in ctx.history if t.stage == ctx.stage}
+    f = AgentFindings()
+    for e in ctx.health_events:
+        if e.trial_id not in trials:
+            continue
+        if e.rule == "stale_debate_rounds":
+            f.stale_rounds = True
+        elif e.agent is None:
+            continue
+        elif e.rule == "agent_copying":
+            f.copying.add(e.agent)
+        elif e.rule == "reward_concentration":
+            f.concentrated.add(e.agent)
+        elif e.rule not in _PATHOLOGIES:
+            f.health.setdefault(e.agent, set()).add(e.rule)
+    return f
+
+
+def _agent_remedy(rest: str, direction: str, rules: set[str], copying: bool) -> tuple[float, str] | None:
+    """The score of moving one of a sick agent's own knobs (``rest`` = the key after ``agents.<i>.``)."""
+    if rules & _UNSTABLE:
+        if rest.endswith("optim.lr"):
+            return (1.2, "lower its learning rate") if direction == "down" else (0.02, "a larger step would worsen it")
+        if "kl" in rest:
+            return (0.9, "raise its KL penalty to hold it near the reference") if direction == "up" else (
+                0.05, "less KL would let it drift further")
+    if "entropy_collapse" in rules or copying:
+        if rest.endswith("entropy_coeff") and direction == "up":
+            return 0.9, "an entropy bonus keeps it exploring"
+        if rest.endswith("rollout.temperature") and direction == "up":
+            return 0.75, "a higher sampling temperature gives it answers of its own"
+        if rest.endswith("clip_ratio_high") and direction == "up":
+            return 0.6, "clip-higher (DAPO) lets its low-probability tokens grow"
+        if rest.endswith("optim.lr") and direction == "down" and "entropy_collapse" in rules:
+            return 0.8, "a smaller step collapses more slowly"
+    return None
+
+
+def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, why: str) -> tuple[float, str]:
+    """Re-score a stage-2 move with the multi-agent findings (unchanged for a single-agent job)."""
+    f = agent_findings(ctx)
+    if not f:
+        return score, why
+    agent, rest = names.split_knob(key)
+    if agent is not None:
+        own = f.health.get(agent, set())
+        copying = agent in f.copying
+        if own or copying:
+            remedy = _agent_remedy(rest, direction, own, copying)
+            if remedy is not None:
+                shown = sorted(own | ({"agent_copying"} if copying else set()))
+                return remedy[0], f"agent {agent} showed {', '.join(shown)} while this stage ran: {remedy[1]}"
+            return score, why
+        sick = sorted(set(f.health) | f.copying)
+        if sick:  # the finding is about another agent: this one is healthy, leave its knobs for later
+            who = ", ".join(map(str, sick))
+            return score * 0.3, f"{why} (agent {agent} is healthy; the findings are about agent(s) {who})"
+        return score, why
+    if f.concentrated and key in names.SHAPING_KNOBS:
+        # MARTI's R~ = R + alpha * Delta, Delta against the agent's own history Q: which way a change evens
+        # the shares depends on the agents' histories, so the re-shaping moves are trials, not a known direction
+        who = f"the reward concentrated on agent(s) {', '.join(map(str, sorted(f.concentrated)))}"
+        if key == names.SHAPING_MODE:
+            return 0.9, f"{who}: re-shape it with another shaping mode (none / margin / quality)"
+        if key == names.SHAPING_ALPHA:
+            return (0.87 if direction == "up" else 0.84), (
+                f"{who}: re-shape it, a {'larger' if direction == 'up' else 'smaller'} alpha changes how much of "
+                "each agent's reward comes from beating its own history")
+        return 0.5, f"{who}: another history scope changes each agent's reference Q"
+    if f.stale_rounds and key == names.NUM_ROUNDS:
+        if direction == "down":
+            return 0.85, "debate rounds changed no answer: fewer rounds cost less generation for the same answers"
+        return 0.05, "more rounds would change nothing either"
+    return score, why
 
 
 def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None) -> list[Candidate]:
@@ -284,18 +396,25 @@ class RulesCritic(Critic):
         critiques = []
         limit = ctx.memory_limit_gb
         inc_pred = ctx.predict(ctx.full_config(ctx.best_overrides))
-        stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage == "learning" else None
+        # stages 2 and 3 fix the system config: only memory a candidate adds can be held against it
+        stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage != "system" else None
+        siblings: set[str] = set()
         for cand in candidates:
             reasons: list[str] = []
             try:
-                ctx.search_space.validate_overrides(cand.overrides, stage=ctx.stage)
+                ctx.search_space.validate_overrides(cand.overrides, stage=knob_stage(ctx.stage))
             except ConfigError as e:
                 reasons.append(str(e))
             full = ctx.full_config(cand.overrides)
             if not reasons:  # the backend's check (verl's validate_config) only on well-typed overrides
                 reasons += ctx.config_errors(cand.overrides)
             if config_hash(full) in tried:
-                reasons.append("duplicate of a config already tried in this stage")
+                reasons.append("duplicate of a config already tried from this checkpoint" if ctx.stage == "schedule"
+                               else "duplicate of a config already tried in this stage")
+            elif ctx.stage == "schedule" and config_hash(full) in siblings:
+                reasons.append("duplicate of another transition in this round")
+            if ctx.stage == "schedule":
+                siblings.add(config_hash(full))
             pred = ctx.predict_memory(full)
             model_pred = ctx.predict(full) if not reasons else None
             risk = "medium" if pred is None and ctx.stage == "system" else "low"
@@ -314,9 +433,13 @@ class RulesCritic(Critic):
                 elif pred > 0.75 * limit and changes_memory:
                     risk = "medium"
             accepted = not reasons
+            answers = None
             if model_pred is not None and inc_pred is not None and ctx.stage == "system":
                 gain = model_pred.throughput / max(inc_pred.throughput, 1e-9) - 1
                 score = max(1e-4, (1 + gain) * (1 - 1.5 * p_over)) if accepted else 0.0
+            elif ctx.stage == "schedule":  # rank by the severity of the finding the transition answers
+                gain, answers = transition_score(ctx, cand.overrides)
+                score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
             else:
                 gain = cand.expected_gain if cand.expected_gain is not None else 0.1
                 score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
@@ -326,10 +449,23 @@ class RulesCritic(Critic):
                     txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
                             f"P(over the limit) {p_over:.0%}")
                 reasons.append(f"passes constraints; predicted peak {txt}; risk {risk}")
+                if answers:
+                    reasons.append(f"answers: {answers}")
             critiques.append(Critique(candidate_id=cand.candidate_id, accepted=accepted, reasons=reasons,
                                       predicted_memory_gb=pred, risk=risk, score=round(score, 4)))
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
         if ranked:
             return CriticVerdict(critiques=critiques, pick=ranked[0].candidate_id)
-        why = "; ".join(f"{c.candidate_id}: {c.reasons[0]}" for c in critiques if c.reasons) or "no candidates"
-        return CriticVerdict(critiques=critiques, pick=None, feedback=f"critic rejected every candidate ({why})")
+        return CriticVerdict(critiques=critiques, pick=None, feedback=rejection_summary(critiques))
+
+
+def rejection_summary(critiques: list[Critique]) -> str:
+    """"rejected every candidate: REASON (c0, c2); REASON2 (c1)": each reason once, with the candidates it
+    applies to (the node prefixes "critic"; three equal reasons read as one)."""
+    by_reason: dict[str, list[str]] = {}
+    for c in critiques:
+        if c.reasons:
+            by_reason.setdefault(c.reasons[0], []).append(c.candidate_id)
+    if not by_reason:
+        return "rejected every candidate (no candidates)"
+    return "rejected every candidate: " + "; ".join(f"{r} ({', '.join(ids)})" for r, ids in by_reason.items())

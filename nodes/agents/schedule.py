@@ -1,0 +1,748 @@
+"""Stage 3 (``schedule``) on the agents' side: the diagnosis of a trajectory at a checkpoint, and transitions.
+
+Training is cut into segments; at a segment boundary (a checkpoint) the proposer reads ``diagnose()`` of the
+trajectory so far and proposes K *transitions*: coordinated changes of the learning knobs for the next segment,
+relative to the parent branch's config (``ctx.base_config``). The rules behind them, each with its public source,
+are listed in docs/agents.md ("Stage 3: schedules"):
+
+- LLMZero (arXiv 2606.18388): capacity knobs (rollout n, response length, batch) accumulate across segments;
+  regularisation knobs (KL, entropy coefficient, clip ratios, temperature) oscillate with the dynamics.
+- Entropy collapse: clip-higher (DAPO, arXiv 2503.14476), an entropy bonus steered toward a target entropy
+  (Skywork-OR1's adaptive entropy control, arXiv 2505.22312), a higher sampling temperature (POLARIS).
+- Entropy runaway: the same controls turned back (Skywork-OR1's controller lowers the coefficient above target).
+- Policy drift (KL, grad norm or clip fraction rising): a KL-to-reference loss and a smaller step.
+- Responses truncated at the length limit: a larger budget, in stages (Skywork-OR1 8k -> 16k -> 32k; DeepScaleR
+  8k -> 16k -> 24k).
+
+``diagnose`` is pure; ``transition_candidates`` only reads the context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from mart.state.metrics import StepRecord
+from mart.state.models import Candidate, config_hash
+
+if TYPE_CHECKING:
+    from mart.nodes.agents.base import AgentContext
+    from mart.nodes.agents.feedback import FeedbackRules
+    from mart.state.search_space import ParamSpec
+
+# verl metric names (as the local and sim backends emit them)
+ENTROPY = "actor/entropy"
+KL_KEYS = ("actor/kl_loss", "actor/ppo_kl")
+CLIPFRAC = "actor/pg_clipfrac"
+GRAD_NORM = "actor/grad_norm"
+RESP_LEN = "response_length/mean"
+RESP_CLIP = "response_length/clip_ratio"
+REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
+VAL_PREFIX = "val-core/"
+
+# thresholds of the findings (a direction plus a rough size; the sources are in docs/agents.md)
+COLLAPSE_RATIO = 0.4
+"""Entropy below 40% of its first value: Cui et al. (arXiv 2505.22617) report a ~73% fall early in training,
+the pattern clip-higher and entropy control are meant to stop."""
+EXPLOSION_RATIO = 1.5
+"""Entropy 50% above its first value and rising: the runaway DAPO-style clip-higher can cause over long runs."""
+CLIP_RATIO_WARN = 0.05
+"""Share of responses cut at the length limit worth a larger budget (DeepScaleR's 8k stage grew 4.2% -> 6.5%
+before its 16k stage)."""
+FLAT_SLOPE = 0.002
+"""Relative change per step under which a reward or validation curve counts as flat."""
+UNSTABLE_EVENTS = {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan", "loss_spike"}
+COLLAPSE_BLOCKS = ("collapse",)
+CAPACITY_KNOBS = ("rollout.n", "max_response_length", "train_batch_size")
+"""LLMZero's capacity knobs: they accumulate across segments (never shrunk by the rules; the critic halves the
+score of a transition that shrinks one, except to rescue a collapsing run)."""
+"""Pathologies under which adding capacity or exploration is no answer: the run must be stabilised first."""
+
+
+class Diagnosis(BaseModel):
+    """The trajectory so far at a checkpoint (None where the metric is absent)."""
+
+    step: int | None = Field(None, description="global step of the checkpoint")
+    entropy: float | None = Field(None, description="actor/entropy at the checkpoint (mean of the last steps)")
+    entropy_start: float | None = Field(None, description="actor/entropy at the first step")
+    entropy_ratio: float | None = Field(None, description="entropy now / at the first step")
+    entropy_slope: float | None = Field(None, description="relative change per step over the last window")
+    kl: float | None = Field(None, description="actor/kl_loss (or actor/ppo_kl without a KL loss)")
+    kl_slope: float | None = None
+    pg_clipfrac: float | None = None
+    grad_norm: float | None = None
+    grad_norm_slope: float | None = None
+    response_length: float | None = None
+    response_length_slope: float | None = None
+    response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
+    reward: float | None = None
+    reward_slope: float | None = None
+    reward_best: float | None = Field(None, description="best level of the reward over the trajectory")
+    val_score: float | None = None
+    val_best: float | None = None
+    val_slope: float | None = None
+    health_events: list[str] = Field(default_factory=list)
+    findings: list[str] = Field(default_factory=list, description="short phrases, most severe first")
+    severity: dict[str, float] = Field(default_factory=dict,
+                                       description="pathology -> severity in 0..1 (entropy_collapse, entropy_explosion, "
+                                                   "length_clipping, policy_drift, instability, plateau, val_decline)")
+
+    def worst(self) -> str | None:
+        """The most severe pathology, or None on a healthy trajectory."""
+        return max(self.severity, key=self.severity.get) if self.severity else None  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+def _series(records: Sequence[StepRecord], keys: Sequence[str] | str) -> list[tuple[int, float]]:
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    for key in keys:  # the first key the stream has wins (kl_loss before ppo_kl)
+        pts = [(r.step, r.data[key]) for r in records if key in r.data and math.isfinite(r.data[key])]
+        if pts:
+            return pts
+    return []
+
+
+def _val_series(records: Sequence[StepRecord]) -> list[tuple[int, float]]:
+    key = next((k for r in records for k in sorted(r.data) if k.startswith(VAL_PREFIX)
+                and math.isfinite(r.data[k])), None)
+    return _series(records, key) if key else []
+
+
+def _mean(pts: Sequence[tuple[int, float]]) -> float:
+    return sum(v for _, v in pts) / len(pts)
+
+
+def _rel_slope(pts: Sequence[tuple[int, float]]) -> float | None:
+    """Least-squares slope per step divided by the mean magnitude (relative change per step)."""
+    if len(pts) < 2:
+        return None
+    xs = [float(s) for s, _ in pts]
+    ys = [v for _, v in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    scale = sum(abs(y) for y in ys) / len(ys)
+    return slope / scale if scale > 1e-12 else 0.0
+
+
+def _tail(pts: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    if not pts:
+        return []
+    last = pts[-1][0]
+    return [p for p in pts if p[0] > last - window] or pts[-1:]
+
+
+def _r(v: float | None, n: int = 4) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(f"{v:.{n}g}")
+
+
+def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), window: int | None = None) -> Diagnosis:
+    """The diagnosis of a trajectory (verl step records, in any order) at its last step.
+
+    ``window``: steps of the last segment that slopes and current levels are measured over (default: the last
+    third of the trajectory, at least 3 steps). ``health_events``: the health monitor's rule names or messages.
+    """
+    recs = sorted(records, key=lambda r: r.step)
+    events = [str(e) for e in health_events]
+    if not recs:
+        return Diagnosis(health_events=events)
+    span = recs[-1].step - recs[0].step + 1
+    w = window if window and window > 0 else max(3, span // 3)
+    # levels "now" over a short tail (noise), slopes over the window
+    now_w = max(1, min(w, 3))
+
+    def level(pts: list[tuple[int, float]]) -> float | None:
+        return _mean(_tail(pts, now_w)) if pts else None
+
+    def slope(pts: list[tuple[int, float]]) -> float | None:
+        return _rel_slope(_tail(pts, w))
+
+    ent, kl, clipf = _series(recs, ENTROPY), _series(recs, KL_KEYS), _series(recs, CLIPFRAC)
+    gn, rl, rc = _series(recs, GRAD_NORM), _series(recs, RESP_LEN), _series(recs, RESP_CLIP)
+    rew, val = _series(recs, REWARD_KEYS), _val_series(recs)
+    d = Diagnosis(step=recs[-1].step, health_events=events)
+    if ent:
+        d.entropy_start = _r(ent[0][1])
+        d.entropy = _r(level(ent))
+        d.entropy_slope = _r(slope(ent), 3)
+        if ent[0][1] > 1e-9 and d.entropy is not None:
+            d.entropy_ratio = _r(d.entropy / ent[0][1], 3)
+    d.kl, d.kl_slope = _r(level(kl)), _r(slope(kl), 3)
+    d.pg_clipfrac = _r(level(clipf))
+    d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
+    d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
+    d.response_clip_ratio = _r(level(rc))
+    d.reward, d.reward_slope = _r(level(rew)), _r(slope(rew), 3)
+    if rew:  # the best smoothed level (a 3-step mean), so one lucky step is not the reference
+        d.reward_best = _r(max(_mean(rew[max(0, i - now_w + 1): i + 1]) for i in range(len(rew))))
+    if val:
+        d.val_score = _r(val[-1][1])
+        d.val_best = _r(max(v for _, v in val))
+        if len(val) >= 3:  # a slope through two noisy points says nothing
+            d.val_slope = _r(_rel_slope(_tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
+    _find(d)
+    return d
+
+
+def _find(d: Diagnosis) -> None:
+    """Fill ``findings`` and ``severity`` from the measured levels and slopes."""
+    found: list[tuple[float, str, str]] = []  # (severity, pathology, phrase)
+
+    def add(name: str, sev: float, phrase: str) -> None:
+        sev = max(0.0, min(1.0, sev))
+        if sev > d.severity.get(name, 0.0):
+            d.severity[name] = round(sev, 3)
+        found.append((sev, name, phrase))
+
+    falling = d.entropy_slope is not None and d.entropy_slope < -FLAT_SLOPE
+    rising = d.entropy_slope is not None and d.entropy_slope > FLAT_SLOPE
+    if d.entropy_ratio is not None and d.step is not None:
+        fell = 1 - d.entropy_ratio
+        if d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling):
+            sev = 0.45 + 0.5 * fell + (0.15 if falling else 0.0)
+            add("entropy_collapse", sev, f"entropy fell {fell:.0%} since the first step"
+                + (" and is still falling" if falling else ""))
+        elif d.entropy_ratio > EXPLOSION_RATIO and rising:
+            add("entropy_explosion", 0.4 + 0.3 * min(d.entropy_ratio - 1, 1.5),
+                f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
+    if d.response_clip_ratio is not None and d.response_clip_ratio >= CLIP_RATIO_WARN:
+        growing = (d.response_length_slope or 0) > FLAT_SLOPE
+        add("length_clipping", min(0.9, 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0)),
+            f"{d.response_clip_ratio:.0%} of responses hit the length limit"
+            + (" and responses are still growing" if growing else ""))
+    drift = []
+    if d.kl_slope is not None and d.kl_slope > 0.02 and (d.kl or 0) > 1e-3:
+        drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step")
+    if d.grad_norm_slope is not None and d.grad_norm_slope > 0.02:
+        drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
+    if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
+        drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
+    # KL and grad norm grow while a policy learns (KL starts at 0): they count as drift only when the reward
+    # does not rise with them; a large clipped share is drift on its own
+    gaining = d.reward_slope is not None and d.reward_slope > FLAT_SLOPE
+    heavy_clip = d.pg_clipfrac is not None and d.pg_clipfrac > 0.2
+    if drift and (heavy_clip or not gaining):
+        add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift)
+            + ("" if gaining else " without a reward gain"))
+    # a collapse: the reward falling fast well below its best, or validation far below its best
+    rew_fall = (d.reward is not None and d.reward_best and d.reward < 0.7 * d.reward_best
+                and (d.reward_slope or 0) < -0.01)
+    val_fall = (d.val_score is not None and d.val_best and d.val_score < 0.7 * d.val_best)
+    if rew_fall or val_fall or any("reward_collapse" in e for e in d.health_events):
+        what = (f"the reward fell from {d.reward_best:.3g} to {d.reward:.3g}" if rew_fall
+                else f"validation fell from {d.val_best:.3g} to {d.val_score:.3g}" if val_fall
+                else "the health monitor saw a reward collapse")
+        add("collapse", 1.0, f"training collapses: {what}")
+    bad = sorted({e for e in d.health_events for rule in UNSTABLE_EVENTS if rule in e})
+    if bad:
+        add("instability", 0.9, "health events: " + ", ".join(bad))
+    if d.val_score is not None and d.val_best is not None and d.val_best > 0 \
+            and d.val_score < d.val_best * 0.95 and (d.val_slope or 0) < 0:
+        add("val_decline", 0.5 + min(0.4, (d.val_best - d.val_score) / d.val_best),
+            f"validation fell from its best {d.val_best:.3g} to {d.val_score:.3g}")
+    flat_val = d.val_slope is not None and abs(d.val_slope) < FLAT_SLOPE
+    flat_rew = d.reward_slope is not None and abs(d.reward_slope) < FLAT_SLOPE
+    if (flat_val or (d.val_slope is None and flat_rew)) and "val_decline" not in d.severity:
+        add("plateau", 0.3, "validation has stopped improving" if flat_val else "reward has stopped improving")
+    found.sort(key=lambda t: -t[0])
+    d.findings = [phrase for _, _, phrase in found]
+    if not d.findings:
+        d.findings = ["no pathology: entropy, KL, lengths and scores look healthy"]
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+def knob_stage(stage: str) -> str:
+    """The search-space stage whose knobs a tuning stage moves: ``schedule`` moves the learning knobs."""
+    return "learning" if stage == "schedule" else stage
+
+
+# Skywork-OR1's adaptive entropy control (or1_scripts/train/7b_8k.sh): target entropy 0.2, coefficient stepped by
+# 1e-4 per step between 0 and 0.005. mart applies it per segment: the coefficient moves by the step x the
+# segment's length, within the same cap.
+ENT_COEF_STEP = 1e-4
+ENT_COEF_MAX = 0.005
+DEFAULT_SEGMENT = 10
+"""Segment length assumed when the context does not say (steps)."""
+
+
+@dataclass
+class Move:
+    """One knob's change inside a transition."""
+
+    suffix: str
+    how: str
+    """``x2``, ``/2``, ``+0.1``, ``atleast:0.28``, ``atmost:0.2``, ``on``, ``off``, ``ent+``/``ent-`` (Skywork-OR1's
+    entropy controller over one segment), ``temp+`` (POLARIS: +0.05 after a slight entropy fall, +0.1 after a
+    large one)."""
+
+
+@dataclass
+class Rule:
+    """A transition template: the findings it answers, coordinated knob moves, the public source."""
+
+    name: str
+    answers: tuple[str, ...]
+    """Pathologies it answers; ``healthy`` = offered on every trajectory (capacity, relaxing regularisation)."""
+    moves: list[Move]
+    why: str
+    prior: float
+    family: str
+    """Candidates of one family test the same hypothesis: K transitions cover distinct families first."""
+    blocked_by: tuple[str, ...] = ()
+    """Not offered while one of these pathologies is present."""
+
+
+RULES: list[Rule] = [
+    # entropy collapse: three independent controls (regularisation knobs: they oscillate with the dynamics)
+    Rule("clip-higher", ("entropy_collapse",), [Move("clip_ratio_high", "atleast:0.28")],
+         "clip-higher lets low-probability tokens grow and keeps entropy up (DAPO, arXiv 2503.14476, "
+         "clip_ratio_high 0.28)", 0.9, "clip"),
+    Rule("adaptive-entropy", ("entropy_collapse",),
+         [Move("entropy_coeff", "ent+"), Move("rollout.temperature", "atleast:1.0")],
+         "entropy below target: raise the entropy bonus as Skywork-OR1's adaptive entropy control does "
+         "(arXiv 2505.22312: +1e-4 per step, at most 0.005), sampling at temperature >= 1.0 as it does",
+         0.8, "entropy", blocked_by=("instability", "collapse")),
+    Rule("hotter-sampling", ("entropy_collapse",),
+         [Move("rollout.temperature", "temp+"), Move("clip_ratio_high", "atleast:0.28")],
+         "diversity collapsed: raise the sampling temperature, more after a larger entropy fall, with "
+         "clip-higher (POLARIS raises the temperature across stages by the previous stage's entropy drop)",
+         0.7, "temperature", blocked_by=("collapse",)),
+    # entropy runaway: the same controls turned back
+    Rule("entropy-brake", ("entropy_explosion",),
+         [Move("entropy_coeff", "ent-"), Move("clip_ratio_high", "atmost:0.28")],
+         "entropy runs away: lower the entropy bonus (Skywork-OR1's controller lowers it above target; POLARIS "
+         "drops the entropy loss because it can grow uncontrollably) and cap clip-higher at DAPO's 0.28",
+         0.85, "entropy"),
+    Rule("cooler-sampling", ("entropy_explosion",),
+         [Move("rollout.temperature", "-0.05"), Move("clip_ratio_high", "atmost:0.2")],
+         "entropy runs away: sample cooler and close clip-higher (regularisation oscillates, LLMZero)",
+         0.6, "temperature"),
+    # responses cut at the limit: capacity, raised in stages
+    Rule("longer-budget", ("length_clipping",), [Move("max_response_length", "x2")],
+         "responses hit the length limit: double the budget, in stages as Skywork-OR1 (8k -> 16k -> 32k) and "
+         "DeepScaleR (8k -> 16k -> 24k) do", 0.9, "length",
+         blocked_by=("collapse", "entropy_explosion")),  # runaway lengths are then a symptom
+    # the policy drifts from the reference, or the run is unstable
+    Rule("rescue", ("collapse",),
+         [Move("optim.lr", "/2"), Move("use_kl_loss", "on"), Move("entropy_coeff", "ent-"),
+          Move("clip_ratio_high", "atmost:0.28")],
+         "training collapses: a smaller step anchored to the reference, without the exploration pushes (a "
+         "too-large lr collapses GRPO runs: 50x takes Qwen3-0.6B on GSM8K from 57% to 2.4%)", 0.95, "rescue"),
+    Rule("kl-anchor", ("policy_drift", "instability", "collapse"),
+         [Move("use_kl_loss", "on"), Move("kl_loss_coef", "x2")],
+         "the policy drifts: anchor it to the reference with a KL loss, doubling the coefficient when it is "
+         "on (PPO's adaptive KL penalty doubles it when KL exceeds 1.5x its target, arXiv 1707.06347)",
+         0.8, "kl"),
+    Rule("smaller-step", ("policy_drift", "instability", "val_decline", "collapse"),
+         [Move("optim.lr", "/2"), Move("clip_ratio_high", "atmost:0.28")],
+         "halve the learning rate (too large a step collapses GRPO runs; verl uses 1e-6..1e-5) and cap "
+         "clip-higher at DAPO's 0.28", 0.75, "lr"),
+    Rule("anneal", ("plateau",), [Move("optim.lr", "/2")],
+         "validation stopped improving: lower the learning rate (the classic reduce-on-plateau schedule)",
+         0.45, "lr"),
+    # capacity accumulates on any trajectory (LLMZero)
+    Rule("more-rollouts", ("healthy", "plateau"), [Move("rollout.n", "x2")],
+         "capacity accumulates across segments (LLMZero, arXiv 2606.18388): more samples per prompt for the "
+         "next segment, a better group baseline", 0.5, "capacity", blocked_by=COLLAPSE_BLOCKS),
+    Rule("bigger-batch", ("healthy", "plateau"),
+         [Move("train_batch_size", "x2"), Move("ppo_mini_batch_size", "x2")],
+         "capacity accumulates across segments (LLMZero): twice the prompts per step, the same updates per step",
+         0.4, "capacity", blocked_by=COLLAPSE_BLOCKS),
+    Rule("early-clip-higher", ("healthy",), [Move("clip_ratio_high", "atleast:0.28")],
+         "entropy falls fastest early in RL training (Cui et al., arXiv 2505.22617): DAPO keeps clip-higher on "
+         "from the start to prevent the collapse rather than cure it", 0.3, "clip",
+         blocked_by=("collapse", "entropy_explosion")),
+    Rule("step-decay", ("healthy",), [Move("optim.lr", "/2")],
+         "a later segment with a smaller step: the classic step-decay schedule, consolidating what was learnt",
+         0.2, "lr", blocked_by=("entropy_explosion",)),
+    Rule("relax", ("healthy",), [Move("entropy_coeff", "ent-"), Move("kl_loss_coef", "/2")],
+         "regularisation oscillates with the dynamics (LLMZero): with the trajectory healthy, relax the entropy "
+         "bonus and the KL anchor (PPO halves the KL coefficient when KL is under its target)", 0.3, "relax",
+         blocked_by=("entropy_collapse", "policy_drift", "instability", "collapse")),
+]
+
+
+@dataclass
+class _Info:
+    """What the moves need to know about the segment and the trajectory."""
+
+    segment_steps: int = DEFAULT_SEGMENT
+    entropy_ratio: float | None = None
+
+
+def _spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
+    for p in ctx.search_space.stage_params(knob_stage(ctx.stage)):  # type: ignore[arg-type]
+        if p.key == suffix or p.key.endswith("." + suffix):
+            return p
+    return None
+
+
+def _key(ctx: AgentContext, suffix: str) -> str | None:
+    spec = _spec(ctx, suffix)
+    return spec.key if spec else None
+
+
+def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
+    """The new value of a knob (clamped to its range), or ``value`` itself when the move cannot apply."""
+    if spec.kind == "bool":
+        return how == "on" if how in ("on", "off") else value
+    if spec.kind == "categorical" or spec.low is None or spec.high is None:
+        return value
+    v = float(value if value is not None else spec.default if spec.default is not None else spec.low)
+    ent_step = ENT_COEF_STEP * info.segment_steps
+    if how.startswith("atleast:"):  # raise to a published value, never lower
+        nv = max(v, float(how.split(":")[1]))
+    elif how.startswith("atmost:"):
+        nv = min(v, float(how.split(":")[1]))
+    elif how == "x2":  # from zero, the knob's default (verl's kl_loss_coef 0.001)
+        nv = v * 2 if v > 0 else float(spec.default or 0)
+    elif how == "/2":
+        nv = v / 2
+    elif how == "ent+":
+        nv = v if v >= ENT_COEF_MAX else min(ENT_COEF_MAX, v + ent_step)
+    elif how == "ent-":
+        nv = max(0.0, v - ent_step)
+    elif how == "temp+":
+        slight = info.entropy_ratio is not None and info.entropy_ratio >= 0.6
+        nv = v + (0.05 if slight else 0.1)
+    elif how[0] in "+-":
+        nv = v + float(how)
+    else:
+        return value
+    nv = min(spec.high, max(spec.low, nv))
+    nv = int(round(nv)) if spec.kind == "int" else float(f"{nv:.4g}")
+    return spec.validate(nv)
+
+
+def _direction(old: Any, new: Any) -> str | None:
+    if isinstance(new, bool) or isinstance(old, bool):
+        return None if bool(old) == bool(new) else ("up" if new else "down")
+    try:
+        return None if float(new) == float(old) else ("up" if float(new) > float(old) else "down")
+    except (TypeError, ValueError):
+        return None
+
+
+def tried_keys(ctx: AgentContext) -> set[str]:
+    """Config hashes already tried from this checkpoint: the siblings of this segment and the rejected.
+
+    A config run from another checkpoint is no duplicate (its weights differ); without ``ctx.segment`` every
+    trial of the stage counts."""
+    keys = {config_hash(ctx.full_config(o)) for o in ctx.rejected}
+    frm = ctx.segment[0] if ctx.segment else None
+    for t in ctx.history:
+        if t.stage != ctx.stage:
+            continue
+        if frm is None or t.parent_step == frm or (not frm and t.parent_step is None):
+            keys.add(config_hash(t.config))
+    return keys
+
+
+def severities(ctx: AgentContext) -> dict[str, float]:
+    """Pathology -> severity for this context: the diagnosis, the health monitor's events, and the length
+    budget read against the parent's config; ``healthy`` always (capacity moves are always on offer)."""
+    d = ctx.diagnosis
+    sev = dict(d.severity) if d is not None else {}
+    # in stage 3 the diagnosis holds the events of the branch's own path; the context's are the session's
+    texts = list(d.health_events) if ctx.stage == "schedule" and d is not None else [
+        e.rule for e in ctx.health_events]
+
+    def seen(rule: str) -> bool:
+        return any(rule in t for t in texts)
+
+    if any(seen(r) for r in UNSTABLE_EVENTS):
+        sev["instability"] = max(sev.get("instability", 0.0), 0.9)
+    if seen("entropy_collapse"):
+        sev["entropy_collapse"] = max(sev.get("entropy_collapse", 0.0), 0.7)
+    if seen("response_clipping"):
+        sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.6)
+    limit_key = _key(ctx, "max_response_length")
+    if d is not None and d.response_length and limit_key:
+        limit = ctx.base_config.get(limit_key)
+        if isinstance(limit, (int, float)) and limit > 0 and d.response_length > 0.6 * limit \
+                and (d.response_length_slope or 0) > FLAT_SLOPE:
+            sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.4)  # growing toward the limit
+    sev["healthy"] = 0.25
+    return sev
+
+
+def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRules,
+           info: _Info) -> tuple[dict[str, Any], list[str]] | None:
+    """The overrides of one rule applied to ``start``, following the feedback; None when nothing moves."""
+    current = ctx.full_config(start)
+    overrides = dict(start)
+    moved: list[str] = []
+    kl_key = _key(ctx, "use_kl_loss")
+    kl_was_on = bool(current.get(kl_key, False)) if kl_key else True
+    for mv in rule.moves:
+        spec = _spec(ctx, mv.suffix)
+        if spec is None:
+            continue
+        if mv.suffix == "kl_loss_coef" and not kl_was_on:
+            continue  # turning the KL loss on is the move; its coefficient changes nothing while it is off
+        old = current.get(spec.key, spec.default)
+        try:
+            new = _apply_move(spec, old, mv.how, info)
+        except (ValueError, TypeError):
+            continue
+        direction = _direction(old, new)
+        if direction is None or not fb.allows(spec.key, direction):
+            continue
+        overrides[spec.key] = new
+        moved.append(f"{spec.key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(new)}")
+    if not moved:
+        return None
+    for k in list(overrides):  # a value equal to the base is no override
+        if k not in start and ctx.base_config.get(k, _MISSING) == overrides[k]:
+            overrides.pop(k)
+    return overrides, moved
+
+
+_MISSING = object()
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else repr(v)
+
+
+def _peak(ctx: AgentContext, full: dict[str, Any]) -> float | None:
+    pred = ctx.predict(full)
+    if pred is not None and getattr(pred, "peak_gb", None) is not None:
+        return float(pred.peak_gb)
+    try:
+        value = ctx.predict_memory(full)
+    except Exception:  # noqa: BLE001 - a failing memory model must not cost the round
+        return None
+    return None if value is None else float(value)
+
+
+@dataclass
+class _Option:
+    score: float
+    family: str
+    capacity: bool
+    cand: Candidate
+    answer: str = "healthy"
+
+
+def transition_candidates(ctx: AgentContext) -> list[Candidate]:
+    """``ctx.num_candidates`` transitions for the next segment, most severe finding first, over distinct
+    hypotheses, with a capacity move among them (alone or with the top answer) whenever one fits."""
+    from mart.nodes.agents.feedback import parse_feedback
+
+    fb = parse_feedback(ctx.feedback, ctx.search_space)
+    diag = ctx.diagnosis
+    sev = severities(ctx)
+    info = _Info(segment_steps=(ctx.segment[1] - ctx.segment[0]) if ctx.segment and ctx.segment[1] > ctx.segment[0]
+                 else DEFAULT_SEGMENT, entropy_ratio=diag.entropy_ratio if diag else None)
+    start: dict[str, Any] = {}  # transitions are changes of the parent branch's config (ctx.base_config)
+    parent = ctx.full_config(start)
+    # the parent's own config continuing is no transition (the stage runs it, or not, by itself)
+    tried = ctx.tried_keys() | {config_hash(parent)}
+    parent_peak = _peak(ctx, parent)
+    seg = f" for steps {ctx.segment[0]}-{ctx.segment[1]}" if ctx.segment else ""
+
+    def make(overrides: dict[str, Any], score: float, rationale: str) -> Candidate | None:
+        full = ctx.full_config(overrides)
+        if config_hash(full) in tried or ctx.config_errors(overrides):
+            return None
+        peak = _peak(ctx, full)
+        if peak is not None and ctx.memory_limit_gb and peak > ctx.memory_limit_gb \
+                and (parent_peak is None or peak > parent_peak):
+            return None  # more memory than the limit allows (a longer budget or more rollouts)
+        return Candidate(candidate_id="", stage=ctx.stage, overrides=overrides, source="rules",
+                         rationale=rationale, predicted_memory_gb=peak, expected_gain=round(score, 4))
+
+    options: list[_Option] = []
+    for rule in RULES:
+        present = [a for a in rule.answers if a in sev]
+        if not present or any(b in sev for b in rule.blocked_by):
+            continue
+        answer = max(present, key=lambda a: sev[a])
+        built = _build(ctx, rule, start, fb, info)
+        if built is None:
+            continue
+        overrides, moved = built
+        score = sev[answer] * rule.prior
+        focus = [k for k in overrides if k in fb.focus and k not in start]
+        if focus:
+            score = score * 2 + 0.5
+        rationale = f"{_finding_for(diag, answer)} -> {', '.join(moved)}{seg}: {rule.why}."
+        if focus:
+            rationale += " The reviewer asked for this change."
+        cand = make(overrides, score, rationale)
+        if cand is not None:
+            options.append(_Option(score, rule.family, rule.family == "capacity", cand, answer))
+    moved_keys = {k for o in options for k in o.cand.overrides if k not in start}
+    for key in sorted(fb.focus - moved_keys):  # the reviewer asked for a knob no rule moves here
+        opt = _requested(ctx, key, start, fb, info, make, seg)
+        if opt is not None:
+            options.append(opt)
+    options.sort(key=lambda o: -o.score)
+    combo = _combine(ctx, options, start, make)
+    if combo is not None:
+        options.append(combo)
+        options.sort(key=lambda o: -o.score)
+    return _diverse(options, ctx.num_candidates)
+
+
+def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackRules, info: _Info, make: Any,
+               seg: str) -> _Option | None:
+    """A transition moving a knob the reviewer named, the way they asked (or up, then down)."""
+    if key not in ctx.search_space or ctx.search_space[key].stage != knob_stage(ctx.stage):
+        return None
+    spec = ctx.search_space[key]
+    old = ctx.full_config(start).get(key, spec.default)
+    if spec.kind == "categorical":  # the next choice, then the previous one
+        choices = list(spec.choices or ())
+        i = choices.index(old) if old in choices else -1
+        for new in [c for c in (choices[(i + 1) % len(choices)], choices[i - 1]) if c != old][:2]:
+            cand = make({**start, key: new}, 1.0, f"The reviewer asked for {ctx.search_space.edit_name(key)} -> "
+                                                  f"{key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(new)}{seg}.")
+            if cand is not None:
+                return _Option(1.0, "reviewer", False, cand, "reviewer")
+        return None
+    if spec.kind == "bool":
+        hows = ["off" if old else "on"]
+    elif spec.kind in ("int", "log"):
+        hows = ["x2", "/2"]
+    else:
+        step = ((spec.high or 0) - (spec.low or 0)) / 10
+        hows = [f"+{step:.4g}", f"-{step:.4g}"]
+    for how in hows:
+        try:
+            new = _apply_move(spec, old, how, info)
+        except (ValueError, TypeError):
+            continue
+        direction = _direction(old, new)
+        if direction is None or not fb.allows(key, direction):
+            continue
+        overrides = {**start, key: new}
+        name = key.rsplit(".", 1)[-1]
+        cand = make(overrides, 1.0, f"The reviewer asked for {ctx.search_space.edit_name(key)} -> {name} "
+                                    f"{_fmt(old)}->{_fmt(new)}{seg}.")
+        if cand is not None:
+            return _Option(1.0, "reviewer", False, cand, "reviewer")
+    return None
+
+
+def _combine(ctx: AgentContext, options: list[_Option], start: dict[str, Any], make: Any) -> _Option | None:
+    """A coordinated transition: the top answer to a finding plus the top capacity move (LLMZero's pattern:
+    regularisation answers the dynamics while capacity accumulates)."""
+    top = next((o for o in options if not o.capacity and o.answer != "healthy"), None)
+    cap = next((o for o in options if o.capacity), None)
+    if top is None or cap is None:
+        return None
+    extra = {k: v for k, v in cap.cand.overrides.items() if k not in start}
+    if set(extra) & set(top.cand.overrides):
+        return None
+    score = top.score * 0.8  # below the single answers: it tests two hypotheses at once
+    cand = make({**top.cand.overrides, **extra}, score,
+                top.cand.rationale + " Together with: " + cap.cand.rationale.split(" -> ", 1)[-1])
+    return None if cand is None else _Option(score, "combo", True, cand, top.answer)
+
+
+def _diverse(options: list[_Option], k: int) -> list[Candidate]:
+    """Up to ``k`` candidates, never two with the same config: the best answer to each finding (most severe
+    first), a capacity move when ``k >= 3``, then one per untried family, then the rest by score."""
+    if k <= 0:
+        return []
+    picked: list[_Option] = []
+    keys: set[str] = set()
+
+    def take(o: _Option) -> None:
+        picked.append(o)
+        keys.add(o.cand.key())
+
+    answers: set[str] = set()
+    for o in options:  # sorted by score: the first option of each answer is its best
+        if len(picked) < k and o.answer not in answers and o.answer != "healthy" and o.cand.key() not in keys:
+            answers.add(o.answer)
+            take(o)
+    if k >= 3 and not any(o.capacity for o in picked):
+        cap = next((o for o in options if o.capacity and o.cand.key() not in keys), None)
+        if cap is not None:
+            if len(picked) >= k:
+                dropped = picked.pop()
+                keys.discard(dropped.cand.key())
+            take(cap)
+    fams = {o.family for o in picked}
+    for o in options:
+        if len(picked) < k and o.family not in fams and o.cand.key() not in keys:
+            fams.add(o.family)
+            take(o)
+    for o in options:
+        if len(picked) >= k:
+            break
+        if o.cand.key() not in keys:
+            take(o)
+    picked.sort(key=lambda o: -o.score)
+    return [o.cand for o in picked[:k]]
+
+
+def _finding_for(diag: Diagnosis | None, pathology: str) -> str:
+    if pathology == "healthy":
+        return "Healthy trajectory" if diag is None or not diag.severity else "Beside the findings"
+    if diag is not None:
+        for phrase in diag.findings:
+            if _PHRASE_OF.get(pathology, "@") in phrase:
+                return phrase[0].upper() + phrase[1:]
+    return pathology.replace("_", " ").capitalize()
+
+
+_PHRASE_OF = {"collapse": "collapses", "entropy_collapse": "entropy fell", "entropy_explosion": "entropy rose",
+              "length_clipping": "length limit", "policy_drift": "drifts", "instability": "health events",
+              "val_decline": "validation fell", "plateau": "stopped improving"}
+
+
+def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
+    """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
+    it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
+    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
+    hypothesis is still worth a branch)."""
+    sev = severities(ctx)
+    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None)
+    parent = dict(ctx.base_config)
+    new = ctx.full_config(overrides)
+    moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
+    best, answered = 0.05, None
+    for rule in RULES:
+        present = [a for a in rule.answers if a in sev]
+        if not present or any(b in sev for b in rule.blocked_by):
+            continue
+        answer = max(present, key=lambda a: sev[a])
+        wanted = []
+        for mv in rule.moves:
+            spec = _spec(ctx, mv.suffix)
+            if spec is None:
+                continue
+            old = parent.get(spec.key, spec.default)
+            try:
+                d = _direction(old, _apply_move(spec, old, mv.how, info))
+            except (ValueError, TypeError):
+                continue
+            if d is not None:
+                wanted.append((spec.key, d))
+        hits = sum(1 for k, d in wanted if moved.get(k) == d)
+        if not hits:
+            continue
+        against = sum(1 for k, d in wanted if k in moved and moved[k] != d)
+        score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
+        if score > best:
+            best, answered = score, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+    shrunk = [k.rsplit(".", 1)[-1] for k, d in moved.items() if d == "down"
+              and any(k == c or k.endswith("." + c) for c in CAPACITY_KNOBS)]
+    if shrunk and "collapse" not in sev:  # LLMZero: capacity accumulates; shrinking it is the odd move out
+        best *= 0.5
+        answered = (answered + "; " if answered else "") + f"shrinks capacity ({', '.join(sorted(shrunk))})"
+    return round(best, 4), answered
