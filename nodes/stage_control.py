@@ -220,9 +220,8 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, float |
     # collapsed (stopped by the health monitor, oom or failed) at or above its own: less than one doubling
     # away = at the cliff edge (never replaces the defaults), less than two = below a collapse (needs a
     # larger lead), further down = no risk inferred
-    collapsed_lrs = [(_lr(r), tid) for tid, r in rows.items() if _lr(r) is not None and (
-        r.get("early_stopped") or r.get("status") in ("oom", "failed"))]
-    base_lr = _lr(rows.get(baseline.trial_id, {})) if baseline is not None else None
+    collapsed = [(tid, _lrs(r)) for tid, r in rows.items() if r.get("early_stopped") or r.get("status") in ("oom", "failed")]
+    base_lrs = _lrs(rows.get(baseline.trial_id, {})) if baseline is not None else {}
     stage_base = stage_base_config(state, services, "learning")
     contenders = []
     for key, rs in runs.items():
@@ -233,23 +232,27 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, float |
                       is_baseline=rows[key].get("kind") == "baseline")
         c.first_signals = list(rs[0][1])
         c.move = 0.0 if c.is_baseline else move_size(rows[key].get("overrides") or {}, stage_base)
-        lr = _lr(rows[key])
-        if lr is not None and base_lr is not None and lr > base_lr:
-            above = sorted((clr, tid) for clr, tid in collapsed_lrs if clr >= lr and tid != key)
-            if above and above[0][0] < CLIFF_FACTOR ** 2 * lr:
-                clr, tid = above[0]
-                c.risk = RISK_AT_CLIFF if clr < CLIFF_FACTOR * lr else RISK_BELOW_COLLAPSE
-                c.risk_why = f"lr {lr:g} raised, and a trial at lr {clr:g} collapsed ({tid})"
+        # per lr knob it raised (one per agent in a multi-agent job): the nearest collapse at or above it
+        near = sorted((clrs[k] / lr, k, tid) for k, lr in _lrs(rows[key]).items() if k in base_lrs and lr > base_lrs[k]
+                      for tid, clrs in collapsed if tid != key and clrs.get(k, 0.0) >= lr)
+        if near and near[0][0] < CLIFF_FACTOR ** 2:
+            ratio, k, tid = near[0]
+            c.risk = RISK_AT_CLIFF if ratio < CLIFF_FACTOR else RISK_BELOW_COLLAPSE
+            c.risk_why = f"{k} {_lrs(rows[key])[k]:g} raised, and a trial at {ratio:.3g}x it collapsed ({tid})"
         contenders.append(c)
     return contenders, noise, dof, rows
 
 
-def _lr(row: dict[str, Any]) -> float | None:
-    v = (row.get("config") or {}).get(LR_KEY)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
+def _lrs(row: dict[str, Any]) -> dict[str, float]:
+    """The actor learning rate(s) of a trial's config: verl's key, or one per agent (``agents.<i>.<key>``)."""
+    out = {}
+    for k, v in (row.get("config") or {}).items():
+        if k == LR_KEY or k.endswith("." + LR_KEY):
+            try:
+                out[k] = float(v)
+            except (TypeError, ValueError):
+                continue
+    return out
 
 
 def learning_selection(state, services) -> tuple[TrialRecord | None, dict[str, Any]]:

@@ -70,3 +70,35 @@ def test_learning_selection_spends_the_budget_on_the_best_hopeful_and_the_defaul
     # the same ledger gives the same answer (a resumed session decides alike)
     assert learning_selection(state, services)[1]["selection"]["learning"]["winner"] == "lea-a"
     ledger.close()
+
+
+def test_the_collapse_risk_is_read_per_agent_learning_rate(tmp_path):
+    # a multi-agent job sets one lr per agent (agents.<i>.<key>): only a collapse that raised the same agent's
+    # lr at least as far puts a config near the cliff
+    rng = random.Random(4)
+    ledger = Ledger(tmp_path / "ledger.db")
+    k0, k1 = f"agents.0.{LR_KEY}", f"agents.1.{LR_KEY}"
+
+    def trial(seq, tid, kind, lrs, score, status="completed", early=False):
+        rec = TrialRecord(trial_id=tid, stage="learning", kind=kind, config={k0: 1e-6, k1: 1e-6, **lrs},
+                          status=status, score=score, early_stopped=early, seed=0, steps_done=30)
+        ledger.upsert_trial(rec, run_id="r", seq=seq, overrides=lrs)
+        if score is not None:
+            ledger.add_metrics(tid, [StepRecord(step=s, data={VAL: score + rng.gauss(0, 0.01)}) for s in range(0, 31, 5)])
+        return rec
+
+    baseline = trial(1, "base", "baseline", {}, 0.40)
+    trial(2, "a0", "candidate", {k0: 4e-6}, 0.46)
+    trial(3, "a1", "candidate", {k1: 4e-6}, 0.45)
+    trial(4, "crash1", "candidate", {k1: 6e-6}, None, status="stopped", early=True)  # agent 1 collapsed
+    services = SimpleNamespace(ledger=ledger, backend=SimpleNamespace(score_metric_prefix="val-core/",
+                                                                     base_config=lambda: {k0: 1e-6, k1: 1e-6}),
+                               options=SimpleNamespace(seed=0, learning_confirm_trials=0))
+    state = {"baseline": {"learning": baseline}, "best": {}, "best_overrides": {}}
+    sel = learning_selection(state, services)[1]["selection"]["learning"]
+    by_id = {c["trial_id"]: c for c in sel["contenders"]}
+    assert any(f"{k1} 4e-06 raised" in s and "(crash1)" in s for s in by_id["a1"]["signals"])
+    assert not any("collapsed" in s for s in by_id["a0"]["signals"])  # agent 0's lr never collapsed
+    # with no re-run allowed, nothing replaces the defaults on one seed
+    assert sel["winner"] == "base" and sel["reevaluated"] == [] and sel["confirm_budget"] == 0
+    ledger.close()
