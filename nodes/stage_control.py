@@ -163,8 +163,9 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
 # ``learning_confirm_trials`` re-runs on another seed (kind "confirm"; the defaults' re-run counts too):
 # the highest single-run change that could still win is re-run, and the defaults are re-run as soon as a
 # re-run change leads them. A change replaces the defaults only with two seeds, a lead over them of more
-# than 2 standard errors of the difference, no collapse signal, and no collapse seen within one doubling of
-# its learning rate; with weak evidence the smaller move from the defaults wins. Pure parts:
+# than 2 standard errors of the difference (3 when a collapse was seen within two doublings of its lr), no
+# collapse signal, and no collapse seen within one doubling of its lr; with weak evidence the smaller move
+# from the defaults wins. Pure parts:
 # ``mart.state.objectives`` (pooled_noise, collapse_signals, learning_choice, next_reevaluation).
 
 LR_KEY = "actor_rollout_ref.actor.optim.lr"
