@@ -324,7 +324,8 @@ def next_reevaluation(contenders: list[Contender], noise: float, rerun: set[str]
     """The config to re-run on the second seed next, or None when no re-run can change the choice.
 
     The defaults are re-measured as soon as a re-run change leads them (their one score may be unlucky low);
-    otherwise the highest single-run change that could still replace the current choice is re-run. A config
+    otherwise the single-run change nearest to replacing the current choice is re-run (lead over it divided
+    by the lead it needs: ``Z_RISKIER`` for a riskier config). A config
     is re-run at most once (``rerun``: the keys already re-run); the caller counts these trials in the
     ``learning_confirm_trials`` budget.
     """
@@ -338,7 +339,14 @@ def next_reevaluation(contenders: list[Contender], noise: float, rerun: set[str]
         confirmed = [c.mean for c in pool if len(c.scores) >= 2]
         hopeful = [c for c in pool if c.key not in rerun and len(c.scores) == 1
                    and (not confirmed or c.mean > max(confirmed))]
-    else:
-        hopeful = [c for c in contenders if c.key not in rerun and len(c.scores) == 1 and c.mean > current.mean
-                   and _can_replace_defaults(c, base)]
-    return max(hopeful, key=lambda c: (c.mean, c.key), default=None)
+        return max(hopeful, key=lambda c: (c.mean, c.key), default=None)
+    hopeful = [c for c in contenders if c.key not in rerun and len(c.scores) == 1 and c.mean > current.mean
+               and _can_replace_defaults(c, base)]
+
+    # the one nearest to winning: its lead over the current choice in units of the lead it would need (a
+    # riskier config needs Z_RISKIER), so a re-run is not spent on a high but risky score a safer one can match
+    def promise(c: Contender) -> tuple[float, float, str]:
+        need = max(z, Z_RISKIER) if c.risk > current.risk else z
+        return (c.mean - current.mean) / need, c.mean, c.key
+
+    return max(hopeful, key=promise, default=None)

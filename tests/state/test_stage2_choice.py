@@ -121,6 +121,16 @@ def test_reevaluation_order_the_best_hopeful_then_the_defaults_then_nothing_that
     assert next_reevaluation(cs, NOISE, {"a", "base"}) is b
 
 
+def test_a_rerun_goes_to_the_config_nearest_to_winning_not_to_a_high_but_risky_score():
+    # 0.03 above the defaults below a collapse (needs 3 standard errors) vs 0.025 with no risk (needs 2)
+    risky = Contender("risky", [0.43], [], move=3, risk=RISK_BELOW_COLLAPSE)
+    safe = Contender("safe", [0.425], [], move=1)
+    assert next_reevaluation([base(0.40), risky, safe], NOISE, set()) is safe
+    # ... but a risky score far enough ahead is worth its re-run first
+    far = Contender("far", [0.45], [], move=3, risk=RISK_BELOW_COLLAPSE)
+    assert next_reevaluation([base(0.40), far, safe], NOISE, set()) is far
+
+
 def test_without_measured_defaults_the_best_single_run_is_confirmed_before_it_wins():
     # the defaults' run collapsed (no score): the best single runs are re-run while one could top the best
     top = Contender("top", [0.45], [], move=1)
