@@ -186,6 +186,15 @@ def _print_summary(summary: dict) -> None:
                   fmt(sys_["throughput_gain_pct"], "+.1f") + "%", config(sys_["best_config"]))
     table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
                   fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
+    sched = summary.get("schedule")
+    if sched is not None:
+        # baseline: the static config over the same total steps; best config: each segment's changes
+        segs = "\n".join(f"steps {s['from_step']}-{s['to_step']}: " + (
+            ", ".join(config(s["changes"]).splitlines()) if s["changes"] else "unchanged")
+            for s in sched.get("segments") or []) or "no complete schedule"
+        table.add_row(f"schedule (val score, {sched.get('branches_run')} segment-trials)",
+                      fmt(sched.get("static_best_score"), ".4f"), fmt(sched.get("final_score"), ".4f"),
+                      fmt(sched.get("gain"), "+.4f"), segs)
     console.print(table)
     console.print(f"memory limit {fmt(sys_['memory_limit_gb'], '.2f')} GB, best system peak "
                   f"{fmt(sys_['best_peak_memory_gb'], '.2f')} GB; trials: {trials['total']} total, "

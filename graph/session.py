@@ -101,7 +101,7 @@ def _fmt_stopped(e: TrialStopped) -> tuple[str, str | None]:
 
 def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
     if e.score is not None:
-        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs best)"
+        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs {e.compared_to})"
                                                  if e.best_before is not None else "")
     elif e.throughput is not None:
         result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs best)"

@@ -123,3 +123,34 @@ def test_pick_expansion_prefers_healthy_then_shallower_within_noise():
     # a clear lead (beyond the noise) wins
     assert pick_expansion(nodes, 3, noise=0.001, expanded=set())["id"] == "b"
     assert pick_expansion(nodes, 3, noise=0.01, expanded={"a", "b", "c"}) is None
+
+
+@pytest.mark.slow  # ~50 s on 2 loaded cores: 5 real GRPO trials
+@pytest.mark.timeout(600)
+def test_three_stages_on_the_local_workload(tmp_path, local_tiny_config):
+    from mart.trial_runner.local.backend import LocalBackend
+
+    opts = TuneOptions(backend="local", approve="auto", runs_dir=str(tmp_path), stages=["system", "learning", "schedule"],
+                       start_overrides=local_tiny_config, system_trials=2, learning_trials=1,
+                       learning_confirm_trials=0, system_horizon=3, learning_horizon=6, schedule_segments=2,
+                       schedule_branches=2, schedule_budget=3, watch_interval_s=0.1, quiet=True, report=False)
+    summary = tune(opts)
+    assert summary["status"] == "completed"
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    trials = ledger.trials()
+    assert [t["stage"] for t in trials] == ["system"] * 2 + ["learning"] + ["schedule"] * 3
+    rows = ledger.trials("schedule")
+    check_tree(rows, opts)
+    # the schedule starts from the base config with --set values, stage 1's and stage 2's winners
+    start = {**LocalBackend().base_config(), **local_tiny_config, **summary["system"]["best_config"],
+             **summary["learning"]["best_config"]}
+    assert rows[0]["config"] == start
+    # a branch starts from its parent's weights: its validation at the branch point is the parent's there
+    val = next(k for k in ledger.metric_records(rows[0]["trial_id"])[-1].data if k.startswith("val-core/"))
+    at = {r["trial_id"]: {rec.step: rec.data for rec in ledger.metric_records(r["trial_id"])} for r in rows}
+    for r in rows[1:]:
+        assert at[r["trial_id"]][3][val] == pytest.approx(at[rows[0]["trial_id"]][3][val], abs=1e-12)
+        assert max(at[r["trial_id"]]) == 6
+    sched = summary["schedule"]
+    assert [(s["from_step"], s["to_step"]) for s in sched["segments"]] == [(0, 3), (3, 6)]
+    assert sched["static_best_score"] == pytest.approx(rows[1]["score"]) and rows[1]["overrides"] == {}
