@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Optional
@@ -546,6 +547,46 @@ def report(
         _fail(str(e))
     path = write_report(run_dir, fmt, out)
     typer.echo(str(path))
+
+
+@app.command()
+def export(
+    run: str = typer.Argument(..., help="Run id or run directory."),
+    runs_dir: Path = RUNS_DIR,
+    schedule: bool = typer.Option(False, "--schedule", help="Export the schedule (stage 3) instead of the final config."),
+    fmt: str = typer.Option("yaml", "--format", help="yaml, json, or (with --schedule) sh: a bash script with one "
+                            "verl launch per segment, your base overrides as its arguments."),
+    checkpoint_dir: str = typer.Option("checkpoints/mart-schedule", help="--schedule: where the segments' verl "
+                                       "launches keep and resume their checkpoints."),
+) -> None:
+    """Print what the run found as your next training config: the final config's overrides, or (--schedule) the
+    per-segment schedule and the verl launch of each segment, resuming from the previous one's checkpoint."""
+    from mart.graph.export import render, schedule_document
+    from mart.graph.report import as_yaml
+    from mart.state.run_store import RunError, RunStore
+
+    if fmt not in ("yaml", "json", "sh") or (fmt == "sh" and not schedule):
+        _fail(f"--format must be yaml or json (or sh with --schedule), got {fmt!r}")
+    try:
+        store = RunStore.open(run, runs_dir, readonly=True)
+    except RunError as e:
+        _fail(str(e))
+    try:
+        row = store.ledger.run(store.run_id) or {}
+    finally:
+        store.close()
+    summary, options = row.get("summary") or {}, row.get("options") or {}
+    if row.get("status") != "completed" or not summary:
+        _fail(f"run {store.run_id} is {row.get('status') or 'not started'}: nothing to export yet")
+    if schedule:
+        try:
+            typer.echo(render(schedule_document(summary, options, checkpoint_dir), fmt), nl=False)
+        except ValueError as e:
+            _fail(str(e))
+        return
+    config = {**(options.get("start_overrides") or {}), **(summary.get("system") or {}).get("best_config", {}),
+              **(summary.get("learning") or {}).get("best_config", {})}
+    typer.echo(json.dumps(config, indent=2) if fmt == "json" else as_yaml(config), nl=fmt != "json")
 
 
 @app.command()

@@ -328,12 +328,16 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 def _diff(t: dict[str, Any]) -> str:
     ov = _loads(t.get("overrides"), {})
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(ov.items())) or "(base)"
+    text = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(ov.items()))
+    if t.get("parent_trial"):  # a schedule branch: its changes against its parent, from whose checkpoint
+        return f"{text or 'unchanged'} (from {t['parent_trial']} @ step {t.get('parent_step')})"
+    return text or "(base)"
 
 
 def headline(data: RunData) -> list[tuple[str, str]]:
     rows = []
-    for stage, unit in (("system", "tok/s/GPU"), ("learning", "validation score")):
+    for stage, unit in (("system", "tok/s/GPU"), ("learning", "validation score"),
+                        ("schedule", "validation score at the last step (static config → schedule)")):
         s = data.stages.get(stage)
         if not s:
             continue
@@ -356,6 +360,17 @@ def trial_rows(data: RunData) -> list[list[str]]:
 
 
 TRIAL_HEADER = ["trial", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
+SCHEDULE_HEADER = ["steps", "changes at the segment's start", "overrides (against the base config)", "trial"]
+
+
+def schedule_rows(data: RunData) -> list[list[str]]:
+    """The winning schedule's segments (stage 3), from the summary."""
+    def kv(d: dict[str, Any]) -> str:
+        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(d.items()))
+
+    segs = ((data.summary or {}).get("schedule") or {}).get("segments") or []
+    return [[f"{s['from_step']}-{s['to_step']}", kv(s.get("changes") or {}) or "unchanged",
+             kv(s.get("overrides") or {}) or "(base)", s.get("trial_id") or ""] for s in segs]
 REVIEW_HEADER = ["review", "candidate", "decision", "by", "channel", "feedback / edits"]
 
 
@@ -407,6 +422,8 @@ def render_html(data: RunData) -> str:
     for title, key in sections:
         if key in figs:
             parts.append(f"<h2>{html.escape(title)}</h2>" + _img_html(figs[key], title))
+    if schedule_rows(data):
+        parts.append("<h2>Schedule (stage 3)</h2>" + _table_html(SCHEDULE_HEADER, schedule_rows(data)))
     parts.append("<h2>Trials</h2>" + _table_html(TRIAL_HEADER, trial_rows(data)))
     if data.health:
         parts.append("<h2>Health events</h2>" + _table_html(
@@ -441,6 +458,8 @@ def render_markdown(data: RunData) -> str:
     out += [f"- **{a}**: {b}" for a, b in headline(data)]
     for key, path in data.figures.items():
         out += ["", f"![{key}]({REPORT_DIR}/{path.name})"]
+    if schedule_rows(data):
+        out += ["", "## Schedule (stage 3)", "", _table_md(SCHEDULE_HEADER, schedule_rows(data))]
     out += ["", "## Trials", "", _table_md(TRIAL_HEADER, trial_rows(data))]
     if data.reviews:
         out += ["", "## Reviews", "", _table_md(REVIEW_HEADER, review_rows(data))]

@@ -154,3 +154,36 @@ def test_three_stages_on_the_local_workload(tmp_path, local_tiny_config):
     sched = summary["schedule"]
     assert [(s["from_step"], s["to_step"]) for s in sched["segments"]] == [(0, 3), (3, 6)]
     assert sched["static_best_score"] == pytest.approx(rows[1]["score"]) and rows[1]["overrides"] == {}
+
+
+def test_schedule_is_stored_reported_and_exportable(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from mart.graph.cli import app
+    from mart.graph.report import write_report
+
+    summary = tune(sim_options(tmp_path, schedule_budget=5))
+    run_dir = Path(tmp_path) / summary["run_id"]
+    segs = summary["schedule"]["segments"]
+    stored = yaml.safe_load((run_dir / "schedule.yaml").read_text())
+    assert [(s["from_step"], s["to_step"], s["overrides"]) for s in stored["segments"]] == \
+        [(s["from_step"], s["to_step"], s["overrides"]) for s in segs]
+    out = CliRunner().invoke(app, ["export", summary["run_id"], "--runs-dir", str(tmp_path), "--schedule"])
+    assert out.exit_code == 0, out.output
+    assert yaml.safe_load(out.output) == stored
+    # the verl recipe: one launch per segment, each after the first resuming from the previous one's checkpoint
+    launches = stored["verl"]["launches"]
+    assert len(launches) == len(segs) == 3
+    assert "trainer.resume_mode=disable" in launches[0]["overrides"]
+    for prev, launch in zip(segs, launches[1:]):
+        args = launch["overrides"]
+        assert f"trainer.resume_from_path=checkpoints/mart-schedule/global_step_{prev['to_step']}" in args
+        assert "trainer.resume_mode=resume_path" in args
+    sh = CliRunner().invoke(app, ["export", summary["run_id"], "--runs-dir", str(tmp_path), "--schedule",
+                                  "--format", "sh"])
+    assert sh.exit_code == 0 and sh.output.count('$VERL "$@"') == 3, sh.output
+    md = write_report(run_dir, "md").read_text()
+    assert "## Schedule (stage 3)" in md
+    for s in segs:
+        assert f"| {s['from_step']}-{s['to_step']} |" in md
