@@ -183,10 +183,14 @@ def _print_summary(summary: dict) -> None:
         short = lambda k: k.rsplit(".", 1)[-1]  # noqa: E731
         return "\n".join(f"{short(k)}={v}" for k, v in sorted(overrides.items()))
 
-    table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"), fmt(sys_["best_throughput"], ",.0f"),
-                  fmt(sys_["throughput_gain_pct"], "+.1f") + "%", config(sys_["best_config"]))
-    table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
-                  fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
+    ran = summary.get("stages") or ["system", "learning"]  # a summary stored before --stages: both
+    if "system" in ran:
+        table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"),
+                      fmt(sys_["best_throughput"], ",.0f"), fmt(sys_["throughput_gain_pct"], "+.1f") + "%",
+                      config(sys_["best_config"]))
+    if "learning" in ran:
+        table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
+                      fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
     sched = summary.get("schedule")
     if sched is not None:
         # baseline: the static config over the same total steps; best config: each segment's changes

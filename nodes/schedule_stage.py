@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Any
 
 from langgraph.types import Command
@@ -327,4 +326,4 @@ def diagnosis_input(state: dict[str, Any], services) -> tuple[list, list, tuple[
 
 
 __all__ = ["schedule_control", "prepare_trial", "base_config", "changes_of", "diagnosis_input", "initial_state",
-           "tree_nodes", "path_records", "start_config", "time"]
+           "tree_nodes", "path_records", "start_config"]
