@@ -93,7 +93,9 @@ def _nodes(rows: list[dict]) -> list[dict]:
 
 
 def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tmp_path):
-    reviewer = Scripted([ReviewDecision(action="reject", feedback="keep the temperature", reviewer="t", channel="t")])
+    lr = "actor_rollout_ref.actor.optim.lr"
+    reviewer = Scripted([ReviewDecision(action="reject", feedback="keep the temperature", reviewer="t", channel="t"),
+                         ReviewDecision(action="edit", edits={"lr": 7e-7}, reviewer="t", channel="t")])
     summary = tune(sim_options(tmp_path, approve="none", schedule_budget=4), reviewer=reviewer)
     assert summary["status"] == "completed"
     first, second = reviewer.requests[0], reviewer.requests[1]
@@ -107,6 +109,11 @@ def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tm
     rejected = first["candidate_id"]
     assert rejected not in {r["candidate_id"] for r in rows}, "a rejected transition never runs"
     assert len(rows) <= 4
+    # the edit (a learning knob, by its short name) applies to the branch, on top of its parent's config
+    [edited] = [r for r in rows if r["candidate_id"] == second["candidate_id"]]
+    assert edited["config"][lr] == 7e-7 and edited["overrides"][lr] == 7e-7
+    parent = ledger.trial(edited["parent_trial"])["config"]
+    assert {k: v for k, v in edited["config"].items() if parent.get(k) != v} == edited["overrides"]
 
 
 def test_pick_expansion_prefers_healthy_then_shallower_within_noise():
