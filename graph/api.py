@@ -53,7 +53,7 @@ class RunHandle:
         if lock:
             self._stack.enter_context(store.lock())
         self._saver = store.checkpointer()
-        self.graph = compile_graph(self._saver)
+        self.graph = _ReplayGuard(compile_graph(self._saver), self._saver)
         self.config: dict[str, Any] = graph_config(store.run_id)
         self._context: Services | None = None
 
@@ -115,6 +115,51 @@ class RunHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: the channel LangGraph stores a resume value under (private in langgraph>=1.0, hence spelled out here;
+#: tests/graph/test_reviewers_api.py proves it against the installed langgraph)
+RESUME_CHANNEL = "__resume__"
+
+
+class StaleResume(RunError):
+    """A resume aimed at a review that was already answered: LangGraph would replay the stored answer."""
+
+
+class _ReplayGuard:
+    """The compiled graph, except that ``invoke``/``stream`` refuse ``Command(resume=...)`` at a past
+    checkpoint whose review was already answered. LangGraph replays the stored answer there and silently
+    ignores the new one; ``RunHandle.fork`` re-opens such a review instead."""
+
+    def __init__(self, graph: Any, saver: Any) -> None:
+        self._graph, self._saver = graph, saver
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._graph, name)
+
+    def _check(self, inp: Any, config: Any) -> None:
+        if not isinstance(inp, Command) or inp.resume is None:
+            return
+        if not ((config or {}).get("configurable") or {}).get("checkpoint_id"):
+            return  # the thread's head: a pending review, answered normally
+        saved = self._saver.get_tuple(config)
+        stored = [value for _task, channel, value in (saved.pending_writes or [] if saved else [])
+                  if channel == RESUME_CHANNEL]
+        if stored:
+            answer = stored[0][0] if isinstance(stored[0], list) and stored[0] else stored[0]
+            what = getattr(answer, "action", None) or (answer.get("action") if isinstance(answer, dict) else None)
+            raise StaleResume(
+                f"this checkpoint's review was already answered ({what or 'an answer is stored'}); LangGraph would "
+                "replay that answer and ignore yours. Re-open the review with run.fork(snapshot), then answer it "
+                "with run.decide(...)")
+
+    def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        self._check(input, config)
+        return self._graph.invoke(input, config, **kwargs)
+
+    def stream(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        self._check(input, config)
+        return self._graph.stream(input, config, **kwargs)
 
 
 def open_run(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,

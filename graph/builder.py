@@ -23,10 +23,10 @@ from mart.tools.stop import stop_trial
 from mart.tools.watch import watch_trial
 
 
-def make_builder(*, context_schema: type | None = Services) -> StateGraph:
+def make_builder(*, context_schema: type | None = Services, input_schema: type = InputState) -> StateGraph:
     """The uncompiled graph. Studio builds it with ``context_schema=None``: ``Services`` holds live objects
     that have no JSON schema, and Studio passes no context (the nodes build services from the state)."""
-    builder = StateGraph(TuningState, context_schema=context_schema, input_schema=InputState)
+    builder = StateGraph(TuningState, context_schema=context_schema, input_schema=input_schema)
     builder.add_node("start", start_session)  # first step: counters, ledger run row
     builder.add_node("profiler", profiler)  # queue each stage's baseline, then profile it
     builder.add_node("proposer", proposer)  # K candidates from profile, history, feedback

@@ -478,7 +478,9 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
         table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
                       i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
                       f"#{req['review_no']} {req['candidate_id']} ({len(req.get('diff') or [])} changes)" if req else "-",
-                      f"mart review {i['run_id']}" if req else "")
+                      f"mart review {i['run_id']}" if req else
+                      f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
+                      else "")
     _console().print(table)
 
 
@@ -514,7 +516,7 @@ def status(
     typer.echo(f"run {info['run_id']}: {info['status']}"
                + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
                + (f", stage {info['stage']}" if info["stage"] else "")
-               + f", trials done {info['trials_done']}")
+               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none"))
     if info["running_trial"]:
         t = info["running_trial"]
         typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}): {t['steps_done']}/{t['horizon']} steps")

@@ -48,6 +48,46 @@ class StaleReview(RunError):
     """The decision answers a review that is no longer the pending one (already decided, or re-asked)."""
 
 
+class StudioRun(RunError):
+    """The run is driven by LangGraph Studio: its graph state lives in the Studio server, not here."""
+
+
+def studio_thread(store: RunStore) -> str | None:
+    """The LangGraph Studio thread driving this run, or None.
+
+    Studio's server refuses graphs that bring a checkpointer, so a Studio run's folder holds its ledger and
+    trials but no graph checkpoints: resuming it here would start the graph over. Runs made before the
+    ledger recorded the driver are recognised by their ``studio-`` name and an empty checkpoint table.
+    """
+    try:
+        row = store.ledger.run(store.run_id) or {}
+    except ValueError:  # unparseable JSON columns: load_options reports them
+        row = {}
+    if row.get("driver") == "studio":
+        return row.get("thread_id") or store.run_id.removeprefix("studio-")
+    if store.run_id.startswith("studio-") and not _has_checkpoints(store):
+        return store.run_id.removeprefix("studio-")
+    return None
+
+
+def _has_checkpoints(store: RunStore) -> bool:
+    db = store.ledger.db
+    if not db.execute("select 1 from sqlite_master where type='table' and name='checkpoints'").fetchone():
+        return False
+    return bool(db.execute("select 1 from checkpoints where thread_id = ? limit 1", [store.run_id]).fetchone())
+
+
+def refuse_studio_run(store: RunStore, doing: str) -> None:
+    """Raise ``StudioRun`` (what to do instead) when LangGraph Studio drives this run."""
+    thread = studio_thread(store)
+    if thread:
+        raise StudioRun(
+            f"run {store.run_id} is driven by LangGraph Studio (thread {thread}): its graph state lives in the "
+            f"Studio server, not in the run folder, so mart cannot {doing} here. Answer its review in Studio, "
+            f"or with the SDK: get_sync_client(url=STUDIO_URL).runs.wait({thread!r}, 'mart', "
+            "command={'resume': {'action': 'approve'}})")
+
+
 class UntrustedRun(RunError):
     """The run's stored options name code (a plugin backend, a launch command) the user has not allowed."""
 
@@ -319,6 +359,7 @@ def load_options(store: RunStore, *, allowed: Collection[str] = (), trust: bool 
 
     from mart.trial_runner.registry import allowed_from_env, untrusted_parts
 
+    refuse_studio_run(store, "continue it")
     try:
         row = store.ledger.run(store.run_id) or {}
     except ValueError as e:  # the ledger's JSON columns do not parse
@@ -427,6 +468,7 @@ def pending_review(store: RunStore) -> dict[str, Any] | None:
 
 def state_snapshot(store: RunStore):
     """The run's current state snapshot (closes its checkpoint connection: servers call this often)."""
+    refuse_studio_run(store, "read its reviews")
     saver = store.checkpointer()
     try:
         return compile_graph(saver).get_state(graph_config(store.run_id))
@@ -439,6 +481,12 @@ def run_status(store: RunStore) -> dict[str, Any]:
     row = store.ledger.run(store.run_id) or {}
     status = row.get("status") or "created"
     holder = store.lock_holder()
+    thread = studio_thread(store)
+    if thread:
+        return _studio_status(store, row, thread)
+    if store.readonly and not _has_checkpoints(store):  # killed before its first checkpoint
+        return {**_ledger_status(store, row), "status": "paused" if status != "failed" else status,
+                "waiting_for": "resume", "driver_pid": holder}
     snap = state_snapshot(store)
     values = snap.values or {}
     waiting_for = None
@@ -469,3 +517,35 @@ def run_status(store: RunStore) -> dict[str, Any]:
         "updated_at": row.get("updated_at"),
         "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
     }
+
+
+def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:
+    """What the ledger alone says of a run (no graph checkpoint to read)."""
+    trials = store.ledger.trials()
+    done: dict[str, int] = {}
+    for t in trials:
+        if t["status"] not in ("running", "pending"):
+            done[t["stage"]] = done.get(t["stage"], 0) + 1
+    running = next((t for t in trials if t["status"] == "running"), None)
+    return {
+        "run_id": store.run_id, "run_dir": str(store.run_dir), "status": row.get("status") or "created",
+        "waiting_for": None, "driver_pid": None, "stage": trials[-1]["stage"] if trials else None, "next": [],
+        "trials_done": done,
+        "running_trial": None if running is None else {
+            "trial_id": running["trial_id"], "stage": running["stage"], "kind": running["kind"],
+            "steps_done": len(store.ledger.metric_records(running["trial_id"])), "horizon": running.get("horizon"),
+        },
+        "pending_review": None, "summary": row.get("summary"), "error": row.get("error"),
+        "updated_at": row.get("updated_at"),
+        "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
+    }
+
+
+def _studio_status(store: RunStore, row: dict[str, Any], thread: str) -> dict[str, Any]:
+    """A Studio run's status from its ledger: trials and stage are real; whether it waits at a review is
+    known only to the Studio server, so an unfinished run without a running trial waits "in LangGraph Studio"."""
+    info = _ledger_status(store, row)
+    if info["status"] not in ("completed", "failed"):
+        info["status"] = "running" if info["running_trial"] else "paused"
+        info["waiting_for"] = None if info["running_trial"] else "LangGraph Studio"
+    return {**info, "driver": "studio", "thread_id": thread}

@@ -11,5 +11,16 @@ review interrupt itself: resume with a ``ReviewDecision`` as JSON, e.g. ``{"acti
 from __future__ import annotations
 
 from mart.graph.builder import make_builder
+from mart.state.graph_state import InputState
+from mart.state.options import TuneOptions
 
-graph = make_builder(context_schema=None).compile(name="mart")
+
+class StudioInput(InputState, total=False):
+    """Studio's input form: ``options`` as the typed ``TuneOptions`` (one field per option, with its type,
+    default and description) instead of a free-form object. Only the schema changes: the value still reaches
+    the graph as the JSON dict Studio sends, and the nodes validate it (unknown keys refused)."""
+
+    options: TuneOptions  # type: ignore[misc]  # narrows InputState's dict for the form
+
+
+graph = make_builder(context_schema=None, input_schema=StudioInput).compile(name="mart")

@@ -34,5 +34,6 @@ def critic(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["h
         return Command(goto="human_review", update={**update, "selected": chosen})
     if rnd <= services.options.max_revision_rounds:
         return Command(goto="proposer", update={**update, "feedback": [*(state.get("feedback") or []), f"critic: {verdict.feedback}"]})
-    reason = f"the critic rejected every candidate for {rnd} rounds ({verdict.feedback})"
+    last = (verdict.feedback or "").removeprefix("rejected every candidate").lstrip(": ")
+    reason = f"the critic rejected every candidate for {rnd} rounds" + (f" (last round: {last})" if last else "")
     return Command(goto="stage_control", update={**update, "exhausted": {**(state.get("exhausted") or {}), stage: reason}})

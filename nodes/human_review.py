@@ -28,11 +28,13 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
     best = dict((state.get("best_overrides") or {}).get(stage, {}))
     base = stage_base_config(state, services, stage)
     current = {**base, **best}
+    # the diff is for reading (0.7000000000000001 -> 0.7); "overrides" keeps the exact values that will run
     diff = [
-        {"key": k, "current": current.get(k), "proposed": v}
+        {"key": k, "current": _rounded(current.get(k), 6), "proposed": _rounded(v, 6)}
         for k, v in cand.overrides.items() if current.get(k) != v
     ] + [
-        {"key": k, "current": v, "proposed": base.get(k)} for k, v in best.items() if k not in cand.overrides
+        {"key": k, "current": _rounded(v, 6), "proposed": _rounded(base.get(k), 6)}
+        for k, v in best.items() if k not in cand.overrides
     ]
     crit = next((c for c in state.get("critiques") or [] if c.candidate_id == cand.candidate_id), None)
     profile = (state.get("profiles") or {}).get(stage)
@@ -49,10 +51,10 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
         "diff": diff,
         "rationale": cand.rationale,
         "source": cand.source,
-        "critique": crit.model_dump(mode="json") if crit else None,
-        "predicted_memory_gb": cand.predicted_memory_gb,
+        "critique": _rounded(crit.model_dump(mode="json")) if crit else None,
+        "predicted_memory_gb": _rounded(cand.predicted_memory_gb),
         "prediction": prediction_text(cand, services.ledger.prediction_record(services.run_id, stage)),
-        "memory_limit_gb": services.memory_limit_gb(),
+        "memory_limit_gb": _rounded(services.memory_limit_gb()),
         "bottleneck": profile.bottleneck if profile else None,
         "trials_done": (state.get("trials_done") or {}).get(stage, 0),
         "feedback_read": feedback_read,
@@ -74,6 +76,17 @@ def _segment(state: dict[str, Any], services) -> dict[str, Any]:
     step = int(row.get("horizon") or 0)
     nxt = next((b for b in services.options.schedule_boundaries() if b > step), step)
     return {"parent_trial": parent, "segment": [step, nxt]}
+
+
+def _rounded(value: Any, digits: int = 4) -> Any:
+    """Floats in a payload meant for people, to ``digits`` significant digits (dicts and lists walked)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    return value
 
 
 def _short(e: Exception) -> str:

@@ -8,11 +8,14 @@ fails a node.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from mart.state.models import Stage
+
+_log = logging.getLogger("mart.progress")
 
 
 class _Event(BaseModel):
@@ -135,7 +138,10 @@ def emit(services: Any, event: ProgressEvent) -> None:
     except Exception:  # outside a streamed run there is no writer; progress is best-effort
         pass
     if services.progress is not None:
-        services.progress(event)
+        try:
+            services.progress(event)
+        except Exception as e:  # noqa: BLE001 - a failing display (a Slack post, a closed pipe) must not fail the run
+            _log.warning("progress output failed (%s: %s); the session goes on", type(e).__name__, e)
 
 
 __all__ = ["EVENT_TYPES", "CritiqueDone", "HealthNotice", "ProgressEvent", "Proposed", "ProposedCandidate",

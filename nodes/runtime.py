@@ -20,6 +20,7 @@ from langgraph.runtime import Runtime
 from mart.nodes.agents.base import Critic, Proposer
 from mart.nodes.progress import ProgressEvent
 from mart.state.ledger import Ledger
+from mart.state.objectives import memory_limit_gb
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore
 from mart.trial_runner.base import Backend, TrialRunner
@@ -64,8 +65,7 @@ class Services:
         return self._job
 
     def memory_limit_gb(self) -> float | None:
-        cap = self.memory_capacity_gb()
-        return None if cap is None else (1.0 - self.options.memory_margin) * cap
+        return memory_limit_gb(self.memory_capacity_gb(), self.options.memory_margin)
 
     def close(self) -> None:
         self.runner.close()
@@ -110,7 +110,8 @@ def ensure_run(state: Mapping[str, Any]) -> dict[str, str]:
         run_id = f"studio-{thread}"
     run_dir = Path(options.runs_dir).resolve() / run_id
     if not (run_dir / "trials").is_dir():
-        RunStore.create(options.runs_dir, run_id).close()
+        # the driver is recorded: `mart status/resume/review` must not treat a Studio thread's run as their own
+        RunStore.create(options.runs_dir, run_id, driver="studio", thread_id=run_id.removeprefix("studio-")).close()
     return {"run_id": run_id, "run_dir": str(run_dir)}
 
 

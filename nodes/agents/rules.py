@@ -347,5 +347,16 @@ class RulesCritic(Critic):
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
         if ranked:
             return CriticVerdict(critiques=critiques, pick=ranked[0].candidate_id)
-        why = "; ".join(f"{c.candidate_id}: {c.reasons[0]}" for c in critiques if c.reasons) or "no candidates"
-        return CriticVerdict(critiques=critiques, pick=None, feedback=f"critic rejected every candidate ({why})")
+        return CriticVerdict(critiques=critiques, pick=None, feedback=rejection_summary(critiques))
+
+
+def rejection_summary(critiques: list[Critique]) -> str:
+    """"rejected every candidate: REASON (c0, c2); REASON2 (c1)": each reason once, with the candidates it
+    applies to (the node prefixes "critic"; three equal reasons read as one)."""
+    by_reason: dict[str, list[str]] = {}
+    for c in critiques:
+        if c.reasons:
+            by_reason.setdefault(c.reasons[0], []).append(c.candidate_id)
+    if not by_reason:
+        return "rejected every candidate (no candidates)"
+    return "rejected every candidate: " + "; ".join(f"{r} ({', '.join(ids)})" for r, ids in by_reason.items())

@@ -232,3 +232,18 @@ def test_feedback_is_read_back_and_edits_take_short_names(tmp_path):
 def test_a_budget_of_one_runs_only_the_baseline(tmp_path):
     summary = tune(options(tmp_path, system_trials=1, learning_trials=0))
     assert summary["trials"]["total"] == 1
+
+
+def test_a_failing_progress_channel_does_not_fail_the_session(tmp_path, caplog):
+    from mart.graph.reviewers.base import AutoReviewer
+
+    class BrokenThread(AutoReviewer):  # e.g. Slack posts failing mid-session
+        calls = 0
+
+        def on_progress(self, event, line):
+            BrokenThread.calls += 1
+            raise ConnectionError("channel gone")
+
+    out = tune(options(tmp_path, system_trials=2, learning_trials=0), reviewer=BrokenThread())
+    assert out["status"] == "completed" and out["trials"]["total"] == 2
+    assert BrokenThread.calls > 0 and "progress output failed (ConnectionError" in caplog.text

@@ -83,3 +83,18 @@ def test_time_travel_redecides_a_past_review_on_a_fork(tmp_path, paused):
         oldest = list(h.past_reviews())[-1]
         assert h.fork(oldest)["candidate_id"] == first["candidate_id"]
         assert h.decide(ReviewDecision(action="approve", reviewer="ann"))["review_no"] == 2
+
+
+def test_a_new_answer_to_an_already_answered_review_is_refused_not_replayed(tmp_path, paused):
+    from mart.graph.api import StaleResume
+
+    with open_run(paused["run_id"], tmp_path) as h:
+        h.decide({"action": "approve", "reviewer": "ann"})
+        answered = list(h.past_reviews())[-1]  # review 1, answered "approve"
+        head_before = h.state().config["configurable"]["checkpoint_id"]
+        with pytest.raises(StaleResume, match="already answered \\(approve\\).*fork"):
+            h.graph.invoke(Command(resume={"action": "reject", "feedback": "no", "reviewer": "bob"}),
+                           answered.config, context=h.context)
+        assert h.state().config["configurable"]["checkpoint_id"] == head_before  # nothing ran
+        # the head's pending review is still answered normally, and a fork re-opens the old one
+        assert h.fork(answered)["review_no"] == 1

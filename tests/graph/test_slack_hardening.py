@@ -8,9 +8,11 @@ built-in client against a local WebSocket stub (the ``apps.connections.open`` an
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import secrets
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -98,6 +100,30 @@ def test_malformed_unsigned_requests_get_401(http):
         assert post(http, body, form) == 401
     assert post(http, b"{", {"Content-Type": "application/json"}) == 401
     assert healthy(http)
+
+
+def test_bad_signatures_are_logged_at_warning_once_per_window(http, caplog):
+    caplog.set_level(logging.WARNING, logger="mart.slack")
+    form = {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": str(int(time.time())),
+            "X-Slack-Signature": "v0=" + "0" * 64}
+    for _ in range(3):
+        assert post(http, b"payload=%7B%7D", form) == 401
+    refused = [r for r in caplog.records if "invalid or stale Slack signature" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.WARNING  # a flood is one line per window
+    assert "127.0.0.1" in refused[0].getMessage()
+
+
+def test_no_misleading_token_warning_and_warm_up_loads_the_decision_path(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)  # bolt's own fallback: it would warn that `token` is unused
+    caplog.set_level(logging.WARNING)
+    for mod in [m for m in sys.modules if m == "mart.graph.session"]:
+        monkeypatch.delitem(sys.modules, mod)
+    service = SlackReviewService(tmp_path, signing_secret=SECRET, reviewers={ALICE},
+                                 client=slack_client("http://127.0.0.1:9/api/", TOKEN), token_verification=False)
+    assert not [r for r in caplog.records if "unused" in r.getMessage()]
+    assert "mart.graph.session" not in sys.modules
+    service.warm_up()
+    assert "mart.graph.session" in sys.modules and "langgraph.checkpoint.sqlite" in sys.modules
 
 
 def test_signed_but_malformed_body_is_refused_not_crashed(http):

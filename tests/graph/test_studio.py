@@ -89,7 +89,12 @@ def test_studio_runs_the_graph_to_the_review_and_resumes(studio, tmp_path):
     nodes = {n["id"] for n in client.assistants.get_graph(assistant["assistant_id"])["nodes"]}
     assert nodes == set(compile_graph().get_graph().nodes)
     schemas = client.assistants.get_schemas(assistant["assistant_id"])
-    assert "options" in schemas["input_schema"]["properties"]
+    schema = schemas["input_schema"]
+    # the form's options are the typed TuneOptions (fields with descriptions), not a free-form object
+    ref = schema["properties"]["options"].get("$ref", "")
+    options_schema = schema.get("$defs", {}).get(ref.rsplit("/", 1)[-1]) if ref else schema["properties"]["options"]
+    assert options_schema["properties"]["system_trials"]["type"] == "integer"
+    assert "Stage-1 trial budget" in options_schema["properties"]["system_trials"]["description"]
 
     runs = tmp_path / "runs"
     options = {"backend": "tests.support.toy_backend:make_backend", "runs_dir": str(runs), "system_trials": 3,

@@ -130,3 +130,16 @@ def test_critic_refuses_a_candidate_predicted_just_above_the_limit():
     assert verdict.pick == "under"
     alone = RulesCritic().critique(ctx(limit=limit, predict=lambda c: predict[c[MB]]), cands[:1])
     assert alone.pick is None
+
+
+def test_rejection_summary_states_each_reason_once_with_its_candidates():
+    from mart.nodes.agents.rules import rejection_summary
+    from mart.state.models import Critique
+
+    over = "predicted peak memory 75.00 GB exceeds the limit 72.00 GB"
+    crits = [Critique(candidate_id="c0", accepted=False, reasons=[over]),
+             Critique(candidate_id="c1", accepted=False, reasons=["tried before"]),
+             Critique(candidate_id="c2", accepted=False, reasons=[over])]
+    text = rejection_summary(crits)
+    assert text.count(over) == 1 and f"{over} (c0, c2)" in text and "tried before (c1)" in text
+    assert not text.startswith("critic")  # the node and the console add "critic" once

@@ -157,3 +157,15 @@ def test_final_console_line_without_newline_is_read_after_exit(tmp_path):
                          extra={"metrics_path": str(tmp_path / "nowhere.jsonl")})
     recs = runner.read_all_metrics(handle)
     assert [(r.step, r.data["a"]) for r in recs] == [(1, 1.0), (2, 2.0)]
+
+
+def test_last_error_line_behind_ray_and_torch_rank_prefixes():
+    from mart.trial_runner.verl.logs import last_error_line
+
+    log = "\n".join([
+        "(TaskRunner pid=123) step:3 - actor/entropy:0.5",
+        "(WorkerDict pid=9, ip=10.0.0.1) [rank3]: Traceback (most recent call last):",
+        "\x1b[36m(WorkerDict pid=9, ip=10.0.0.1)\x1b[0m [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried",
+    ])
+    assert last_error_line(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried"
+    assert last_error_line("[rank0]:ValueError: bad batch") == "ValueError: bad batch"

@@ -19,13 +19,14 @@ from mart.trial_runner.metrics import MetricsTail
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_PREFIX_RE = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")
+_RANK_PREFIX_RE = re.compile(r"^\[(?:default)?rank\d+\]:\s*")  # torch.distributed / torchrun tag each worker's lines
 _STEP_RE = re.compile(r"(?:^|\s)step:(\d+)(?=\s+-\s|\s*$)")
 _WRAPPED_RE = re.compile(r"^(?:np\.|numpy\.|torch\.)?[A-Za-z_][A-Za-z0-9_]*\((.*)\)$")
 
 
 def strip_prefixes(line: str) -> str:
-    """Remove ANSI colour codes and Ray's ``(Actor pid=N, ip=...)`` prefix."""
-    return _RAY_PREFIX_RE.sub("", _ANSI_RE.sub("", line)).rstrip("\r\n")
+    """Remove ANSI colour codes, Ray's ``(Actor pid=N, ip=...)`` prefix and torch's ``[rank0]:`` tag."""
+    return _RANK_PREFIX_RE.sub("", _RAY_PREFIX_RE.sub("", _ANSI_RE.sub("", line))).rstrip("\r\n")
 
 
 def _unwrap(text: str) -> str:
