@@ -28,9 +28,9 @@ _INTENTS: list[tuple[str, str]] = [
     ("without", "neg"), ("stop", "neg"),
     ("avoid", "avoid"), ("leave", "avoid"), ("keep", "avoid"), ("freeze", "avoid"),
     ("increase", "up"), ("raise", "up"), ("higher", "up"), ("larger", "up"), ("bigger", "up"), ("more", "up"),
-    ("double", "up"), ("up", "up"), ("grow", "up"), ("boost", "up"), ("enable", "up"),
+    ("double", "up"), ("up", "up"), ("longer", "up"), ("grow", "up"), ("boost", "up"), ("enable", "up"),
     ("decrease", "down"), ("reduce", "down"), ("lower", "down"), ("smaller", "down"), ("less", "down"),
-    ("fewer", "down"), ("halve", "down"), ("down", "down"), ("cut", "down"), ("shrink", "down"), ("disable", "down"),
+    ("fewer", "down"), ("shorter", "down"), ("halve", "down"), ("down", "down"), ("cut", "down"), ("shrink", "down"), ("disable", "down"),
     ("try", "try"), ("use", "try"), ("change", "try"), ("touch", "try"), ("move", "try"), ("modify", "try"),
     ("tune", "try"), ("adjust", "try"), ("consider", "try"), ("explore", "try"), ("focus on", "try"),
 ]
@@ -53,6 +53,9 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "actor.kl_loss_coef": ("kl coef", "kl coefficient", "kl weight"),
     "actor.entropy_coeff": ("entropy bonus", "entropy coefficient"),
     "rollout.n": ("rollouts per prompt", "group size", "samples per prompt"),
+    # learning knobs by the names papers give them (DAPO's clip-higher, a length budget)
+    "actor.clip_ratio_high": ("clip higher", "clip-higher", "upper clip", "clip high"),
+    "data.max_response_length": ("response length", "length budget", "max length", "response budget"),
 }
 FILLER = {"ppo", "per", "gpu", "size", "log", "prob", "enable", "use"}
 

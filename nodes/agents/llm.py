@@ -34,6 +34,7 @@ from mart.nodes.agents.prompts import (
     build_proposer_prompt,
     build_repair_message,
 )
+from mart.nodes.agents.schedule import knob_stage
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
 from mart.state.search_space import ConfigError
@@ -241,7 +242,9 @@ class LLMProposer(_LLMStrategy, Proposer):
         """Validate each proposed candidate; add the good ones to ``found`` (keyed by config hash)."""
         space = ctx.search_space
         tried = ctx.tried_keys()
-        base_key = config_hash(ctx.full_config(dict(ctx.best_overrides)))
+        # stage 3: a transition changes the parent branch's config (the base), not a best-so-far
+        start = {} if ctx.stage == "schedule" else dict(ctx.best_overrides)
+        base_key = config_hash(ctx.full_config(start))
         errors: list[str] = []
         for i, proposed in enumerate(answer.candidates[: ctx.num_candidates + 2], start=1):
             keys = [kv.key for kv in proposed.overrides]
@@ -250,11 +253,11 @@ class LLMProposer(_LLMStrategy, Proposer):
                 errors.append(f"candidate {i}: knob(s) {dupes} set more than once")
                 continue
             try:
-                changes = space.validate_overrides(proposed.overrides_dict(), stage=ctx.stage)
+                changes = space.validate_overrides(proposed.overrides_dict(), stage=knob_stage(ctx.stage))
             except ConfigError as e:
                 errors.append(f"candidate {i}: {e}")
                 continue
-            overrides = {**ctx.best_overrides, **changes}
+            overrides = {**start, **changes}
             full = ctx.full_config(overrides)
             broken = ctx.config_errors(overrides)
             if broken:
@@ -262,10 +265,13 @@ class LLMProposer(_LLMStrategy, Proposer):
                 continue
             key = config_hash(full)
             if key == base_key or not changes:
-                errors.append(f"candidate {i}: changes nothing relative to the current best configuration")
+                errors.append(f"candidate {i}: changes nothing relative to the "
+                              + ("parent branch's configuration" if ctx.stage == "schedule" else
+                                 "current best configuration"))
                 continue
             if key in tried:
-                errors.append(f"candidate {i} ({_kv(changes)}): this configuration was already tried")
+                errors.append(f"candidate {i} ({_kv(changes)}): this configuration was already tried"
+                              + (" from this checkpoint" if ctx.stage == "schedule" else ""))
                 continue
             if key in found:
                 continue  # the same candidate again (e.g. repeated in a repair answer): keep one
@@ -275,6 +281,13 @@ class LLMProposer(_LLMStrategy, Proposer):
                               f"over the limit {ctx.memory_limit_gb:.1f} GB (per phase: "
                               + ", ".join(f"{p} {v:.1f}" for p, v in pred.phase_gb.items() if v > 0) + ")")
                 continue
+            peak = _safe_predict(ctx, full)
+            if ctx.stage == "schedule" and peak is not None and ctx.memory_limit_gb and peak > ctx.memory_limit_gb:
+                parent = _safe_predict(ctx, dict(ctx.base_config))
+                if parent is None or peak > parent:  # memory the transition adds (a longer budget, more rollouts)
+                    errors.append(f"candidate {i} ({_kv(changes)}): the memory model predicts a peak of {peak:.1f} GB, "
+                                  f"over the limit {ctx.memory_limit_gb:.1f} GB")
+                    continue
             inc = ctx.predict(ctx.full_config(ctx.best_overrides)) if pred is not None else None
             found[key] = Candidate(
                 candidate_id=f"llm-{ctx.stage[:3]}-{key[:8]}",
@@ -282,7 +295,7 @@ class LLMProposer(_LLMStrategy, Proposer):
                 overrides=overrides,
                 rationale=_clip(proposed.rationale, MAX_TEXT) or "(the LLM gave no rationale)",
                 source="llm",
-                predicted_memory_gb=_safe_predict(ctx, full),
+                predicted_memory_gb=peak,
                 predicted_throughput=None if pred is None else round(pred.throughput, 3),
                 expected_gain=(round(pred.throughput / max(inc.throughput, 1e-9) - 1, 4) if pred is not None and inc
                                else _gain(proposed.expected_gain)),
@@ -401,7 +414,7 @@ def check_candidate(ctx: AgentContext, c: Candidate) -> CandidateCheck:
     """mart's checks of one candidate: search space, constraints, memory prediction, repeat of a trial."""
     chk = CandidateCheck()
     try:
-        overrides = ctx.search_space.validate_overrides(c.overrides, stage=ctx.stage)
+        overrides = ctx.search_space.validate_overrides(c.overrides, stage=knob_stage(ctx.stage))
     except ConfigError as e:
         chk.validation_errors.append(str(e))
         overrides = dict(c.overrides)

@@ -21,10 +21,11 @@ from typing import Any
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from mart.nodes.agents.base import AgentContext
+from mart.nodes.agents.schedule import RULES, knob_stage, severities, transition_score
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.models import Candidate, HealthEvent, TrialRecord
 
-PROMPT_VERSION = "mart-agents/2"
+PROMPT_VERSION = "mart-agents/3"
 """Bump when a prompt's meaning changes; recorded with every LLM call."""
 
 MAX_HISTORY_ROWS = 20
@@ -79,6 +80,43 @@ Answer with one JSON object, no prose around it:
  "candidates": [{"overrides": [{"key": "<knob key>", "value": <new value>}, ...],
                  "rationale": "<why, citing the facts>", "expected_gain": <relative gain, e.g. 0.1, or null>}, ...]}"""
 
+PROPOSER_SCHEDULE = """\
+Stage 3 (schedule) is different: training is cut into segments, and you are at a checkpoint. Every candidate \
+is a *transition*: the learning knobs the next segment trains with, starting from the checkpoint's weights. \
+Coordinated multi-knob transitions (one to four knobs) are welcome here; each candidate should answer a finding \
+of the diagnosis (name it) or, on a healthy trajectory, add capacity. Known patterns, with their sources, are \
+listed under "Transition patterns"; use them as evidence, not as a recipe."""
+
+PROPOSER_SCHEDULE_TASK = """\
+# Task
+Stage: schedule. Objective: {objective}
+Propose exactly {k} transitions for the segment {segment} (proposal round {round}).
+Each candidate lists only the knobs it changes relative to the parent branch's configuration at the checkpoint.
+
+# Diagnosis of the trajectory so far (JSON; null = not measured)
+{diagnosis}
+
+# Learning knobs ({backend} backend)
+{search_space}
+
+# Parent branch's configuration at the checkpoint (learning knobs)
+{parent}
+
+# Branches already run from this checkpoint (never repeat one)
+{siblings}
+
+# Transition patterns (public sources)
+{patterns}
+
+# Trial history
+{history}
+
+# Reviewer feedback and earlier critiques
+{feedback}
+{notes}
+# Answer
+{output_contract}"""
+
 # --------------------------------------------------------------------------- critic
 
 CRITIC_SYSTEM = """\
@@ -96,6 +134,12 @@ candidate is close to the limit), and past out-of-memory or failed trials with s
 - the reviewer's feedback.
 Pick the accepted candidate most likely to improve the objective at acceptable risk. If none is worth \
 running, set pick to null and say in feedback what the proposer should change."""
+
+CRITIC_SCHEDULE = """\
+Stage 3 (schedule): each candidate is a transition for the next training segment from a checkpoint. Prefer the \
+transition that answers the most severe finding of the diagnosis (mart's own reading is given per candidate), \
+reject one that repeats a branch already run from this checkpoint, and weigh the memory a longer response \
+budget or more rollouts adds against the limit."""
 
 CRITIC_TASK = """\
 # Task
@@ -156,6 +200,8 @@ BACKEND_NOTES: dict[tuple[str, str], str] = {
 
 def build_proposer_prompt(ctx: AgentContext) -> list[BaseMessage]:
     """System + user messages asking for ``ctx.num_candidates`` candidates of ``ctx.stage``."""
+    if ctx.stage == "schedule":
+        return _build_schedule_prompt(ctx)
     user = PROPOSER_TASK.format(
         stage=ctx.stage,
         objective=ctx.objective,
@@ -171,6 +217,26 @@ def build_proposer_prompt(ctx: AgentContext) -> list[BaseMessage]:
         output_contract=PROPOSER_OUTPUT,
     )
     return [SystemMessage(PROPOSER_SYSTEM), HumanMessage(user)]
+
+
+def _build_schedule_prompt(ctx: AgentContext) -> list[BaseMessage]:
+    user = PROPOSER_SCHEDULE_TASK.format(
+        objective=ctx.objective,
+        k=ctx.num_candidates,
+        segment=format_segment(ctx),
+        round=ctx.round,
+        diagnosis=format_diagnosis(ctx),
+        backend=ctx.backend,
+        search_space=format_search_space(ctx),
+        parent=format_parent(ctx),
+        siblings=format_siblings(ctx),
+        patterns=format_patterns(ctx),
+        history=format_history(ctx),
+        feedback=format_feedback(ctx.feedback),
+        notes=format_notes(ctx),
+        output_contract=PROPOSER_OUTPUT,
+    )
+    return [SystemMessage(PROPOSER_SYSTEM + "\n\n" + PROPOSER_SCHEDULE), HumanMessage(user)]
 
 
 def build_critic_prompt(
@@ -190,6 +256,10 @@ def build_critic_prompt(
         notes=format_notes(ctx),
         output_contract=CRITIC_OUTPUT,
     )
+    if ctx.stage == "schedule":
+        user = user.replace("\n# Phase profile\n", f"\n# Diagnosis at the checkpoint ({format_segment(ctx)})\n"
+                            f"{format_diagnosis(ctx)}\n\n# Phase profile\n", 1)
+        return [SystemMessage(CRITIC_SYSTEM + "\n\n" + CRITIC_SCHEDULE), HumanMessage(user)]
     return [SystemMessage(CRITIC_SYSTEM), HumanMessage(user)]
 
 
@@ -204,7 +274,52 @@ def build_repair_message(errors: Iterable[str], *, attempt: int, attempts: int, 
 
 
 def format_search_space(ctx: AgentContext) -> str:
-    return ctx.search_space.describe(ctx.stage) or "(no knobs)"
+    return ctx.search_space.describe(knob_stage(ctx.stage)) or "(no knobs)"  # type: ignore[arg-type]
+
+
+def format_segment(ctx: AgentContext) -> str:
+    if ctx.segment is None:
+        return "(not given)"
+    frm, to = ctx.segment
+    return f"steps {frm}-{to} (from the checkpoint at step {frm}, {to - frm} steps)"
+
+
+def format_diagnosis(ctx: AgentContext) -> str:
+    """The diagnosis as JSON (measured values, findings, severities), or a line saying there is none."""
+    if ctx.diagnosis is None:
+        return "No diagnosis (no metrics before this checkpoint)."
+    data = ctx.diagnosis.model_dump(mode="json")
+    data["severity"] = severities(ctx)
+    data["severity"].pop("healthy", None)
+    return json.dumps(data, indent=1, default=str)
+
+
+def format_parent(ctx: AgentContext) -> str:
+    config = ctx.base_config
+    keys = [p.key for p in ctx.search_space.stage_params(knob_stage(ctx.stage))]  # type: ignore[arg-type]
+    return _compact({k: config[k] for k in keys if k in config}) or "(the backend's defaults)"
+
+
+def format_siblings(ctx: AgentContext) -> str:
+    frm = ctx.segment[0] if ctx.segment else None
+    rows = [t for t in ctx.history if t.stage == ctx.stage
+            and (frm is None or t.parent_step == frm or (not frm and t.parent_step is None))]
+    if not rows and not ctx.rejected:
+        return "None yet."
+    parent = ctx.base_config
+    lines = []
+    for t in rows:
+        diff = {k: v for k, v in t.config.items() if parent.get(k, _MISSING) != v}
+        lines.append(f"- {t.trial_id}: {_compact(diff) if diff else '(unchanged)'} -> {t.status.value}, "
+                     f"score {_num(t.score)}")
+    for o in ctx.rejected:
+        lines.append(f"- rejected by the reviewer: {_compact(o)}")
+    return "\n".join(lines)
+
+
+def format_patterns(ctx: AgentContext) -> str:
+    """The rules proposer's transition patterns, one line each, with the findings they answer."""
+    return "\n".join(f"- {r.name} (answers {', '.join(r.answers)}): {r.why}" for r in RULES)
 
 
 def format_current_best(ctx: AgentContext) -> str:
@@ -363,6 +478,9 @@ def format_candidates(ctx: AgentContext, candidates: list[Candidate], checks: Ma
         else:
             lines.append(f"predicted peak memory: {_gb(chk.predicted_memory_gb)}")
         lines.extend(_model_line(ctx, c))
+        if ctx.stage == "schedule":
+            score, answers = transition_score(ctx, c.overrides)
+            lines.append(f"answers (mart's reading): {answers or 'no finding of the diagnosis'}; severity score {score:.2f}")
         lines.append("validation: " + ("ok" if not chk.validation_errors else "FAILED: " + " ".join(chk.validation_errors)))
         lines.append("constraints: " + ("ok" if not chk.constraint_errors else "FAILED: " + " ".join(chk.constraint_errors)))
         lines.append("already tried: " + ("yes, identical to a past trial" if chk.duplicate else "no"))

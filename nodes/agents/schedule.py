@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -56,6 +56,8 @@ before its 16k stage)."""
 FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 UNSTABLE_EVENTS = {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan", "loss_spike"}
+COLLAPSE_BLOCKS = ("collapse",)
+"""Pathologies under which adding capacity or exploration is no answer: the run must be stabilised first."""
 
 
 class Diagnosis(BaseModel):
@@ -76,6 +78,7 @@ class Diagnosis(BaseModel):
     response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
     reward: float | None = None
     reward_slope: float | None = None
+    reward_best: float | None = Field(None, description="best level of the reward over the trajectory")
     val_score: float | None = None
     val_best: float | None = None
     val_slope: float | None = None
@@ -175,10 +178,13 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
     d.response_clip_ratio = _r(level(rc))
     d.reward, d.reward_slope = _r(level(rew)), _r(slope(rew), 3)
+    if rew:  # the best smoothed level (a 3-step mean), so one lucky step is not the reference
+        d.reward_best = _r(max(_mean(rew[max(0, i - now_w + 1): i + 1]) for i in range(len(rew))))
     if val:
         d.val_score = _r(val[-1][1])
         d.val_best = _r(max(v for _, v in val))
-        d.val_slope = _r(_rel_slope(_tail(val, max(w, 2 * (val[-1][0] - val[-2][0]) if len(val) > 1 else w))), 3)
+        if len(val) >= 3:  # a slope through two noisy points says nothing
+            d.val_slope = _r(_rel_slope(_tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
     _find(d, rl)
     return d
 
@@ -206,7 +212,7 @@ def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
                 f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
     if d.response_clip_ratio is not None and d.response_clip_ratio >= CLIP_RATIO_WARN:
         growing = (d.response_length_slope or 0) > FLAT_SLOPE
-        add("length_clipping", 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0),
+        add("length_clipping", min(0.9, 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0)),
             f"{d.response_clip_ratio:.0%} of responses hit the length limit"
             + (" and responses are still growing" if growing else ""))
     drift = []
@@ -216,8 +222,22 @@ def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
         drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
     if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
         drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
-    if drift:
-        add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift))
+    # KL and grad norm grow while a policy learns (KL starts at 0): they count as drift only when the reward
+    # does not rise with them; a large clipped share is drift on its own
+    gaining = d.reward_slope is not None and d.reward_slope > FLAT_SLOPE
+    heavy_clip = d.pg_clipfrac is not None and d.pg_clipfrac > 0.2
+    if drift and (heavy_clip or not gaining):
+        add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift)
+            + ("" if gaining else " without a reward gain"))
+    # a collapse: the reward falling fast well below its best, or validation far below its best
+    rew_fall = (d.reward is not None and d.reward_best and d.reward < 0.7 * d.reward_best
+                and (d.reward_slope or 0) < -0.01)
+    val_fall = (d.val_score is not None and d.val_best and d.val_score < 0.7 * d.val_best)
+    if rew_fall or val_fall or any("reward_collapse" in e for e in d.health_events):
+        what = (f"the reward fell from {d.reward_best:.3g} to {d.reward:.3g}" if rew_fall
+                else f"validation fell from {d.val_best:.3g} to {d.val_score:.3g}" if val_fall
+                else "the health monitor saw a reward collapse")
+        add("collapse", 1.0, f"training collapses: {what}")
     bad = sorted({e for e in d.health_events for rule in UNSTABLE_EVENTS if rule in e})
     if bad:
         add("instability", 0.9, "health events: " + ", ".join(bad))
@@ -243,115 +263,161 @@ def knob_stage(stage: str) -> str:
     return "learning" if stage == "schedule" else stage
 
 
+# Skywork-OR1's adaptive entropy control (or1_scripts/train/7b_8k.sh): target entropy 0.2, coefficient stepped by
+# 1e-4 per step between 0 and 0.005. mart applies it per segment: the coefficient moves by the step x the
+# segment's length, within the same cap.
+ENT_COEF_STEP = 1e-4
+ENT_COEF_MAX = 0.005
+DEFAULT_SEGMENT = 10
+"""Segment length assumed when the context does not say (steps)."""
+
+
 @dataclass
 class Move:
     """One knob's change inside a transition."""
 
     suffix: str
     how: str
-    """``x2``, ``/2``, ``up``, ``+0.08``, ``atleast:0.28``, ``atmost:0.2``, ``on``, ``off``."""
+    """``x2``, ``/2``, ``+0.1``, ``atleast:0.28``, ``atmost:0.2``, ``on``, ``off``, ``ent+``/``ent-`` (Skywork-OR1's
+    entropy controller over one segment), ``temp+`` (POLARIS: +0.05 after a slight entropy fall, +0.1 after a
+    large one)."""
 
 
 @dataclass
 class Rule:
-    """A transition template: which finding it answers, the knob moves, the public source."""
+    """A transition template: the findings it answers, coordinated knob moves, the public source."""
 
     name: str
-    answers: str
-    """The pathology it answers (``healthy`` for the capacity moves offered on any trajectory)."""
+    answers: tuple[str, ...]
+    """Pathologies it answers; ``healthy`` = offered on every trajectory (capacity, relaxing regularisation)."""
     moves: list[Move]
     why: str
-    prior: float = 0.5
-    family: str = field(default="")
+    prior: float
+    family: str
+    """Candidates of one family test the same hypothesis: K transitions cover distinct families first."""
+    blocked_by: tuple[str, ...] = ()
+    """Not offered while one of these pathologies is present."""
 
 
 RULES: list[Rule] = [
-    Rule("clip-higher", "entropy_collapse",
-         [Move("clip_ratio_high", "atleast:0.28")],
-         "clip-higher lets low-probability tokens grow and keeps entropy up (DAPO, arXiv 2503.14476: 0.28)",
-         0.9, "entropy"),
-    Rule("entropy-bonus", "entropy_collapse",
-         [Move("entropy_coeff", "up"), Move("rollout.temperature", "+0.1")],
-         "an entropy bonus steered toward a target entropy (Skywork-OR1 adaptive entropy control, "
-         "arXiv 2505.22312) with hotter sampling (POLARIS) restores exploration", 0.75, "entropy"),
-    Rule("hotter-sampling", "entropy_collapse",
-         [Move("rollout.temperature", "+0.2"), Move("clip_ratio_high", "+0.04")],
-         "diversity collapsed: a higher sampling temperature (POLARIS) and a wider upper clip", 0.6, "temperature"),
-    Rule("cool-down", "entropy_explosion",
-         [Move("entropy_coeff", "/2"), Move("clip_ratio_high", "atmost:0.2"), Move("rollout.temperature", "-0.1")],
-         "entropy runs away: lower the entropy bonus (Skywork-OR1 lowers it above target) and close clip-higher",
+    # entropy collapse: three independent controls (regularisation knobs: they oscillate with the dynamics)
+    Rule("clip-higher", ("entropy_collapse",), [Move("clip_ratio_high", "atleast:0.28")],
+         "clip-higher lets low-probability tokens grow and keeps entropy up (DAPO, arXiv 2503.14476, "
+         "clip_ratio_high 0.28)", 0.9, "clip"),
+    Rule("adaptive-entropy", ("entropy_collapse",),
+         [Move("entropy_coeff", "ent+"), Move("rollout.temperature", "atleast:1.0")],
+         "entropy below target: raise the entropy bonus as Skywork-OR1's adaptive entropy control does "
+         "(arXiv 2505.22312: +1e-4 per step, at most 0.005), sampling at temperature >= 1.0 as it does",
+         0.8, "entropy", blocked_by=("instability", "collapse")),
+    Rule("hotter-sampling", ("entropy_collapse",),
+         [Move("rollout.temperature", "temp+"), Move("clip_ratio_high", "atleast:0.28")],
+         "diversity collapsed: raise the sampling temperature, more after a larger entropy fall, with "
+         "clip-higher (POLARIS raises the temperature across stages by the previous stage's entropy drop)",
+         0.7, "temperature", blocked_by=("collapse",)),
+    # entropy runaway: the same controls turned back
+    Rule("entropy-brake", ("entropy_explosion",),
+         [Move("entropy_coeff", "ent-"), Move("clip_ratio_high", "atmost:0.28")],
+         "entropy runs away: lower the entropy bonus (Skywork-OR1's controller lowers it above target; POLARIS "
+         "drops the entropy loss because it can grow uncontrollably) and cap clip-higher at DAPO's 0.28",
          0.85, "entropy"),
-    Rule("longer-budget", "length_clipping",
-         [Move("max_response_length", "x2")],
-         "responses hit the length limit: double the budget, in stages (Skywork-OR1 8k->16k->32k, DeepScaleR "
-         "8k->16k->24k)", 0.9, "capacity"),
-    Rule("kl-anchor", "policy_drift",
-         [Move("use_kl_loss", "on"), Move("kl_loss_coef", "x2"), Move("optim.lr", "/2")],
-         "the policy drifts from the reference: a stronger KL-to-reference loss and a smaller step", 0.8, "kl"),
-    Rule("tighter-trust-region", "policy_drift",
-         [Move("clip_ratio_low", "-0.04"), Move("clip_ratio_high", "-0.04"), Move("optim.lr", "/2")],
-         "many tokens clipped and the update grows: a narrower clip range and a smaller step", 0.55, "clip"),
-    Rule("stabilise", "instability",
-         [Move("optim.lr", "/2"), Move("use_kl_loss", "on"), Move("kl_loss_coef", "x2")],
-         "health events: halve the learning rate and anchor to the reference", 0.95, "lr"),
-    Rule("anneal", "val_decline",
-         [Move("optim.lr", "/2")],
-         "validation fell from its best: a smaller learning rate (the classic step decay)", 0.8, "lr"),
-    Rule("anneal-plateau", "plateau",
-         [Move("optim.lr", "/2")],
-         "validation stopped improving: lower the learning rate (step decay on plateau)", 0.45, "lr"),
-    Rule("more-rollouts", "healthy",
-         [Move("rollout.n", "x2")],
-         "capacity accumulates across segments (LLMZero): more samples per prompt for the next segment", 0.5,
-         "capacity"),
-    Rule("bigger-batch", "healthy",
+    Rule("cooler-sampling", ("entropy_explosion",),
+         [Move("rollout.temperature", "-0.05"), Move("clip_ratio_high", "atmost:0.2")],
+         "entropy runs away: sample cooler and close clip-higher (regularisation oscillates, LLMZero)",
+         0.6, "temperature"),
+    # responses cut at the limit: capacity, raised in stages
+    Rule("longer-budget", ("length_clipping",), [Move("max_response_length", "x2")],
+         "responses hit the length limit: double the budget, in stages as Skywork-OR1 (8k -> 16k -> 32k) and "
+         "DeepScaleR (8k -> 16k -> 24k) do", 0.9, "length",
+         blocked_by=("collapse", "entropy_explosion")),  # runaway lengths are then a symptom
+    # the policy drifts from the reference, or the run is unstable
+    Rule("rescue", ("collapse",),
+         [Move("optim.lr", "/2"), Move("use_kl_loss", "on"), Move("entropy_coeff", "ent-"),
+          Move("clip_ratio_high", "atmost:0.28")],
+         "training collapses: a smaller step anchored to the reference, without the exploration pushes (a "
+         "too-large lr collapses GRPO runs: 50x takes Qwen3-0.6B on GSM8K from 57% to 2.4%)", 0.95, "rescue"),
+    Rule("kl-anchor", ("policy_drift", "instability", "collapse"),
+         [Move("use_kl_loss", "on"), Move("kl_loss_coef", "x2")],
+         "the policy drifts: anchor it to the reference with a KL loss, doubling the coefficient when it is "
+         "on (PPO's adaptive KL penalty doubles it when KL exceeds 1.5x its target, arXiv 1707.06347)",
+         0.8, "kl"),
+    Rule("smaller-step", ("policy_drift", "instability", "val_decline", "collapse"),
+         [Move("optim.lr", "/2"), Move("clip_ratio_high", "atmost:0.28")],
+         "halve the learning rate (too large a step collapses GRPO runs; verl uses 1e-6..1e-5) and cap "
+         "clip-higher at DAPO's 0.28", 0.75, "lr"),
+    Rule("anneal", ("plateau",), [Move("optim.lr", "/2")],
+         "validation stopped improving: lower the learning rate (the classic reduce-on-plateau schedule)",
+         0.45, "lr"),
+    # capacity accumulates on any trajectory (LLMZero)
+    Rule("more-rollouts", ("healthy", "plateau"), [Move("rollout.n", "x2")],
+         "capacity accumulates across segments (LLMZero, arXiv 2606.18388): more samples per prompt for the "
+         "next segment, a better group baseline", 0.5, "capacity", blocked_by=COLLAPSE_BLOCKS),
+    Rule("bigger-batch", ("healthy", "plateau"),
          [Move("train_batch_size", "x2"), Move("ppo_mini_batch_size", "x2")],
-         "capacity accumulates across segments (LLMZero): more prompts per step", 0.35, "capacity"),
-    Rule("explore-more", "healthy",
-         [Move("clip_ratio_high", "+0.04"), Move("rollout.temperature", "+0.1")],
-         "regularisation oscillates with the dynamics (LLMZero): loosen the upper clip and sample hotter while "
-         "the trajectory is healthy", 0.3, "entropy"),
-    Rule("consolidate", "healthy",
-         [Move("optim.lr", "/2"), Move("rollout.n", "x2")],
-         "later segments: a smaller step with more rollouts per prompt (capacity up, step size down)", 0.3,
-         "lr"),
+         "capacity accumulates across segments (LLMZero): twice the prompts per step, the same updates per step",
+         0.4, "capacity", blocked_by=COLLAPSE_BLOCKS),
+    Rule("early-clip-higher", ("healthy",), [Move("clip_ratio_high", "atleast:0.28")],
+         "entropy falls fastest early in RL training (Cui et al., arXiv 2505.22617): DAPO keeps clip-higher on "
+         "from the start to prevent the collapse rather than cure it", 0.3, "clip",
+         blocked_by=("collapse", "entropy_explosion")),
+    Rule("step-decay", ("healthy",), [Move("optim.lr", "/2")],
+         "a later segment with a smaller step: the classic step-decay schedule, consolidating what was learnt",
+         0.2, "lr", blocked_by=("entropy_explosion",)),
+    Rule("relax", ("healthy",), [Move("entropy_coeff", "ent-"), Move("kl_loss_coef", "/2")],
+         "regularisation oscillates with the dynamics (LLMZero): with the trajectory healthy, relax the entropy "
+         "bonus and the KL anchor (PPO halves the KL coefficient when KL is under its target)", 0.3, "relax",
+         blocked_by=("entropy_collapse", "policy_drift", "instability", "collapse")),
 ]
 
 
+@dataclass
+class _Info:
+    """What the moves need to know about the segment and the trajectory."""
+
+    segment_steps: int = DEFAULT_SEGMENT
+    entropy_ratio: float | None = None
+
+
 def _spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
-    stage = knob_stage(ctx.stage)
-    for p in ctx.search_space.stage_params(stage):  # type: ignore[arg-type]
+    for p in ctx.search_space.stage_params(knob_stage(ctx.stage)):  # type: ignore[arg-type]
         if p.key == suffix or p.key.endswith("." + suffix):
             return p
     return None
 
 
-def _apply_move(spec: ParamSpec, value: Any, how: str) -> Any:
+def _key(ctx: AgentContext, suffix: str) -> str | None:
+    spec = _spec(ctx, suffix)
+    return spec.key if spec else None
+
+
+def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
     """The new value of a knob (clamped to its range), or ``value`` itself when the move cannot apply."""
     if spec.kind == "bool":
         return how == "on" if how in ("on", "off") else value
     if spec.kind == "categorical" or spec.low is None or spec.high is None:
         return value
     v = float(value if value is not None else spec.default if spec.default is not None else spec.low)
+    ent_step = ENT_COEF_STEP * info.segment_steps
     if how.startswith("atleast:"):  # raise to a published value, never lower
         nv = max(v, float(how.split(":")[1]))
     elif how.startswith("atmost:"):
         nv = min(v, float(how.split(":")[1]))
-    elif how == "x2":  # from zero, the knob's default (verl's kl_loss_coef 0.001) or a small step into the range
-        nv = v * 2 if v > 0 else float(spec.default or 0) or spec.low + (spec.high - spec.low) * 0.01
+    elif how == "x2":  # from zero, the knob's default (verl's kl_loss_coef 0.001)
+        nv = v * 2 if v > 0 else float(spec.default or 0)
     elif how == "/2":
         nv = v / 2
-    elif how == "up":  # from zero, a small step into the range (an additive knob such as entropy_coeff)
-        nv = v * 2 if v > 0 else spec.low + (spec.high - spec.low) * 0.1
+    elif how == "ent+":
+        nv = v if v >= ENT_COEF_MAX else min(ENT_COEF_MAX, v + ent_step)
+    elif how == "ent-":
+        nv = max(0.0, v - ent_step)
+    elif how == "temp+":
+        slight = info.entropy_ratio is not None and info.entropy_ratio >= 0.6
+        nv = v + (0.05 if slight else 0.1)
     elif how[0] in "+-":
         nv = v + float(how)
     else:
         return value
     nv = min(spec.high, max(spec.low, nv))
-    if spec.kind == "int":
-        nv = int(round(nv))
-    else:
-        nv = float(f"{nv:.4g}")
+    nv = int(round(nv)) if spec.kind == "int" else float(f"{nv:.4g}")
     return spec.validate(nv)
 
 
@@ -379,37 +445,55 @@ def tried_keys(ctx: AgentContext) -> set[str]:
     return keys
 
 
-def _severity(d: Diagnosis | None, ctx: AgentContext) -> dict[str, float]:
+def severities(ctx: AgentContext) -> dict[str, float]:
+    """Pathology -> severity for this context: the diagnosis, the health monitor's events, and the length
+    budget read against the parent's config; ``healthy`` always (capacity moves are always on offer)."""
+    d = ctx.diagnosis
     sev = dict(d.severity) if d is not None else {}
-    events = {e.rule for e in ctx.health_events}
-    if events & UNSTABLE_EVENTS:
+    # in stage 3 the diagnosis holds the events of the branch's own path; the context's are the session's
+    texts = list(d.health_events) if ctx.stage == "schedule" and d is not None else [
+        e.rule for e in ctx.health_events]
+
+    def seen(rule: str) -> bool:
+        return any(rule in t for t in texts)
+
+    if any(seen(r) for r in UNSTABLE_EVENTS):
         sev["instability"] = max(sev.get("instability", 0.0), 0.9)
-    if "entropy_collapse" in events:
+    if seen("entropy_collapse"):
         sev["entropy_collapse"] = max(sev.get("entropy_collapse", 0.0), 0.7)
+    if seen("response_clipping"):
+        sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.6)
+    limit_key = _key(ctx, "max_response_length")
+    if d is not None and d.response_length and limit_key:
+        limit = ctx.base_config.get(limit_key)
+        if isinstance(limit, (int, float)) and limit > 0 and d.response_length > 0.6 * limit \
+                and (d.response_length_slope or 0) > FLAT_SLOPE:
+            sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.4)  # growing toward the limit
     sev["healthy"] = 0.25
     return sev
 
 
 def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRules,
-           diag: Diagnosis | None) -> tuple[dict[str, Any], list[str]] | None:
+           info: _Info) -> tuple[dict[str, Any], list[str]] | None:
     """The overrides of one rule applied to ``start``, following the feedback; None when nothing moves."""
     current = ctx.full_config(start)
     overrides = dict(start)
     moved: list[str] = []
+    kl_key = _key(ctx, "use_kl_loss")
+    kl_was_on = bool(current.get(kl_key, False)) if kl_key else True
     for mv in rule.moves:
         spec = _spec(ctx, mv.suffix)
         if spec is None:
             continue
+        if mv.suffix == "kl_loss_coef" and not kl_was_on:
+            continue  # turning the KL loss on is the move; its coefficient changes nothing while it is off
         old = current.get(spec.key, spec.default)
         try:
-            new = _apply_move(spec, old, mv.how)
-        except Exception:  # noqa: BLE001 - a value the spec refuses: skip this knob
+            new = _apply_move(spec, old, mv.how, info)
+        except (ValueError, TypeError):
             continue
         direction = _direction(old, new)
         if direction is None or not fb.allows(spec.key, direction):
-            continue
-        if spec.key.endswith("kl_loss_coef") and not current.get(_key(ctx, "use_kl_loss") or "", True) \
-                and "use_kl_loss" not in [m.suffix for m in rule.moves]:
             continue
         overrides[spec.key] = new
         moved.append(f"{spec.key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(new)}")
@@ -421,11 +505,6 @@ def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRul
     return overrides, moved
 
 
-def _key(ctx: AgentContext, suffix: str) -> str | None:
-    spec = _spec(ctx, suffix)
-    return spec.key if spec else None
-
-
 _MISSING = object()
 
 
@@ -433,46 +512,175 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else repr(v)
 
 
+def _peak(ctx: AgentContext, full: dict[str, Any]) -> float | None:
+    pred = ctx.predict(full)
+    if pred is not None and getattr(pred, "peak_gb", None) is not None:
+        return float(pred.peak_gb)
+    try:
+        value = ctx.predict_memory(full)
+    except Exception:  # noqa: BLE001 - a failing memory model must not cost the round
+        return None
+    return None if value is None else float(value)
+
+
+@dataclass
+class _Option:
+    score: float
+    family: str
+    capacity: bool
+    cand: Candidate
+    answer: str = "healthy"
+
+
 def transition_candidates(ctx: AgentContext) -> list[Candidate]:
-    """``ctx.num_candidates`` transitions for the next segment, most severe finding first, diverse families."""
+    """``ctx.num_candidates`` transitions for the next segment, most severe finding first, over distinct
+    hypotheses, with a capacity move among them (alone or with the top answer) whenever one fits."""
     from mart.nodes.agents.feedback import parse_feedback
 
     fb = parse_feedback(ctx.feedback, ctx.search_space)
     diag = ctx.diagnosis
-    sev = _severity(diag, ctx)
-    start = dict(ctx.best_overrides)
+    sev = severities(ctx)
+    info = _Info(segment_steps=(ctx.segment[1] - ctx.segment[0]) if ctx.segment and ctx.segment[1] > ctx.segment[0]
+                 else DEFAULT_SEGMENT, entropy_ratio=diag.entropy_ratio if diag else None)
+    start: dict[str, Any] = {}  # transitions are changes of the parent branch's config (ctx.base_config)
+    parent = ctx.full_config(start)
     # the parent's own config continuing is no transition (the stage runs it, or not, by itself)
-    tried = ctx.tried_keys() | {config_hash(ctx.full_config(start))}
-    scored: list[tuple[float, str, Candidate]] = []
+    tried = ctx.tried_keys() | {config_hash(parent)}
+    parent_peak = _peak(ctx, parent)
+    seg = f" for steps {ctx.segment[0]}-{ctx.segment[1]}" if ctx.segment else ""
+
+    def make(overrides: dict[str, Any], score: float, rationale: str) -> Candidate | None:
+        full = ctx.full_config(overrides)
+        if config_hash(full) in tried or ctx.config_errors(overrides):
+            return None
+        peak = _peak(ctx, full)
+        if peak is not None and ctx.memory_limit_gb and peak > ctx.memory_limit_gb \
+                and (parent_peak is None or peak > parent_peak):
+            return None  # more memory than the limit allows (a longer budget or more rollouts)
+        return Candidate(candidate_id="", stage=ctx.stage, overrides=overrides, source="rules",
+                         rationale=rationale, predicted_memory_gb=peak, expected_gain=round(score, 4))
+
+    options: list[_Option] = []
     for rule in RULES:
-        if rule.answers not in sev:
+        present = [a for a in rule.answers if a in sev]
+        if not present or any(b in sev for b in rule.blocked_by):
             continue
-        built = _build(ctx, rule, start, fb, diag)
+        answer = max(present, key=lambda a: sev[a])
+        built = _build(ctx, rule, start, fb, info)
         if built is None:
             continue
         overrides, moved = built
-        full = ctx.full_config(overrides)
-        if config_hash(full) in tried or ctx.config_errors(overrides):
-            continue
-        score = sev[rule.answers] * rule.prior
-        focus = [m for m in rule.moves if (_key(ctx, m.suffix) or "") in fb.focus]
+        score = sev[answer] * rule.prior
+        focus = [k for k in overrides if k in fb.focus and k not in start]
         if focus:
             score = score * 2 + 0.5
-        finding = _finding_for(diag, rule.answers)
-        seg = f" for steps {ctx.segment[0]}-{ctx.segment[1]}" if ctx.segment else ""
-        rationale = f"{finding} -> {', '.join(moved)}{seg}: {rule.why}."
+        rationale = f"{_finding_for(diag, answer)} -> {', '.join(moved)}{seg}: {rule.why}."
         if focus:
             rationale += " The reviewer asked for this change."
-        cand = Candidate(candidate_id="", stage=ctx.stage, overrides=overrides, source="rules", rationale=rationale,
-                         predicted_memory_gb=ctx.predict_memory(full), expected_gain=round(score, 4))
-        scored.append((score, rule.family or rule.name, cand))
-    scored.sort(key=lambda t: -t[0])
-    return _diverse(scored, ctx.num_candidates)
+        cand = make(overrides, score, rationale)
+        if cand is not None:
+            options.append(_Option(score, rule.family, rule.family == "capacity", cand, answer))
+    moved_keys = {k for o in options for k in o.cand.overrides if k not in start}
+    for key in sorted(fb.focus - moved_keys):  # the reviewer asked for a knob no rule moves here
+        opt = _requested(ctx, key, start, fb, info, make, seg)
+        if opt is not None:
+            options.append(opt)
+    options.sort(key=lambda o: -o.score)
+    combo = _combine(ctx, options, start, make)
+    if combo is not None:
+        options.append(combo)
+        options.sort(key=lambda o: -o.score)
+    return _diverse(options, ctx.num_candidates)
+
+
+def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackRules, info: _Info, make: Any,
+               seg: str) -> _Option | None:
+    """A transition moving a knob the reviewer named, the way they asked (or up, then down)."""
+    if key not in ctx.search_space or ctx.search_space[key].stage != knob_stage(ctx.stage):
+        return None
+    spec = ctx.search_space[key]
+    old = ctx.full_config(start).get(key, spec.default)
+    if spec.kind == "bool":
+        hows = ["off" if old else "on"]
+    elif spec.kind in ("int", "log"):
+        hows = ["x2", "/2"]
+    else:
+        step = ((spec.high or 0) - (spec.low or 0)) / 10
+        hows = [f"+{step:.4g}", f"-{step:.4g}"]
+    for how in hows:
+        try:
+            new = _apply_move(spec, old, how, info)
+        except (ValueError, TypeError):
+            continue
+        direction = _direction(old, new)
+        if direction is None or not fb.allows(key, direction):
+            continue
+        overrides = {**start, key: new}
+        name = key.rsplit(".", 1)[-1]
+        cand = make(overrides, 1.0, f"The reviewer asked for {ctx.search_space.edit_name(key)} -> {name} "
+                                    f"{_fmt(old)}->{_fmt(new)}{seg}.")
+        if cand is not None:
+            return _Option(1.0, "reviewer", False, cand, "reviewer")
+    return None
+
+
+def _combine(ctx: AgentContext, options: list[_Option], start: dict[str, Any], make: Any) -> _Option | None:
+    """A coordinated transition: the top answer to a finding plus the top capacity move (LLMZero's pattern:
+    regularisation answers the dynamics while capacity accumulates)."""
+    top = next((o for o in options if not o.capacity and o.answer != "healthy"), None)
+    cap = next((o for o in options if o.capacity), None)
+    if top is None or cap is None:
+        return None
+    extra = {k: v for k, v in cap.cand.overrides.items() if k not in start}
+    if set(extra) & set(top.cand.overrides):
+        return None
+    score = top.score * 0.8  # below the single answers: it tests two hypotheses at once
+    cand = make({**top.cand.overrides, **extra}, score,
+                top.cand.rationale + " Together with: " + cap.cand.rationale.split(" -> ", 1)[-1])
+    return None if cand is None else _Option(score, "combo", True, cand, top.answer)
+
+
+def _diverse(options: list[_Option], k: int) -> list[Candidate]:
+    """Up to ``k`` candidates, never two with the same config: the best answer to each finding (most severe
+    first), a capacity move when ``k >= 3``, then one per untried family, then the rest by score."""
+    if k <= 0:
+        return []
+    picked: list[_Option] = []
+    keys: set[str] = set()
+
+    def take(o: _Option) -> None:
+        picked.append(o)
+        keys.add(o.cand.key())
+
+    answers: set[str] = set()
+    for o in options:  # sorted by score: the first option of each answer is its best
+        if len(picked) < k and o.answer not in answers and o.answer != "healthy" and o.cand.key() not in keys:
+            answers.add(o.answer)
+            take(o)
+    if k >= 3 and not any(o.capacity for o in picked):
+        cap = next((o for o in options if o.capacity and o.cand.key() not in keys), None)
+        if cap is not None:
+            if len(picked) >= k:
+                dropped = picked.pop()
+                keys.discard(dropped.cand.key())
+            take(cap)
+    fams = {o.family for o in picked}
+    for o in options:
+        if len(picked) < k and o.family not in fams and o.cand.key() not in keys:
+            fams.add(o.family)
+            take(o)
+    for o in options:
+        if len(picked) >= k:
+            break
+        if o.cand.key() not in keys:
+            take(o)
+    picked.sort(key=lambda o: -o.score)
+    return [o.cand for o in picked[:k]]
 
 
 def _finding_for(diag: Diagnosis | None, pathology: str) -> str:
     if pathology == "healthy":
-        return "Healthy trajectory" if diag is None or not diag.severity else "Alongside the findings"
+        return "Healthy trajectory" if diag is None or not diag.severity else "Beside the findings"
     if diag is not None:
         for phrase in diag.findings:
             if _PHRASE_OF.get(pathology, "@") in phrase:
@@ -480,67 +688,44 @@ def _finding_for(diag: Diagnosis | None, pathology: str) -> str:
     return pathology.replace("_", " ").capitalize()
 
 
-_PHRASE_OF = {"entropy_collapse": "entropy fell", "entropy_explosion": "entropy rose", "length_clipping": "length limit",
-              "policy_drift": "drifts", "instability": "health events", "val_decline": "validation fell",
-              "plateau": "stopped improving"}
-
-
-def _diverse(scored: list[tuple[float, str, Candidate]], k: int) -> list[Candidate]:
-    """The best candidate of each family first, then the rest by score; no two with the same config."""
-    out: list[Candidate] = []
-    seen: set[str] = set()
-    families: set[str] = set()
-    for _, fam, cand in scored:
-        if fam not in families and cand.key() not in seen:
-            out.append(cand)
-            families.add(fam)
-            seen.add(cand.key())
-    rest = [c for _, _, c in scored if c.key() not in seen]
-    ordered = sorted(out, key=lambda c: -(c.expected_gain or 0))[:k]
-    for c in rest:
-        if len(ordered) >= k:
-            break
-        if c.key() not in {o.key() for o in ordered}:
-            ordered.append(c)
-    return ordered[:k]
+_PHRASE_OF = {"collapse": "collapses", "entropy_collapse": "entropy fell", "entropy_explosion": "entropy rose",
+              "length_clipping": "length limit", "policy_drift": "drifts", "instability": "health events",
+              "val_decline": "validation fell", "plateau": "stopped improving"}
 
 
 def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
     """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
-    it answers, times how much of a rule for that finding it follows; with the finding's phrase.
-
-    A transition that answers no finding still scores a little (an untested hypothesis is worth a branch)."""
-    sev = _severity(ctx.diagnosis, ctx)
-    parent = ctx.full_config(dict(ctx.best_overrides))
+    it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
+    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
+    hypothesis is still worth a branch)."""
+    sev = severities(ctx)
+    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None)
+    parent = dict(ctx.base_config)
     new = ctx.full_config(overrides)
-    moved = {}
-    for key, value in new.items():
-        d = _direction(parent.get(key), value) if key in parent else None
-        if d is not None:
-            moved[key] = d
+    moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
     best, answered = 0.05, None
     for rule in RULES:
-        if rule.answers not in sev:
+        present = [a for a in rule.answers if a in sev]
+        if not present or any(b in sev for b in rule.blocked_by):
             continue
+        answer = max(present, key=lambda a: sev[a])
         wanted = []
         for mv in rule.moves:
             spec = _spec(ctx, mv.suffix)
             if spec is None:
                 continue
+            old = parent.get(spec.key, spec.default)
             try:
-                target = _apply_move(spec, parent.get(spec.key, spec.default), mv.how)
-            except Exception:  # noqa: BLE001 - the rule cannot move this knob here
+                d = _direction(old, _apply_move(spec, old, mv.how, info))
+            except (ValueError, TypeError):
                 continue
-            d = _direction(parent.get(spec.key, spec.default), target)
             if d is not None:
                 wanted.append((spec.key, d))
-        if not wanted:
-            continue
         hits = sum(1 for k, d in wanted if moved.get(k) == d)
-        against = sum(1 for k, d in wanted if k in moved and moved[k] != d)
         if not hits:
             continue
-        score = sev[rule.answers] * rule.prior * (hits - 0.5 * against) / len(wanted)
+        against = sum(1 for k, d in wanted if k in moved and moved[k] != d)
+        score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
         if score > best:
-            best, answered = score, (_finding_for(ctx.diagnosis, rule.answers) + f" ({rule.name})")
+            best, answered = score, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
     return round(best, 4), answered

@@ -72,8 +72,9 @@ def test_diagnosis_reads_health_events_and_missing_metrics():
 def ctx(space=VERL, diag: Diagnosis | None = None, history=(), feedback=(), k: int = 3, base: dict | None = None,
         **kw: Any) -> AgentContext:
     config = {**space.defaults(), **(base or {})}
+    kw.setdefault("best_overrides", {})
     return AgentContext(stage="schedule", objective="validation score", search_space=space, base_config=config,
-                        best_overrides={}, profile=None, history=list(history), feedback=list(feedback),
+                        profile=None, history=list(history), feedback=list(feedback),
                         num_candidates=k, diagnosis=diag, segment=(10, 20), **kw)
 
 
@@ -81,30 +82,77 @@ VERL_BASE = {N: 8, A + "ppo_mini_batch_size": 64, "data.train_batch_size": 256}
 
 
 def test_each_pathology_is_answered_by_its_cited_moves():
-    c = transition_candidates(ctx(diag=diagnose(trajectory(**COLLAPSE)), base=VERL_BASE))
-    assert c[0].overrides == {CLIP_HIGH: 0.28} and "DAPO" in c[0].rationale and "entropy fell" in c[0].rationale.lower()
-    assert any(o.overrides.get(ENT_COEF, 0) > 0 or o.overrides.get(TEMP, 1.0) > 1.0 for o in c[1:])
+    c = transition_candidates(ctx(diag=diagnose(trajectory(**COLLAPSE)), base=VERL_BASE, k=4))
+    assert c[0].overrides == {CLIP_HIGH: 0.28} and "DAPO" in c[0].rationale
+    assert "entropy fell 9" in c[0].rationale.lower() and "steps 10-20" in c[0].rationale
+    # Skywork-OR1's controller: +1e-4 per step over the 10-step segment; POLARIS: +0.1 after a large entropy fall
+    assert {ENT_COEF: 0.001} in [o.overrides for o in c]
+    assert any(o.overrides.get(TEMP) == pytest.approx(1.1) for o in c)
     c = transition_candidates(ctx(diag=diagnose(trajectory(**CLIPPING)), base=VERL_BASE))
     assert c[0].overrides == {MAX_LEN: 1024} and "Skywork-OR1" in c[0].rationale
     c = transition_candidates(ctx(diag=diagnose(trajectory(**DRIFT)), base=VERL_BASE))
-    assert c[0].overrides[KL_ON] is True and c[0].overrides[LR] == pytest.approx(5e-7)
-    c = transition_candidates(ctx(diag=diagnose(trajectory()), base=VERL_BASE))
-    assert len(c) == 3 and any(o.overrides.get(N) == 16 for o in c)  # capacity accumulates on a healthy run
-    assert len({o.key() for o in c}) == 3
+    assert c[0].overrides == {KL_ON: True} and "drifts" in c[0].rationale
+    assert {LR: pytest.approx(5e-7)} in [o.overrides for o in c]
+    # with the KL loss already on, the anchor doubles its coefficient (PPO's adaptive KL)
+    c = transition_candidates(ctx(diag=diagnose(trajectory(**DRIFT)), base={**VERL_BASE, KL_ON: True}))
+    assert c[0].overrides == {KL_COEF: 0.002}
+
+
+def test_a_healthy_run_still_gets_distinct_sensible_transitions():
+    c = transition_candidates(ctx(diag=diagnose(trajectory()), base=VERL_BASE, k=4))
+    assert len(c) == 4 and len({o.key() for o in c}) == 4
+    assert c[0].overrides == {N: 16} and "LLMZero" in c[0].rationale  # capacity accumulates
+    assert {"data.train_batch_size": 512, A + "ppo_mini_batch_size": 128} in [o.overrides for o in c]
+    # no diagnosis at all (a stage that has none yet): the same capacity moves
+    assert transition_candidates(ctx(diag=None, base=VERL_BASE, k=1))[0].overrides == {N: 16}
+
+
+def test_regularisation_oscillates_back_once_the_dynamics_allow():
+    raised = {**VERL_BASE, ENT_COEF: 0.004, KL_ON: True, KL_COEF: 0.01}
+    healthy = transition_candidates(ctx(diag=diagnose(trajectory()), base=raised, k=6))
+    assert {ENT_COEF: 0.003, KL_COEF: 0.005} in [o.overrides for o in healthy]
+    collapsing = transition_candidates(ctx(diag=diagnose(trajectory(**COLLAPSE)), base=raised, k=6))
+    assert all(o.overrides.get(ENT_COEF, 1) > 0.004 for o in collapsing if ENT_COEF in o.overrides)
+    exploding = diagnose(trajectory(entropy=lambda s: 0.5 * 1.05 ** s))
+    assert exploding.worst() == "entropy_explosion"
+    c = transition_candidates(ctx(diag=exploding, base={**raised, CLIP_HIGH: 0.4}))
+    assert c[0].overrides == {ENT_COEF: 0.003, CLIP_HIGH: 0.28}
 
 
 def test_transitions_follow_feedback_and_never_repeat_a_sibling():
     diag = diagnose(trajectory(**COLLAPSE))
-    c = transition_candidates(ctx(diag=diag, base=VERL_BASE, feedback=["keep temperature"]))
-    assert all(TEMP not in o.overrides for o in c)
+    c = transition_candidates(ctx(diag=diag, base=VERL_BASE, feedback=["keep temperature"], k=6))
+    assert c and all(TEMP not in o.overrides for o in c)
+    c = transition_candidates(ctx(diag=diag, base=VERL_BASE, feedback=["no clip higher"], k=6))
+    assert c and all(CLIP_HIGH not in o.overrides for o in c)
+    # "try clip higher" with clip-higher already at DAPO's value: the reviewer's knob still moves, first
+    c = transition_candidates(ctx(diag=diagnose(trajectory()), base={**VERL_BASE, CLIP_HIGH: 0.28},
+                                  feedback=["try clip higher"]))
+    assert c[0].overrides[CLIP_HIGH] > 0.28 and "reviewer" in c[0].rationale
     sibling = TrialRecord(trial_id="s1", stage="schedule", config={**VERL.defaults(), **VERL_BASE, CLIP_HIGH: 0.28},
                           status=TrialStatus.COMPLETED, score=0.5, parent_step=10)
     c = transition_candidates(ctx(diag=diag, base=VERL_BASE, history=[sibling]))
-    assert all(o.overrides != {CLIP_HIGH: 0.28} for o in c)
+    assert c and all(o.overrides != {CLIP_HIGH: 0.28} for o in c)
+    rejected = transition_candidates(ctx(diag=diag, base=VERL_BASE, rejected=[{CLIP_HIGH: 0.28}]))
+    assert all(o.overrides != {CLIP_HIGH: 0.28} for o in rejected)
     # the same config from another checkpoint is no duplicate
     other = sibling.model_copy(update={"parent_step": 5})
     c = transition_candidates(ctx(diag=diag, base=VERL_BASE, history=[other]))
     assert c[0].overrides == {CLIP_HIGH: 0.28}
+
+
+def test_transitions_respect_constraints_and_the_memory_limit():
+    diag = diagnose(trajectory(**CLIPPING))
+    # dynamic batching with a token cap that holds today's sequences but not a doubled budget
+    tight = {**VERL_BASE, A + "use_dynamic_bsz": True, A + "ppo_max_token_len_per_gpu": 1100}
+    c = transition_candidates(ctx(diag=diag, base=tight))
+    assert c and all(MAX_LEN not in o.overrides for o in c)
+    # a memory model that puts a longer budget or more rollouts over the limit
+    def mem(cfg: dict) -> float:
+        return 40.0 * cfg[MAX_LEN] / 512 * cfg[N] / 8
+    c = transition_candidates(ctx(diag=diag, base=VERL_BASE, predict_memory=mem, memory_limit_gb=60.0))
+    assert c and all(mem({**VERL.defaults(), **VERL_BASE, **o.overrides}) <= 60.0 for o in c)
+    assert all(o.predicted_memory_gb == 40.0 for o in c)
 
 
 def test_local_backend_moves_its_own_knobs_only_and_the_critic_ranks_by_severity():
@@ -120,3 +168,70 @@ def test_local_backend_moves_its_own_knobs_only_and_the_critic_ranks_by_severity
     assert CLIP_HIGH in next(o for o in cands if o.candidate_id == verdict.pick).overrides
     assert any("entropy fell" in r.lower() for r in by_id[verdict.pick].reasons)
     assert by_id["lr"].score == min(cr.score for cr in verdict.critiques)
+
+
+def test_critic_rejects_siblings_system_knobs_and_memory_it_adds():
+    diag = diagnose(trajectory(**CLIPPING))
+    sibling = TrialRecord(trial_id="s1", stage="schedule", config={**VERL.defaults(), **VERL_BASE, MAX_LEN: 1024},
+                          status=TrialStatus.COMPLETED, score=0.5, parent_step=10)
+    def mem(cfg: dict) -> float:
+        return 40.0 * cfg[MAX_LEN] / 512 * cfg[N] / 8
+    cx = ctx(diag=diag, base=VERL_BASE, history=[sibling], predict_memory=mem, memory_limit_gb=100.0)
+    cands = [Candidate(candidate_id="dup", stage="schedule", overrides={MAX_LEN: 1024}),
+             Candidate(candidate_id="big", stage="schedule", overrides={MAX_LEN: 4096}),
+             Candidate(candidate_id="sys", stage="schedule", overrides={A + "use_dynamic_bsz": True}),
+             Candidate(candidate_id="n", stage="schedule", overrides={N: 16}),
+             Candidate(candidate_id="n2", stage="schedule", overrides={N: 16})]
+    verdict = RulesCritic().critique(cx, cands)
+    by_id = {cr.candidate_id: cr for cr in verdict.critiques}
+    assert "already tried from this checkpoint" in by_id["dup"].reasons[0]
+    assert "exceeds the limit" in by_id["big"].reasons[0]
+    assert "system-stage knob" in by_id["sys"].reasons[0]
+    assert by_id["n"].accepted and not by_id["n2"].accepted and verdict.pick == "n"
+
+
+def test_a_collapsing_run_is_stabilised_before_anything_else():
+    # reward and validation fall, KL and lengths run away: a too-large step (as lr 50x collapses GRPO runs)
+    crash = dict(reward=lambda s: 0.45 if s < 15 else 0.45 - 0.03 * (s - 15),
+                 val=lambda s: 0.42 if s < 15 else 0.42 - 0.025 * (s - 15), kl=lambda s: 0.002 * 1.2 ** s,
+                 length=lambda s: 300 + 20 * s, clip=lambda s: 0.01 * s, entropy=lambda s: 1.0 + 0.04 * s)
+    d = diagnose(trajectory(**crash))
+    assert d.worst() == "collapse" and d.findings[0].startswith("training collapses: the reward fell")
+    c = transition_candidates(ctx(diag=d, base={**VERL_BASE, LR: 4e-6}, k=4))
+    assert c[0].overrides == {LR: 2e-6, KL_ON: True} and "Training collapses" in c[0].rationale
+    # no capacity, no longer budget, no exploration push while it collapses
+    moved = {k for o in c for k in o.overrides}
+    assert not moved & {N, MAX_LEN, "data.train_batch_size", ENT_COEF} and all(
+        o.overrides.get(TEMP, 1.0) <= 1.0 and o.overrides.get(CLIP_HIGH, 0.2) <= 0.2 for o in c)
+
+
+def test_every_finding_gets_an_answer_before_a_second_idea_for_one():
+    both = {**COLLAPSE, **CLIPPING}
+    c = transition_candidates(ctx(diag=diagnose(trajectory(**both)), base=VERL_BASE, k=3))
+    assert c[0].overrides == {CLIP_HIGH: 0.28}
+    assert {MAX_LEN: 1024} in [o.overrides for o in c]
+    assert any(o.overrides.get(N) == 16 for o in c)  # capacity accumulates alongside
+
+
+def test_only_the_branch_path_events_and_the_parent_config_count():
+    from mart.state.models import HealthEvent
+
+    other = HealthEvent(trial_id="elsewhere", step=3, rule="kl_blowup", severity="stop", message="x")
+    healthy = diagnose(trajectory())
+    c = transition_candidates(ctx(diag=healthy, base=VERL_BASE, health_events=[other]))
+    assert c[0].overrides == {N: 16}  # another branch's blow-up is not this trajectory's
+    clipped = diagnose(trajectory(), health_events=["response_clipping"])
+    c = transition_candidates(ctx(diag=clipped, base=VERL_BASE))
+    assert c[0].overrides == {MAX_LEN: 1024}
+    # a best-so-far of the stage is not the parent: transitions change ctx.base_config only
+    c = transition_candidates(ctx(diag=healthy, base=VERL_BASE, best_overrides={TEMP: 0.7}))
+    assert all(TEMP not in o.overrides for o in c)
+
+
+def test_kl_growing_with_the_reward_is_learning_not_drift():
+    learning = diagnose(trajectory(kl=lambda s: 0.01 * s, grad=lambda s: 1.0 + 0.05 * s))
+    assert "policy_drift" not in learning.severity
+    stalled = diagnose(trajectory(kl=lambda s: 0.01 * s, reward=lambda s: 0.4, val=lambda s: 0.4))
+    assert stalled.worst() == "policy_drift" and "without a reward gain" in stalled.findings[0]
+    # two validation points are no trend
+    assert diagnose(trajectory(steps=10)).val_slope is None
