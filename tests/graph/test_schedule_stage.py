@@ -194,3 +194,25 @@ def test_schedule_is_stored_reported_and_exportable(tmp_path):
     assert "## Schedule (stage 3)" in md
     for s in segs:
         assert f"| {s['from_step']}-{s['to_step']} |" in md
+
+
+@pytest.mark.timeout(120)
+def test_llm_agents_propose_the_transitions(tmp_path, monkeypatch):
+    from tests.support.openai_stub import OpenAIStub, PlausibleAgent
+
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MART_LLM_MODEL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    with OpenAIStub(default=PlausibleAgent(seed=3), max_lifetime_s=100) as stub:
+        summary = tune(sim_options(tmp_path, agents="llm", llm_model="stub-model", llm_base_url=stub.base_url,
+                                   llm_timeout_s=5, schedule_budget=5), api_key="sk-test")
+        prompts = [r.prompt for r in stub.completions()]
+    assert summary["status"] == "completed" and summary["agents"]["fallbacks"] == 0
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    rows = ledger.trials("schedule")
+    check_tree(rows, sim_options(tmp_path))
+    proposals = {p["candidate_id"]: p for p in ledger.table_rows("proposals")}
+    ran = [r for r in rows if r["candidate_id"]]
+    assert ran and all(proposals[r["candidate_id"]]["source"] == "llm" for r in ran)
+    # the proposer was told which segment it proposes for, from which checkpoint, with the diagnosis there
+    assert any("steps 4-8 (from the checkpoint at step 4" in p and "Diagnosis at the checkpoint" in p
+               for p in prompts)
