@@ -50,8 +50,10 @@ def schedule_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the tree, from the ledger ----------------------------------------------------------------------------
-def tree_nodes(services, *, with_signals: bool = True) -> tuple[list[Node], float]:
-    """The stage's nodes (one per segment-trial, re-evaluations included) and the measured score noise."""
+def tree_nodes(services, *, with_signals: bool = True, prior_noise: float | None = None) -> tuple[list[Node], float]:
+    """The stage's nodes (one per segment-trial, re-evaluations included) and the measured score noise: the
+    median residual noise of the nodes' validation curves, else ``prior_noise`` (stage 2's, measured over the
+    same kind of trials), else 2% of the root's score."""
     options = services.options
     ledger = services.ledger
     bounds = options.schedule_boundaries()
@@ -80,7 +82,12 @@ def tree_nodes(services, *, with_signals: bool = True) -> tuple[list[Node], floa
             if v is not None:
                 noises.append(v)
     root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
-    noise = statistics.median(noises) if noises else FALLBACK_NOISE_SHARE * abs((root or {}).get("score") or 0.0)
+    if noises:
+        noise = statistics.median(noises)
+    elif prior_noise:
+        noise = float(prior_noise)
+    else:
+        noise = FALLBACK_NOISE_SHARE * abs((root or {}).get("score") or 0.0)
     for n in nodes:
         if "_records" in n:
             fired = [r for p in path_to(nodes, n["id"]) for r in rules.get(p["id"], [])]
@@ -189,7 +196,7 @@ def schedule_control(state: dict[str, Any], services) -> Command:
     expanding: str | None = sched["expanding"]
     notes: list[str] = list(sched["notes"])
     exhausted = dict(state.get("exhausted") or {})
-    nodes, noise = tree_nodes(services)
+    nodes, noise = tree_nodes(services, prior_noise=((state.get("selection") or {}).get("learning") or {}).get("noise"))
     used = len(nodes)
     root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
     if root is None or not usable(root):
