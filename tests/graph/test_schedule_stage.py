@@ -216,3 +216,30 @@ def test_llm_agents_propose_the_transitions(tmp_path, monkeypatch):
     # the proposer was told which segment it proposes for, from which checkpoint, with the diagnosis there
     assert any("steps 4-8 (from the checkpoint at step 4" in p and "Diagnosis at the checkpoint" in p
                for p in prompts)
+
+
+def test_the_winner_is_a_complete_schedule_that_beats_the_static_one_beyond_the_noise():
+    from mart.state.schedule import pick_schedule_winner, recheck_plan
+
+    def node(i, parent, depth, score, changes=None, signals=(), confirms=None, status="completed"):
+        return {"id": i, "parent": parent, "depth": depth, "score": score, "changes": changes or {},
+                "signals": list(signals), "confirms": confirms, "status": status}
+
+    tree = [node("r", None, 1, 0.3), node("s", "r", 2, 0.4), node("a", "r", 2, 0.45, {"lr": 2}),
+            node("ss", "s", 3, 0.50), node("as", "a", 3, 0.52), node("ab", "a", 3, 0.60, {"kl": 1}),
+            node("ac", "a", 3, 0.61, {"t": 1}, signals=["health: entropy_collapse"])]
+    assert [n["id"] for n in static_path(tree)] == ["r", "s", "ss"]
+    # a clear lead wins; the collapsing leaf never wins over the close healthy one
+    winner, ranked = pick_schedule_winner(tree, 3, noise=0.01)
+    assert winner.key == "ab" and {c.key for c in ranked} == {"ss", "as", "ab", "ac"}
+    assert next(c for c in ranked if c.key == "ss").is_baseline
+    # within the noise of the static schedule: the static one is kept (a change must be shown to help)
+    winner, _ = pick_schedule_winner(tree, 3, noise=0.1)
+    assert winner.key == "ss"
+    # the re-check plan: the leader and the healthy ones too close to call, on their first runs
+    assert recheck_plan(tree, 3, noise=0.01) == ["ab"]
+    assert set(recheck_plan(tree, 3, noise=0.1)) >= {"ab", "ss"} and "ac" not in recheck_plan(tree, 3, noise=0.1)
+    # a re-evaluation that failed counts against its leaf
+    tree.append(node("ab-s2", "a", 3, None, confirms="ab", status="failed"))
+    winner, _ = pick_schedule_winner(tree, 3, noise=0.01)
+    assert winner.key != "ab"
