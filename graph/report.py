@@ -271,6 +271,42 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
         return drawn
 
     figs["learning_curves"] = _figure(out_dir / "learning_curves.png", curves, size=(10.0, 5.6))
+
+    def schedule_tree(fig: Any) -> bool:
+        # one line per segment-trial, from its branch point: the static path grey, the winning schedule bold
+        nodes = [t for t in data.stage_trials("schedule") if not t.get("confirms")]
+        sched = (data.summary or {}).get("schedule") or {}
+        winning = {s.get("trial_id") for s in sched.get("segments") or []}
+        static_ids, cur = set(), next((t for t in nodes if not t.get("parent_trial")), None)
+        while cur is not None:
+            static_ids.add(cur["trial_id"])
+            cur = next((t for t in nodes if t.get("parent_trial") == cur["trial_id"]
+                        and not _loads(t.get("overrides"), {})), None)
+        ax = fig.subplots()
+        drawn = False
+        ends = {t["trial_id"]: _series(data, t["trial_id"], ("val-core/",)) for t in nodes}
+        for t in nodes:
+            pts = ends[t["trial_id"]]
+            start = t.get("parent_step")
+            if start is not None:  # a branch: drawn on from its parent's last point (the checkpoint's score)
+                before = [p for p in ends.get(t.get("parent_trial"), []) if p[0] == start][-1:]
+                pts = before + [p for p in pts if p[0] > start]
+            if not pts:
+                continue
+            drawn = True
+            win, static = t["trial_id"] in winning, t["trial_id"] in static_ids
+            ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", ms=3,
+                    color="C3" if win else ("0.45" if static else "C0"), lw=2.2 if win else 1.0,
+                    alpha=1.0 if win or static else 0.5)
+        for b in sched.get("boundaries") or []:
+            ax.axvline(b, color="0.8", lw=0.8, ls=":")
+        ax.set_xlabel("global step")
+        ax.set_ylabel("validation score")
+        ax.set_title("schedule tree (red: the chosen schedule, grey: the static config, blue: other branches)",
+                     fontsize=9)
+        return drawn
+
+    figs["schedule_tree"] = _figure(out_dir / "schedule_tree.png", schedule_tree)
     return {k: v for k, v in figs.items() if v is not None}
 
 
@@ -418,7 +454,8 @@ def render_html(data: RunData) -> str:
         parts.append(_table_html(["", "baseline → best"], [[a, b] for a, b in headline(data)]))
     sections = [("Best so far", "best_so_far"), ("Phase breakdown of system trials", "phases"),
                 ("Peak memory against the limit", "memory"), ("Predicted against measured", "calibration"),
-                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves")]
+                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves"),
+                ("Schedule tree (stage 3)", "schedule_tree")]
     for title, key in sections:
         if key in figs:
             parts.append(f"<h2>{html.escape(title)}</h2>" + _img_html(figs[key], title))

@@ -191,7 +191,7 @@ def test_schedule_is_stored_reported_and_exportable(tmp_path):
                                   "--format", "sh"])
     assert sh.exit_code == 0 and sh.output.count('$VERL "$@"') == 3, sh.output
     md = write_report(run_dir, "md").read_text()
-    assert "## Schedule (stage 3)" in md
+    assert "## Schedule (stage 3)" in md and (run_dir / "report" / "schedule_tree.png").is_file()
     for s in segs:
         assert f"| {s['from_step']}-{s['to_step']} |" in md
 
