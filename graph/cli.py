@@ -180,8 +180,13 @@ def _print_summary(summary: dict) -> None:
     def config(overrides) -> str:  # key=value lines in the names a reviewer edits, never a dict repr
         if not overrides:
             return "baseline"
+        from mart.state.agents import group_by_agent
+
         short = lambda k: k.rsplit(".", 1)[-1]  # noqa: E731
-        return "\n".join(f"{short(k)}={v}" for k, v in sorted(overrides.items()))
+        shared, per_agent = group_by_agent(overrides)  # a multi-agent job's knobs: one line per agent
+        return "\n".join([f"{short(k)}={v}" for k, v in sorted(shared.items())]
+                         + [f"agent {a}: " + ", ".join(f"{short(k)}={v}" for k, v in sorted(knobs.items()))
+                            for a, knobs in per_agent.items()])
 
     ran = summary.get("stages") or ["system", "learning"]  # a summary stored before --stages: both
     if "system" in ran:
@@ -600,6 +605,9 @@ def knobs(
     backend: str = typer.Option("local", "--backend", help="local, verl, sim, or package.module:factory."),
     stage: Optional[str] = typer.Option(None, "--stage", help="system or learning (default: both)."),
     as_json: bool = JSON,
+    backend_option: list[str] = typer.Option(
+        [], "--backend-option", help="KEY=VALUE passed to the backend's factory (e.g. workflow=debate); repeatable."
+    ),
 ) -> None:
     """The knob catalogue a reviewer edits: key, short name, type and range, default, phase, why it matters.
 
@@ -613,18 +621,28 @@ def knobs(
     if stage not in (None, "system", "learning"):
         _fail(f"--stage must be system or learning, got {stage!r}")
     try:
-        space = load_backend(backend).search_space()
+        space = load_backend(backend, **_backend_options(backend_option)).search_space()
     except (ValueError, TypeError) as e:
         _fail(str(e))
+    from mart.state.agents import knob_agent
+
     params = [p for p in space.params if stage is None or p.stage == stage]
+    # a multi-agent job's knobs: the shared ones first, then each agent's (agents.<i>.*) together
+    params.sort(key=lambda p: -1 if knob_agent(p.key) is None else knob_agent(p.key))
     if as_json:
-        _print_json([{**p.to_dict(), "short": space.edit_name(p.key), "phase": p.phase} for p in params])
+        _print_json([{**p.to_dict(), "short": space.edit_name(p.key), "phase": p.phase, "agent": knob_agent(p.key)}
+                     for p in params])
         return
+    per_agent = any(knob_agent(p.key) is not None for p in params)
     table = Table(title=f"{space.backend} knobs" + (f" ({stage} stage)" if stage else ""), show_lines=False)
-    for col in ("key", "short", "stage", "range", "default", "phase", "why"):
+    for col in ("agent",) * per_agent + ("key", "short", "stage", "range", "default", "phase", "why"):
         table.add_column(col, overflow="fold")
-    for p in params:
-        table.add_row(p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
+    for i, p in enumerate(params):
+        agent = knob_agent(p.key)
+        if per_agent and i and agent != knob_agent(params[i - 1].key):
+            table.add_section()
+        first = ("shared" if agent is None else str(agent),) * per_agent
+        table.add_row(*first, p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
                       p.description)
     _console().print(table, markup=False)
 

@@ -3,6 +3,8 @@
 Each rule looks at the whole stream so far and returns at most one ``HealthEvent``; ``severity="stop"``
 means the anomaly persisted for its window and the trial should end early. Thresholds are relative to
 the trial's own early steps where possible, so the rules transfer between the CPU workload and verl.
+A multi-agent job's metrics go through the same rules once per agent, plus its own pathologies (copying,
+reward concentration, debate rounds that change nothing): see the section at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +14,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from mart.state.agents import (
+    AGREEMENT,
+    ANSWER_CHANGE_RATE,
+    COPY_RATE,
+    REWARD_SHARE,
+    agent_metric,
+    agent_stream,
+    agents_in_records,
+)
 from mart.state.metrics import StepRecord
 from mart.state.models import HealthEvent
 from mart.state.objectives import DEVICE_MEMORY_KEY, MEMORY_KEYS
@@ -37,6 +48,21 @@ class HealthConfig:
     """response_length/clip_ratio above this and rising = responses truncated (verl: >0.1 is too much)."""
     memory_limit_gb: float | None = None
     """Stage 1: peak memory above this limit (the margin rule) stops the trial."""
+    # multi-agent pathologies (docs/agents.md, "Multi-agent jobs", says why these values)
+    copy_rate_max: float = 0.8
+    """agent<i>/copy_rate above this, and not falling = the agent repeats another agent's answers."""
+    reward_share_max: float = 0.9
+    """agent<i>/reward_share above this (2+ agents) = the team's reward concentrates on one agent."""
+    answer_change_min: float = 0.02
+    """workflow/answer_change_rate at or below this = a debate round changed no answer."""
+    stale_rounds_steps: int = 10
+    """Steps of rounds that change no answer before it is reported (a warning only)."""
+    num_rounds: int | None = None
+    """The trial's ``workflow.num_rounds`` when it has one: with a single round no answer can change, so the
+    stale-rounds rule has nothing to say."""
+    pathology_stop_steps: int = 12
+    """Copying or reward concentration persisting this long while the team's reward has not improved since it
+    began stops the trial; shorter, or while the team still improves, it is a warning."""
 
 
 Rule = Callable[[str, list[StepRecord], HealthConfig], "HealthEvent | None"]
@@ -202,12 +228,128 @@ LEARNING_RULES: tuple[Rule, ...] = (
 SYSTEM_RULES: tuple[Rule, ...] = (nan_metrics, memory_margin)
 
 
+# --------------------------------------------------------------------------- multi-agent jobs
+# A multi-agent trial logs each agent's metrics under ``agent<i>/`` (mart.state.agents). Every single-agent rule
+# runs on each agent's stream with the prefix stripped, and the event names the agent; the team's metrics
+# (critic/score/mean, val-core/...) go through the rules above as before. Reward stagnation is left to the
+# team: an agent's shaped reward may plateau by design while the team's improves.
+
+AGENT_LEARNING_RULES: tuple[Rule, ...] = (
+    nan_metrics, entropy_collapse, kl_blowup, grad_norm_explosion, reward_collapse, response_clipping,
+)
+AGENT_SYSTEM_RULES: tuple[Rule, ...] = (nan_metrics, memory_margin)
+
+
+def _agents_text(agents: list[int]) -> str:
+    return f"agent {agents[0]} is" if len(agents) == 1 else f"agents {', '.join(map(str, agents))} are"
+
+
+def per_agent_events(stage: str, trial_id: str, records: list[StepRecord], cfg: HealthConfig,
+                     agents: list[int] | None = None) -> list[HealthEvent]:
+    """The stage's single-agent rules on each agent's own stream; an event names its agent, and the agents
+    that raised nothing (one agent collapsing while the others are healthy points at that agent's knobs)."""
+    agents = agents_in_records(records) if agents is None else agents
+    rules = AGENT_SYSTEM_RULES if stage == "system" else AGENT_LEARNING_RULES
+    found: dict[int, list[HealthEvent]] = {}
+    for agent in agents:
+        stream = agent_stream(records, agent)
+        found[agent] = [ev for ev in (rule(trial_id, stream, cfg) for rule in rules) if ev is not None]
+    events = []
+    for agent, evs in found.items():
+        healthy = [a for a in agents if a != agent and not found[a]]
+        for ev in evs:
+            tail = f"; {_agents_text(healthy)} healthy" if healthy else ""
+            events.append(ev.model_copy(update={"agent": agent, "message": f"agent {agent}: {ev.message}{tail}"}))
+    return events
+
+
+def _trailing(series: list[tuple[int, float]], bad: Callable[[float], bool]) -> list[tuple[int, float]]:
+    """The newest run of consecutive steps where ``bad`` holds (empty when the newest step is fine)."""
+    start = len(series)
+    while start > 0 and bad(series[start - 1][1]):
+        start -= 1
+    return series[start:]
+
+
+def _team_stalled_since(records: list[StepRecord], step: int) -> bool:
+    """The team's reward has not improved on its best before ``step`` (False without that evidence)."""
+    s = _series(records, "critic/score/mean")
+    before = [v for st, v in s if st < step and math.isfinite(v)]
+    after = [v for st, v in s if st >= step and math.isfinite(v)]
+    return bool(before and after) and max(after) <= max(before)
+
+
+def _pathology(trial_id: str, records: list[StepRecord], cfg: HealthConfig, rule: str, agent: int | None,
+               run: list[tuple[int, float]], message: str) -> HealthEvent:
+    harmful = len(run) >= cfg.pathology_stop_steps and _team_stalled_since(records, run[0][0])
+    why = "; the team's reward has not improved since" if harmful else ""
+    return HealthEvent(trial_id=trial_id, step=run[-1][0], rule=rule, severity="stop" if harmful else "warn",
+                       message=f"{message} for {len(run)} steps (since step {run[0][0]}){why}", value=run[-1][1],
+                       agent=agent)
+
+
+def agent_copying(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> list[HealthEvent]:
+    """An agent whose answers repeat another agent's, at a high and not falling rate, for ``window`` steps."""
+    events = []
+    for agent in agents_in_records(records):
+        s = _series(records, agent_metric(agent, COPY_RATE))
+        run = _trailing(s, lambda v: v > cfg.copy_rate_max)
+        if len(run) >= cfg.window and s[-1][1] >= s[0][1]:
+            events.append(_pathology(trial_id, records, cfg, "agent_copying", agent, run,
+                                     f"agent {agent}: copies other agents' answers at rate {run[-1][1]:.2f} > "
+                                     f"{cfg.copy_rate_max:g} (from {s[0][1]:.2f} at step {s[0][0]})"))
+    return events
+
+
+def reward_concentration(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> list[HealthEvent]:
+    """One agent taking nearly all of the team's reward for ``window`` steps (the others learn from ~nothing)."""
+    agents = agents_in_records(records)
+    if len(agents) < 2:
+        return []
+    events = []
+    for agent in agents:
+        run = _trailing(_series(records, agent_metric(agent, REWARD_SHARE)), lambda v: v >= cfg.reward_share_max)
+        if len(run) >= cfg.window:
+            others = [a for a in agents if a != agent]
+            events.append(_pathology(trial_id, records, cfg, "reward_concentration", agent, run,
+                                     f"agent {agent}: takes {run[-1][1]:.0%} of the team's reward (>= "
+                                     f"{cfg.reward_share_max:.0%}; {_agents_text(others)} left with the rest)"))
+    return events
+
+
+def stale_debate_rounds(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> list[HealthEvent]:
+    """Debate rounds after the first change no answer for ``stale_rounds_steps`` steps: the extra rounds cost
+    generation and teach nothing. A warning only (agreeing is what a debate converges to)."""
+    if cfg.num_rounds is not None and cfg.num_rounds <= 1:
+        return []
+    run = _trailing(_series(records, ANSWER_CHANGE_RATE), lambda v: v <= cfg.answer_change_min)
+    if len(run) < cfg.stale_rounds_steps:
+        return []
+    agreement = _series(records, AGREEMENT)
+    agree = f"; agreement {agreement[-1][1]:.2f}" if agreement else ""
+    return [HealthEvent(trial_id=trial_id, step=run[-1][0], rule="stale_debate_rounds", severity="warn",
+                        message=f"rounds after the first (debate rounds, chain revisions) changed no answer (answer "
+                                f"change rate {run[-1][1]:.2f} <= {cfg.answer_change_min:g}) for {len(run)} steps{agree}",
+                        value=run[-1][1])]
+
+
+PATHOLOGY_RULES: tuple[Callable[[str, list[StepRecord], HealthConfig], list[HealthEvent]], ...] = (
+    agent_copying, reward_concentration, stale_debate_rounds,
+)
+
+
 def evaluate(stage: str, trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> list[HealthEvent]:
-    """All events the stage's rules raise on the stream so far."""
+    """All events the stage's rules raise on the stream so far (per agent too, for a multi-agent job)."""
     rules = SYSTEM_RULES if stage == "system" else LEARNING_RULES
     events = []
     for rule in rules:
         ev = rule(trial_id, records, cfg)
         if ev is not None:
             events.append(ev)
+    agents = agents_in_records(records)
+    if agents:
+        events += per_agent_events(stage, trial_id, records, cfg, agents)
+        if stage != "system":
+            for pathology in PATHOLOGY_RULES:
+                events += pathology(trial_id, records, cfg)
     return events

@@ -12,6 +12,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from mart.nodes.runtime import Services, ensure_run, services_for
+from mart.state.agents import group_by_agent
 from mart.state.graph_state import TuningState
 from mart.state.models import Stage, TrialRecord
 from mart.state.objectives import (
@@ -302,6 +303,15 @@ def _clean(v: float | None) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, 6)
 
 
+def config_by_agent(overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """A multi-agent job's best config split into shared knobs and each agent's (``agents.<i>.*``); None when
+    no knob belongs to an agent."""
+    shared, per_agent = group_by_agent(overrides or {})
+    if not per_agent:
+        return None
+    return {"shared": shared, "per_agent": {str(a): knobs for a, knobs in per_agent.items()}}
+
+
 def build_summary(state, services) -> dict[str, Any]:
     """The session's result in the documented JSON shape (plus ``notes`` and agent usage)."""
     baseline = state.get("baseline") or {}
@@ -356,6 +366,7 @@ def build_summary(state, services) -> dict[str, Any]:
             "best_throughput": _clean(t_thr),
             "throughput_gain_pct": _clean(gain),
             "best_config": best_overrides.get("system", {}),
+            "best_config_by_agent": config_by_agent(best_overrides.get("system", {})),
             "memory_limit_gb": _clean(services.memory_limit_gb()),
             "best_peak_memory_gb": _clean(sys_best.peak_memory_gb if sys_best else None),
         },
@@ -364,6 +375,7 @@ def build_summary(state, services) -> dict[str, Any]:
             "best_score": _clean(t_score),
             "score_gain": _clean(t_score - b_score) if t_score is not None and b_score is not None else None,
             "best_config": best_overrides.get("learning", {}),
+            "best_config_by_agent": config_by_agent(best_overrides.get("learning", {})),
             # selection under noise: the winner's score is a mean over `best_score_runs` seeds
             "best_score_spread": _clean(sel.get("spread")),
             "best_score_runs": sel.get("runs", 1 if learn_best else 0),

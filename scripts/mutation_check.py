@@ -53,6 +53,8 @@ RULES = "tests/nodes/test_health_rules.py"
 VERL_LOGS = "tests/trial_runner/test_verl_logs.py"
 CRITIC = "tests/nodes/test_agents_rules.py"
 STATE = "tests/state/test_state_basics.py"
+MA_HEALTH = "tests/nodes/test_multi_agent_health.py"
+MA_AGENTS = "tests/nodes/test_multi_agent_agents.py"
 SESSION = "tests/graph/test_graph_session.py::test_two_stage_session_improves_and_fills_the_ledger"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -69,8 +71,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "the critic tolerates 10% over the limit", (CRITIC,)),
     Mutant("M06", "tools/launch.py", 'if existing and existing.get("handle"):', "if False:",
            "launch_trial's re-attach branch deleted (a resumed launch starts a second process)", (LAUNCH,)),
-    Mutant("M07", "state/ledger.py", '{"event_id": f"{e.trial_id}:{e.rule}:{e.step}",',
-           '{"event_id": f"{e.trial_id}:{e.rule}:{e.step}:{time.time_ns()}",',
+    Mutant("M07", "state/ledger.py", '{"event_id": f"{e.trial_id}:{e.scoped_rule}:{e.step}",',
+           '{"event_id": f"{e.trial_id}:{e.scoped_rule}:{e.step}:{time.time_ns()}",',
            "non-deterministic health-event ids (re-runs duplicate events)", (LEDGER,)),
     Mutant("M08", "state/ledger.py", 'self.db["trials"].upsert(row, pk="trial_id", alter=True)',
            'self.db["trials"].insert(row, pk="trial_id", alter=True, replace=True)',
@@ -145,6 +147,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("M33", "tools/launch.py", "status=TrialStatus.FAILED.value, reason=f\"launch failed: {e}\"",
            "status=TrialStatus.RUNNING.value, reason=f\"launch failed: {e}\"",
            "a launch that raises leaves the trial 'running' in the ledger", (LAUNCH, EARLY_STOP, MEMORY)),
+    # -- multi-agent jobs (issue 14): ids MA*, so that they never collide with the numbered ones ------------
+    Mutant("MA1", "nodes/health_rules.py", "events += per_agent_events(stage, trial_id, records, cfg, agents)",
+           "events += []", "the health rules never read an agent's own stream", (MA_HEALTH,)),
+    Mutant("MA2", "nodes/health_rules.py", "healthy = [a for a in agents if a != agent and not found[a]]",
+           "healthy = [a for a in agents if a != agent]", "a sick agent's peers are called healthy", (MA_HEALTH,)),
+    Mutant("MA3", "nodes/health_rules.py",
+           "harmful = len(run) >= cfg.pathology_stop_steps and _team_stalled_since(records, run[0][0])",
+           "harmful = len(run) >= cfg.pathology_stop_steps",
+           "a multi-agent pathology stops the trial while the team still improves", (MA_HEALTH,)),
+    Mutant("MA4", "nodes/agents/rules.py", "return score * 0.3, f\"{why} (agent {agent} is healthy",
+           "return score, f\"{why} (agent {agent} is healthy",
+           "the proposer moves a healthy agent's knobs as readily as the sick one's", (MA_AGENTS,)),
 )
 
 

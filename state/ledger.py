@@ -40,7 +40,7 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "reviews": ({"review_id": str, "run_id": str, "candidate_id": str, "action": str, "edits": str,
                  "feedback": str, "reviewer": str, "channel": str, "created_at": float}, "review_id"),
     "health_events": ({"event_id": str, "trial_id": str, "step": int, "rule": str, "severity": str,
-                       "message": str, "value": float, "created_at": float}, "event_id"),
+                       "message": str, "value": float, "created_at": float, "agent": int}, "event_id"),
     "stage_results": ({"run_id": str, "stage": str, "baseline_trial": str, "best_trial": str,
                        "baseline_value": float, "best_value": float, "best_config": str, "note": str},
                       ("run_id", "stage")),
@@ -248,16 +248,16 @@ class Ledger:
     def add_health_events(self, events: list[HealthEvent]) -> None:
         if events:
             self.db["health_events"].upsert_all([
-                {"event_id": f"{e.trial_id}:{e.rule}:{e.step}", "trial_id": e.trial_id, "step": e.step,
+                {"event_id": f"{e.trial_id}:{e.scoped_rule}:{e.step}", "trial_id": e.trial_id, "step": e.step,
                  "rule": e.rule, "severity": e.severity, "message": e.message, "value": _num(e.value),
-                 "created_at": time.time()} for e in events
+                 "agent": e.agent, "created_at": time.time()} for e in events
             ], pk="event_id")
 
     def health_events(self, trial_id: str | None = None) -> list[HealthEvent]:
         where, args = ("trial_id = ?", [trial_id]) if trial_id else (None, [])
         return [
             HealthEvent(trial_id=r["trial_id"], step=r["step"], rule=r["rule"], severity=r["severity"],
-                        message=r["message"], value=r["value"])
+                        message=r["message"], value=r["value"], agent=r.get("agent"))
             for r in self.db["health_events"].rows_where(where, args, order_by="created_at")
         ]
 

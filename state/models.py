@@ -111,6 +111,13 @@ class HealthEvent(BaseModel):
     severity: Literal["warn", "stop"]
     message: str
     value: float | None = None
+    agent: int | None = Field(None, description="the agent of a multi-agent job whose stream raised it (None: the team "
+                                                "or a single-agent job)")
+
+    @property
+    def scoped_rule(self) -> str:
+        """``agent1/entropy_collapse`` for an agent's event, the rule name otherwise (unique per trial and step)."""
+        return self.rule if self.agent is None else f"agent{self.agent}/{self.rule}"
 
 
 class TrialRecord(BaseModel):

@@ -17,6 +17,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "local": "mart.trial_runner.local.backend:LocalBackend",
     "verl": "mart.trial_runner.verl.backend:VerlBackend",
     "sim": "mart.trial_runner.sim.backend:SimBackend",
+    "marti": "mart.trial_runner.marti.backend:MartiBackend",
 }
 
 

@@ -41,10 +41,15 @@ EFFECTS: dict[str, KnobEffect] = {
     "model.use_remove_padding": KnobEffect("update_actor", True, 0.0, 0.9, note="no compute on padding"),
     # learning knobs (the memory model ignores them, except the number of rollouts)
     "rollout.n": KnobEffect("all", "down", 0.3),
+    # multi-agent workflows (MARTI): every debate round is one more generation pass per agent, its prompt
+    # carrying the other agents' previous answers
+    "workflow.num_rounds": KnobEffect("gen", "down", 0.3, note="each round is one more generation pass per agent"),
 }
 
 
 def effect_of(key: str) -> KnobEffect:
+    """The effect of a knob, matched on its suffix: a per-agent knob (``agents.<i>.actor.ppo_micro_batch_size_per_gpu``)
+    has the effect of the same knob in a single-agent job, on that agent's share of the step."""
     for suffix, eff in EFFECTS.items():
         if key.endswith(suffix):
             return eff

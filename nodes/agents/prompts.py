@@ -23,6 +23,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.schedule import RULES, knob_stage, severities, transition_score
 from mart.nodes.agents.schemas import CandidateCheck
+from mart.state.agents import agents_in_config
 from mart.state.models import Candidate, HealthEvent, TrialRecord
 
 PROMPT_VERSION = "mart-agents/3"
@@ -211,7 +212,7 @@ def build_proposer_prompt(ctx: AgentContext) -> list[BaseMessage]:
         search_space=format_search_space(ctx),
         current_best=format_current_best(ctx),
         profile=format_profile(ctx) + format_job_model(ctx),
-        history=format_history(ctx),
+        history=format_history(ctx) + format_multi_agent(ctx),
         feedback=format_feedback(ctx.feedback),
         notes=format_notes(ctx),
         output_contract=PROPOSER_OUTPUT,
@@ -251,7 +252,7 @@ def build_critic_prompt(
         round=ctx.round,
         candidates=format_candidates(ctx, candidates, checks),
         profile=format_profile(ctx),
-        history=format_history(ctx),
+        history=format_history(ctx) + format_multi_agent(ctx),
         feedback=format_feedback(ctx.feedback),
         notes=format_notes(ctx),
         output_contract=CRITIC_OUTPUT,
@@ -444,6 +445,46 @@ def format_job_model(ctx: AgentContext, top: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- multi-agent jobs
+
+MULTI_AGENT_GUIDE = """\
+How to answer multi-agent findings (each agent has its own policy and optimizer; knobs `agents.<i>.<knob>` \
+belong to agent i, the others are shared):
+- one agent unstable or collapsed while the others are healthy: change that agent's own knobs (lower its \
+learning rate, raise its KL penalty or entropy bonus), not the shared ones or the healthy agents';
+- the reward concentrating on one agent (the others learn from almost nothing): re-shape the reward \
+(a larger reward.shaping_alpha, the other reward.shaping_mode or reward.history_scope);
+- an agent copying the others' answers: more diversity for that agent (its temperature or entropy bonus);
+- debate rounds that change no answer: fewer workflow.num_rounds cost less generation for the same answers."""
+
+MAX_AGENT_FINDINGS = 12
+"""The multi-agent section lists at most this many findings, the newest first."""
+
+
+def format_multi_agent(ctx: AgentContext) -> str:
+    """The agents of a multi-agent job, this stage's per-agent findings and pathologies, and how to answer
+    them; empty for a single-agent job."""
+    stage_trials = {t.trial_id for t in ctx.history if t.stage == ctx.stage}
+    events = [e for e in ctx.health_events if e.trial_id in stage_trials
+              and (e.agent is not None or e.rule == "stale_debate_rounds")]
+    agents = sorted(set(agents_in_config(p.key for p in ctx.search_space.params))
+                    | {e.agent for e in events if e.agent is not None})
+    if not agents and not events:
+        return ""
+    lines = ["", "", f"# Multi-agent job (agents {', '.join(map(str, agents)) or 'unknown'})"]
+    pathology = {"agent_copying", "reward_concentration", "stale_debate_rounds"}
+    shown = sorted(events, key=lambda e: -e.step)[:MAX_AGENT_FINDINGS]
+    for title, group in (("Per-agent health findings", [e for e in shown if e.rule not in pathology]),
+                         ("Multi-agent pathologies", [e for e in shown if e.rule in pathology])):
+        lines.append(f"{title} in this stage:")
+        lines += [f"- {e.trial_id} step {e.step}: {e.scoped_rule} ({e.severity}): {_clip(e.message, 160)}"
+                  for e in group] or ["- none"]
+    if len(events) > len(shown):
+        lines.append(f"({len(events) - len(shown)} older findings not shown)")
+    lines.append(MULTI_AGENT_GUIDE)
+    return "\n".join(lines)
+
+
 def format_feedback(feedback: list[str]) -> str:
     if not feedback:
         return "None."
@@ -531,7 +572,7 @@ def _compact(d: Mapping[str, Any]) -> str:
 def _events(evs: list[HealthEvent]) -> str:
     if not evs:
         return "-"
-    shown = [f"{e.rule}@{e.step}({e.severity})" for e in evs[:3]]
+    shown = [f"{e.scoped_rule}@{e.step}({e.severity})" for e in evs[:3]]
     if len(evs) > 3:
         shown.append(f"+{len(evs) - 3}")
     return ", ".join(shown)

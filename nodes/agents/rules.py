@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
+import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
@@ -218,12 +220,117 @@ class RulesProposer(Proposer):
         elif "kl" in key:
             score = 0.6 if unstable and direction == "up" else 0.2 if direction == "down" else 0.1
             why = "a KL penalty keeps the policy near the reference" if direction == "up" else "less KL regularisation lets the policy move"
+        score, why = multi_agent_move(ctx, key, direction, score, why)
         m = self._momentum(ctx, key, direction)
         score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
         why = f"{key}: {old!r} -> {new!r}. {why}."
         if m > 0:
             why += " Moving it this way already paid off."
         return max(score, 0.0), why
+
+
+# -- multi-agent jobs ----------------------------------------------------------------------------------
+# A finding about one agent (its own stream collapsed or blew up, it copies the others, it takes all the
+# reward) moves *that agent's* knobs (``agents.<i>.<rest>``) first and leaves the healthy agents' alone;
+# reward concentration re-shapes the team's reward (MARTI's shaping alpha/mode/scope); debate rounds that
+# change no answer suggest fewer rounds. Knobs shared by all agents keep the single-agent scores above. A
+# remedy scores above the single-agent priors (0.8 at most without a finding): a finding outranks a prior.
+
+_UNSTABLE = frozenset({"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"})
+_PATHOLOGIES = frozenset({"agent_copying", "reward_concentration", "stale_debate_rounds"})
+
+
+@dataclass
+class AgentFindings:
+    """The learning stage's health findings of a multi-agent job, by agent."""
+
+    health: dict[int, set[str]] = field(default_factory=dict)
+    """Single-agent rules each agent's own stream raised (entropy_collapse, kl_blowup, ...)."""
+    copying: set[int] = field(default_factory=set)
+    concentrated: set[int] = field(default_factory=set)
+    """Agents that took nearly all of the team's reward."""
+    stale_rounds: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.health or self.copying or self.concentrated or self.stale_rounds)
+
+
+def agent_findings(ctx: AgentContext) -> AgentFindings:
+    """What the health monitor found about each agent in this stage's trials."""
+    trials = {t.trial_id for t in ctx.history if t.stage == ctx.stage}
+    f = AgentFindings()
+    for e in ctx.health_events:
+        if e.trial_id not in trials:
+            continue
+        if e.rule == "stale_debate_rounds":
+            f.stale_rounds = True
+        elif e.agent is None:
+            continue
+        elif e.rule == "agent_copying":
+            f.copying.add(e.agent)
+        elif e.rule == "reward_concentration":
+            f.concentrated.add(e.agent)
+        elif e.rule not in _PATHOLOGIES:
+            f.health.setdefault(e.agent, set()).add(e.rule)
+    return f
+
+
+def _agent_remedy(rest: str, direction: str, rules: set[str], copying: bool) -> tuple[float, str] | None:
+    """The score of moving one of a sick agent's own knobs (``rest`` = the key after ``agents.<i>.``)."""
+    if rules & _UNSTABLE:
+        if rest.endswith("optim.lr"):
+            return (1.2, "lower its learning rate") if direction == "down" else (0.02, "a larger step would worsen it")
+        if "kl" in rest:
+            return (0.9, "raise its KL penalty to hold it near the reference") if direction == "up" else (
+                0.05, "less KL would let it drift further")
+    if "entropy_collapse" in rules or copying:
+        if rest.endswith("entropy_coeff") and direction == "up":
+            return 0.9, "an entropy bonus keeps it exploring"
+        if rest.endswith("rollout.temperature") and direction == "up":
+            return 0.75, "a higher sampling temperature gives it answers of its own"
+        if rest.endswith("clip_ratio_high") and direction == "up":
+            return 0.6, "clip-higher (DAPO) lets its low-probability tokens grow"
+        if rest.endswith("optim.lr") and direction == "down" and "entropy_collapse" in rules:
+            return 0.8, "a smaller step collapses more slowly"
+    return None
+
+
+def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, why: str) -> tuple[float, str]:
+    """Re-score a stage-2 move with the multi-agent findings (unchanged for a single-agent job)."""
+    f = agent_findings(ctx)
+    if not f:
+        return score, why
+    agent, rest = names.split_knob(key)
+    if agent is not None:
+        own = f.health.get(agent, set())
+        copying = agent in f.copying
+        if own or copying:
+            remedy = _agent_remedy(rest, direction, own, copying)
+            if remedy is not None:
+                shown = sorted(own | ({"agent_copying"} if copying else set()))
+                return remedy[0], f"agent {agent} showed {', '.join(shown)} while this stage ran: {remedy[1]}"
+            return score, why
+        sick = sorted(set(f.health) | f.copying)
+        if sick:  # the finding is about another agent: this one is healthy, leave its knobs for later
+            who = ", ".join(map(str, sick))
+            return score * 0.3, f"{why} (agent {agent} is healthy; the findings are about agent(s) {who})"
+        return score, why
+    if f.concentrated and key in names.SHAPING_KNOBS:
+        # MARTI's R~ = R + alpha * Delta, Delta against the agent's own history Q: which way a change evens
+        # the shares depends on the agents' histories, so the re-shaping moves are trials, not a known direction
+        who = f"the reward concentrated on agent(s) {', '.join(map(str, sorted(f.concentrated)))}"
+        if key == names.SHAPING_MODE:
+            return 0.9, f"{who}: re-shape it with another shaping mode (none / margin / quality)"
+        if key == names.SHAPING_ALPHA:
+            return (0.87 if direction == "up" else 0.84), (
+                f"{who}: re-shape it, a {'larger' if direction == 'up' else 'smaller'} alpha changes how much of "
+                "each agent's reward comes from beating its own history")
+        return 0.5, f"{who}: another history scope changes each agent's reference Q"
+    if f.stale_rounds and key == names.NUM_ROUNDS:
+        if direction == "down":
+            return 0.85, "debate rounds changed no answer: fewer rounds cost less generation for the same answers"
+        return 0.05, "more rounds would change nothing either"
+    return score, why
 
 
 def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None) -> list[Candidate]:

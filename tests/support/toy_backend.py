@@ -84,6 +84,7 @@ START_LINE = "toy: start"
 
 class ToyRunner(TrialRunner):
     name = "toy"
+    simulate = staticmethod(simulate)  # a variant backend (tests/support/multi_agent_toy.py) brings its own
 
     def __init__(self, stream: bool = False, memory_spike_gb: float = 0.0, kl_onset_step: int = 3) -> None:
         self.stream = stream
@@ -91,7 +92,7 @@ class ToyRunner(TrialRunner):
         self.kl_onset_step = kl_onset_step
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
-        rows, status = simulate(spec.config, spec.steps, stream=self.stream, memory_spike_gb=self.memory_spike_gb,
+        rows, status = self.simulate(spec.config, spec.steps, stream=self.stream, memory_spike_gb=self.memory_spike_gb,
                                 kl_onset_step=self.kl_onset_step)
         path = Path(spec.trial_dir)
         with open(path / "trial.log", "a") as log:

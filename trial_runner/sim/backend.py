@@ -27,6 +27,8 @@ def nominal_step_seconds(scenario: str | Scenario, memory_capacity_gb: float | N
     sc = load_scenario(scenario)
     cfg = model.base_config(sc)
     thr, _ = model.expected_throughput(cfg, sc, 6, memory_capacity_gb)
+    if model.MA.is_multi_agent(sc):
+        return model.MA.window_plans(sc, cfg, 6)[1].tokens / (thr * sc.total_gpus)
     w = model.window_workloads(sc, cfg, 6)[1]
     return w.tokens / (thr * sc.n_gpus)
 
@@ -81,7 +83,7 @@ class SimBackend(Backend):
         SimRunner(*self._runner_args)  # validate the clock options now, not at the first trial
 
     def search_space(self) -> SearchSpace:
-        return model.search_space()
+        return model.search_space(self.scenario)  # verl's; a multi-agent scenario's own catalogue
 
     def base_config(self) -> dict[str, Any]:
         return model.base_config(self.scenario)

@@ -21,6 +21,7 @@ import numpy as np
 
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.sim import learning as L
+from mart.trial_runner.sim import multi_agent as MA
 from mart.trial_runner.sim import system as S
 from mart.trial_runner.sim.scenarios import Scenario, get_scenario, load_scenario  # noqa: F401 - get_scenario: bench/compare.py
 
@@ -30,7 +31,12 @@ MEMORY_NOISE_GB = 0.15
 WARMUP_SLOWDOWN = {1: 1.25, 2: 1.05}  # allocator/graph warm-up of the first steps (why MART skips 1-2)
 
 
-def search_space() -> SearchSpace:
+def search_space(scenario: str | Scenario | None = None) -> SearchSpace:
+    """verl's catalogue; a multi-agent scenario's own (per-agent and workflow knobs) when given one."""
+    if scenario is not None:
+        sc = load_scenario(scenario)
+        if MA.is_multi_agent(sc):
+            return MA.search_space(sc)
     from mart.trial_runner.verl.space import SEARCH_SPACE
 
     return SEARCH_SPACE
@@ -58,6 +64,8 @@ def base_config(scenario: str | Scenario) -> dict[str, Any]:
         }
     )
     cfg.update(dict(sc.base_overrides))  # the verl keys the user's job sets
+    if MA.is_multi_agent(sc):  # per-agent knobs split per agent, workflow knobs at their defaults
+        return MA.base_config(sc, cfg)
     return cfg
 
 
@@ -158,6 +166,8 @@ def simulate(
     sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
+    if MA.is_multi_agent(sc):
+        return MA.simulate(config, sc, steps, seed=seed, start=start, save_steps=save_steps)
     n_gpus = sc.n_gpus
     errors = search_space().check_constraints(config)
     if errors:
@@ -380,6 +390,8 @@ def expected_throughput(config: dict[str, Any], scenario: str | Scenario, horizo
     sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
+    if MA.is_multi_agent(sc):
+        return MA.expected_throughput(config, sc, horizon)
     k = S.knobs_from_config(config)
     thr, peak = [], 0.0
     for w in window_workloads(sc, config, horizon):
@@ -412,6 +424,8 @@ def ground_truth(scenario: str | Scenario, margin: float = 0.1, horizon: int = 6
     sc = load_scenario(scenario)
     if memory_capacity_gb is not None:
         sc = sc.with_memory(memory_capacity_gb)
+    if MA.is_multi_agent(sc):
+        return dict(MA.ground_truth(sc, margin, horizon, top_k))
     return dict(_ground_truth(sc, margin, horizon, top_k))
 
 
@@ -521,8 +535,20 @@ LEARNING_GRID: dict[str, list[Any]] = {
 
 
 def ground_truth_learning(scenario: str | Scenario, horizon: int = 30) -> dict[str, Any]:
-    """Best expected (noise-free) final validation score over ``LEARNING_GRID`` (see ``_ground_truth_learning``)."""
-    return dict(_ground_truth_learning(load_scenario(scenario), horizon))
+    """Best expected (noise-free) final validation score over ``LEARNING_GRID`` (see ``_ground_truth_learning``;
+    a multi-agent scenario: ``multi_agent.ground_truth_learning``)."""
+    sc = load_scenario(scenario)
+    if MA.is_multi_agent(sc):
+        return dict(MA.ground_truth_learning(sc, horizon))
+    return dict(_ground_truth_learning(sc, horizon))
+
+
+def expected_score(config: dict[str, Any], scenario: str | Scenario, horizon: int) -> float:
+    """Expected (noise-free) final validation score of a full config: the team's for a multi-agent scenario."""
+    sc = load_scenario(scenario)
+    if MA.is_multi_agent(sc):
+        return MA.expected_team_score(config, sc, horizon)
+    return L.final_score_noise_free(config, sc, horizon)
 
 
 @functools.lru_cache(maxsize=32)

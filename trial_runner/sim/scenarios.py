@@ -398,15 +398,19 @@ def parse_scenario(text: str, source: str = "<scenario>", check_baseline: bool =
     if not isinstance(raw, dict):
         raise ScenarioError(f"invalid scenario file {source}: expected a mapping with name, model, cluster, workload")
     try:
-        sc = scenario_from_file(ScenarioFile.model_validate(raw))
+        if "multi_agent" in raw:  # a MARTI-style multi-agent job (docs/sim.md, "Multi-agent scenarios")
+            from mart.trial_runner.sim.multi_agent import scenario_from_data
+
+            sc = scenario_from_data(raw)
+        else:
+            sc = scenario_from_file(ScenarioFile.model_validate(raw))
     except ValidationError as e:
         raise ScenarioError(_format_validation(source, e)) from None
     if not check_baseline:
         return sc
-    from mart.trial_runner.sim.model import base_config  # the module imports this one
-    from mart.trial_runner.verl.space import SEARCH_SPACE
+    from mart.trial_runner.sim.model import base_config, search_space  # the module imports this one
 
-    errors = SEARCH_SPACE.check_constraints(base_config(sc))
+    errors = search_space(sc).check_constraints(base_config(sc))
     if errors:  # verl would refuse the job's own baseline: say so now, not at the first trial
         raise ScenarioError(f"invalid scenario file {source}:\n  base_config: the job's baseline breaks verl's rules: "
                             + " ".join(errors))
@@ -433,6 +437,8 @@ def _shipped(sub: str = "") -> dict[str, Scenario]:
 SCENARIOS: dict[str, Scenario] = _shipped()
 #: Jobs with public step timings, used to calibrate the simulator (docs/sim.md, "Public facts").
 CALIBRATION: dict[str, Scenario] = _shipped("calibration")
+#: Multi-agent jobs (MARTI-style workflows of several trained agents; docs/sim.md, "Multi-agent scenarios").
+MULTI_AGENT: dict[str, Scenario] = _shipped("multi-agent")
 
 
 def get_scenario(name: str) -> Scenario:
@@ -441,11 +447,11 @@ def get_scenario(name: str) -> Scenario:
     Raises:
         ValueError: unknown name (the message lists the known ones).
     """
-    try:
-        return SCENARIOS[name] if name in SCENARIOS else CALIBRATION[name]
-    except KeyError:
-        raise ValueError(f"unknown sim scenario {name!r}: use one of {sorted(SCENARIOS)} "
-                         "or a scenario file (scenario_file=PATH)") from None
+    for table in (SCENARIOS, CALIBRATION, MULTI_AGENT):
+        if name in table:
+            return table[name]
+    raise ValueError(f"unknown sim scenario {name!r}: use one of {sorted(SCENARIOS) + sorted(MULTI_AGENT)} "
+                     "or a scenario file (scenario_file=PATH)")
 
 
 def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Scenario:
@@ -462,7 +468,7 @@ def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Sc
     else:
         text = str(spec)
         path = Path(text).expanduser()
-        if text in SCENARIOS or text in CALIBRATION:
+        if text in SCENARIOS or text in CALIBRATION or text in MULTI_AGENT:
             sc = get_scenario(text)
         elif text.endswith((".yaml", ".yml")) or path.is_file():
             try:
@@ -475,6 +481,6 @@ def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Sc
     return sc.perturbed(perturb) if perturb is not None else sc
 
 
-__all__ = ["CALIBRATION", "GPUS", "PERTURB_RANGES", "SCENARIOS", "GPU", "LearningProfile", "ModelSpec",
+__all__ = ["CALIBRATION", "GPUS", "MULTI_AGENT", "PERTURB_RANGES", "SCENARIOS", "GPU", "LearningProfile", "ModelSpec",
            "Scenario", "ScenarioError", "ScenarioFile", "SimConstants", "get_scenario", "load_scenario",
            "parse_scenario", "perturbed_constants"]
