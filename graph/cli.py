@@ -676,6 +676,8 @@ def trials(
         def f(v, spec=".4g"):
             return "-" if v is None else format(v, spec)
         changes = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (r.get("overrides") or {}).items())
+        if r.get("parent_trial"):  # a schedule branch: from its parent's checkpoint
+            changes = f"{changes or 'unchanged'} (from {r['parent_trial']} @ {r.get('parent_step')})"
         table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
                       str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".2f"),
                       f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
