@@ -14,6 +14,7 @@ GPU-hours spent and saved by early termination.
     python bench/compare.py                         # 4 scenarios x 5 seeds
     python bench/compare.py --scenario-file job.yaml --perturb 7   # a user's scenario, a perturbed simulator
     python bench/compare.py --workload local        # the unsimulated check on the CPU workload
+    python bench/compare.py --schedule --quick      # schedules vs static configs (bench/schedules.py)
 
 Writes ``bench/results/<timestamp>/{table.md, best_so_far.png, raw.json, verdict.json}`` and prints the
 table (to stderr with ``--json``, so stdout holds only the verdict).
@@ -241,8 +242,11 @@ def _noise_free_scores(task: dict[str, Any], res: MethodResult, budget: Budget) 
     """The simulator's noise-free value of the configs a method chose (what it would really get), and of
     the default learning knobs on the same system config (a stage-2 choice below it is a regression)."""
     from mart.trial_runner.sim import model
-    from mart.trial_runner.sim.learning import final_score_noise_free
 
+    # the team's expected score on a multi-agent scenario, the policy's on a single-agent one
+    final_score_noise_free = getattr(model, "expected_score", None)
+    if final_score_noise_free is None:
+        from mart.trial_runner.sim.learning import final_score_noise_free
     sc = sim_scenario(task["scenario"], task.get("scenario_file"), task.get("perturb"))
     base = model.base_config(sc)
     system = {**base, **res.best_system}
@@ -544,7 +548,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 scenarios x 3 seeds, smaller budgets (<= 10 min on 2 cores)")
     p.add_argument("--workload", choices=["sim", "local"], default="sim", help="simulator (default) or the CPU workload")
+    p.add_argument("--schedule", action="store_true",
+                   help="stage 3's comparison instead: schedules vs static configs (options: bench/schedules.py --help)")
     p.add_argument("--scenarios", nargs="+", default=None, help=f"shipped sim scenarios (default: all {len(SCENARIOS)})")
+    p.add_argument("--scenario", action="append", default=[], metavar="NAME",
+                   help="a shipped sim scenario, repeatable (adds to --scenarios), e.g. the multi-agent "
+                        "qwen2.5-3b-debate-2x2 (docs/sim.md, \"Multi-agent scenarios\")")
     p.add_argument("--scenario-file", action="append", default=[], metavar="FILE",
                    help="a scenario YAML file describing your job (repeatable; replaces the default scenarios "
                         "unless --scenarios is also given)")
@@ -589,11 +598,17 @@ def build_plan(args: argparse.Namespace) -> tuple[Budget, list[str], list[int], 
         raise SystemExit(f"--methods: unknown method(s) {unknown}: choose from {ALL_METHODS}")
     if local and (args.scenario_file or args.perturb is not None):
         raise SystemExit("--scenario-file and --perturb describe the simulator: use them with --workload sim")
-    scenarios = args.scenarios or ([] if args.scenario_file else scs)
+    named = list(args.scenarios or []) + [sc for sc in args.scenario if sc not in (args.scenarios or [])]
+    scenarios = named or ([] if args.scenario_file else scs)
     return budget, scenarios, list(range(args.seeds or seeds)), methods
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--schedule" in argv:  # stage 3's comparison (schedules vs static configs): bench/schedules.py
+        from bench.schedules import main as schedules_main
+
+        return schedules_main([a for a in argv if a != "--schedule"])
     args = parse_args(argv)
     budget, scenarios, seeds, methods = build_plan(args)
     log = sys.stderr if args.json else sys.stdout

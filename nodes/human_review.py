@@ -63,6 +63,17 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
     }
 
 
+def _rounded(value: Any, digits: int = 4) -> Any:
+    """Floats in a payload meant for people, to ``digits`` significant digits (dicts and lists walked)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
 def _segment(state: dict[str, Any], services) -> dict[str, Any]:
     """Schedule stage: the checkpoint the branch starts from and the segment it trains (for the reviewer)."""
     if state["stage"] != "schedule":
@@ -76,17 +87,6 @@ def _segment(state: dict[str, Any], services) -> dict[str, Any]:
     step = int(row.get("horizon") or 0)
     nxt = next((b for b in services.options.schedule_boundaries() if b > step), step)
     return {"parent_trial": parent, "segment": [step, nxt]}
-
-
-def _rounded(value: Any, digits: int = 4) -> Any:
-    """Floats in a payload meant for people, to ``digits`` significant digits (dicts and lists walked)."""
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v, digits) for v in value]
-    return value
 
 
 def _short(e: Exception) -> str:

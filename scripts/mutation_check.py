@@ -67,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "an over-margin trial can become the best", (MEMORY,)),
     Mutant("M04", "state/objectives.py", "return max(vals) if vals else math.nan",
            "return vals[-1] if vals else math.nan", "peak memory = the last reading, not the max", (MEMORY, STATE)),
-    Mutant("M05", "nodes/agents/rules.py", "if pred > ctx.memory_limit_gb:", "if pred > 1.1 * ctx.memory_limit_gb:",
+    Mutant("M05", "nodes/agents/rules.py", "if pred > limit and changes_memory:", "if pred > 1.1 * limit and changes_memory:",
            "the critic tolerates 10% over the limit", (CRITIC,)),
     Mutant("M06", "tools/launch.py", 'if existing and existing.get("handle"):', "if False:",
            "launch_trial's re-attach branch deleted (a resumed launch starts a second process)", (LAUNCH,)),

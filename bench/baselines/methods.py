@@ -14,6 +14,7 @@ from bench.baselines.space import (
     REDRAWS,
     config_key,
     defaults_params,
+    focused,
     grid_points,
     optuna_suggest,
     random_overrides,
@@ -23,7 +24,6 @@ from bench.baselines.space import (
 from mart.state.metrics import StepRecord
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend
-from mart.trial_runner.verl.focus import focus_space
 
 
 def _n_devices(base: dict[str, Any]) -> int:
@@ -46,7 +46,7 @@ class Strategy:
     def bind(self, backend: Backend, base: dict[str, Any], budget: Budget, seed: int, limit_gb: float | None) -> None:
         full = backend.search_space()
         self.backend, self.base, self.budget, self.seed, self.limit_gb = backend, base, budget, seed, limit_gb
-        self.space: SearchSpace = focus_space(full) if self.restricted else full
+        self.space: SearchSpace = focused(full) if self.restricted else full
 
     def start_learning(self, base: dict[str, Any]) -> None:
         self.base = base

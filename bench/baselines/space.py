@@ -32,6 +32,19 @@ def sample_param(p: ParamSpec, rng: random.Random) -> Any:
     return rng.randint(int(lo), int(hi))
 
 
+def focused(space: SearchSpace) -> SearchSpace:
+    """The focused space the restricted baselines search: verl's ``FOCUS`` (``mart.trial_runner.verl.focus``);
+    on a multi-agent catalogue the same knobs per agent plus the workflow/shaping/async knobs
+    (``mart.trial_runner.sim.multi_agent.focus_space``)."""
+    if any(p.key.startswith("agents.") for p in space.params):
+        from mart.trial_runner.sim.multi_agent import focus_space as ma_focus
+
+        return ma_focus(space)
+    from mart.trial_runner.verl.focus import focus_space
+
+    return focus_space(space)
+
+
 def valid(space: SearchSpace, base: dict[str, Any], overrides: dict[str, Any]) -> bool:
     return not space.check_constraints({**base, **overrides})
 

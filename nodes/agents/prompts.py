@@ -26,7 +26,7 @@ from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.agents import agents_in_config
 from mart.state.models import Candidate, HealthEvent, TrialRecord
 
-PROMPT_VERSION = "mart-agents/3"
+PROMPT_VERSION = "mart-agents/4"
 """Bump when a prompt's meaning changes; recorded with every LLM call."""
 
 MAX_HISTORY_ROWS = 20

@@ -1,4 +1,5 @@
-"""The rules strategy (offline default): model-driven search in stage 1, informed moves in stage 2.
+"""The rules strategy (offline default): model-driven search in stage 1, informed moves in stage 2,
+diagnosis-driven transitions in stage 3 (``mart.nodes.agents.schedule``).
 
 Proposer, stage 1 with a job model (every shipped backend describes its job): the calibrated per-phase
 model (``job_model``) searches the whole catalogue (``model_search``) and proposes the predicted-best
@@ -7,8 +8,9 @@ incumbent. Without a model (a plugin backend that cannot describe its job), and 
 current best, one-knob moves (x2 / /2, +-step, flip), scored by the phase the knob speeds up, the known
 direction, memory headroom, momentum, health signals (stage 2) and reviewer feedback.
 Critic: validation, constraints, duplicates, the model's peak against the margin; ranks the rest by
-predicted gain discounted by the chance of crossing the limit. In stage 2 a candidate is never rejected for
-memory it does not change (the system config is fixed there).
+predicted gain discounted by the chance of crossing the limit. In stages 2 and 3 a candidate is never rejected
+for memory it does not change (the system config is fixed there). In stage 3 the critic also refuses a repeat of
+another transition of the round, and ranks by the severity of the finding a transition answers.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 UNSTABLE_EVENTS = {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan", "loss_spike"}
 COLLAPSE_BLOCKS = ("collapse",)
+CAPACITY_KNOBS = ("rollout.n", "max_response_length", "train_batch_size")
+"""LLMZero's capacity knobs: they accumulate across segments (never shrunk by the rules; the critic halves the
+score of a transition that shrinks one, except to rescue a collapsing run)."""
 """Pathologies under which adding capacity or exploration is no answer: the run must be stabilised first."""
 
 
@@ -185,11 +188,11 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
         d.val_best = _r(max(v for _, v in val))
         if len(val) >= 3:  # a slope through two noisy points says nothing
             d.val_slope = _r(_rel_slope(_tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
-    _find(d, rl)
+    _find(d)
     return d
 
 
-def _find(d: Diagnosis, resp_len: list[tuple[int, float]]) -> None:
+def _find(d: Diagnosis) -> None:
     """Fill ``findings`` and ``severity`` from the measured levels and slopes."""
     found: list[tuple[float, str, str]] = []  # (severity, pathology, phrase)
 
@@ -600,6 +603,15 @@ def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackR
         return None
     spec = ctx.search_space[key]
     old = ctx.full_config(start).get(key, spec.default)
+    if spec.kind == "categorical":  # the next choice, then the previous one
+        choices = list(spec.choices or ())
+        i = choices.index(old) if old in choices else -1
+        for new in [c for c in (choices[(i + 1) % len(choices)], choices[i - 1]) if c != old][:2]:
+            cand = make({**start, key: new}, 1.0, f"The reviewer asked for {ctx.search_space.edit_name(key)} -> "
+                                                  f"{key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(new)}{seg}.")
+            if cand is not None:
+                return _Option(1.0, "reviewer", False, cand, "reviewer")
+        return None
     if spec.kind == "bool":
         hows = ["off" if old else "on"]
     elif spec.kind in ("int", "log"):
@@ -728,4 +740,9 @@ def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[floa
         score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
         if score > best:
             best, answered = score, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+    shrunk = [k.rsplit(".", 1)[-1] for k, d in moved.items() if d == "down"
+              and any(k == c or k.endswith("." + c) for c in CAPACITY_KNOBS)]
+    if shrunk and "collapse" not in sev:  # LLMZero: capacity accumulates; shrinking it is the odd move out
+        best *= 0.5
+        answered = (answered + "; " if answered else "") + f"shrinks capacity ({', '.join(sorted(shrunk))})"
     return round(best, 4), answered

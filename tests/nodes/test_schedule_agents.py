@@ -235,3 +235,31 @@ def test_kl_growing_with_the_reward_is_learning_not_drift():
     assert stalled.worst() == "policy_drift" and "without a reward gain" in stalled.findings[0]
     # two validation points are no trend
     assert diagnose(trajectory(steps=10)).val_slope is None
+
+
+def test_a_named_categorical_knob_moves_to_another_choice():
+    c = transition_candidates(ctx(diag=diagnose(trajectory()), base=VERL_BASE, feedback=["try kl_loss_type"]))
+    assert c[0].overrides == {A + "kl_loss_type": "kl"} and "reviewer asked" in c[0].rationale
+
+
+def test_every_rule_moves_catalogue_knobs_and_is_documented():
+    from pathlib import Path
+
+    from mart.nodes.agents.schedule import RULES, knob_stage
+
+    learning = [p.key for p in VERL.stage_params(knob_stage("schedule"))]
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    for rule in RULES:
+        for mv in rule.moves:  # a renamed verl key must not silently switch a rule off
+            assert any(k == mv.suffix or k.endswith("." + mv.suffix) for k in learning), (rule.name, mv.suffix)
+        assert f"| {rule.name} |" in docs, rule.name
+
+
+def test_critic_marks_a_transition_that_shrinks_capacity():
+    cx = ctx(diag=diagnose(trajectory(**COLLAPSE)), base=VERL_BASE)
+    grow = Candidate(candidate_id="grow", stage="schedule", overrides={CLIP_HIGH: 0.28, N: 16})
+    shrink = Candidate(candidate_id="shrink", stage="schedule", overrides={CLIP_HIGH: 0.28, N: 4})
+    verdict = RulesCritic().critique(cx, [shrink, grow])
+    by_id = {cr.candidate_id: cr for cr in verdict.critiques}
+    assert verdict.pick == "grow" and by_id["shrink"].score == pytest.approx(by_id["grow"].score / 2)
+    assert "shrinks capacity (n)" in by_id["shrink"].reasons[-1]

@@ -205,12 +205,18 @@ def _async_constraint(n_gpus_agent: int, rollout_n: int) -> Constraint:
 
 
 @functools.lru_cache(maxsize=8)
-def _search_space(n: int, workflow: str, num_rounds: int, n_gpus_agent: int, rollout_n: int) -> SearchSpace:
+def _search_space(n: int, workflow: str, num_rounds: int, n_gpus_agent: int, rollout_n: int,
+                  base: tuple[tuple[str, Any], ...] = ()) -> SearchSpace:
     from mart.trial_runner.verl.space import SEARCH_SPACE
 
-    params = [p for p in SEARCH_SPACE.params if p.key not in PER_AGENT_KEYS]
+    job = dict(base)
+
+    def own(p: ParamSpec, key: str) -> ParamSpec:  # the job's own value is the knob's default (its baseline)
+        return dataclasses.replace(p, default=p.validate(job[key])) if key in job else p
+
+    params = [own(p, p.key) for p in SEARCH_SPACE.params if p.key not in PER_AGENT_KEYS]
     for i in range(n):
-        params += [_agent_param(SEARCH_SPACE[k], i) for k in PER_AGENT_KEYS]
+        params += [_agent_param(own(SEARCH_SPACE[k], k), i) for k in PER_AGENT_KEYS]
     params += _ma_params(workflow, num_rounds)
     constraints = [_per_agent_constraint(c, n) for c in SEARCH_SPACE.constraints]
     return SearchSpace(backend="verl-multi-agent", params=params,
@@ -218,11 +224,12 @@ def _search_space(n: int, workflow: str, num_rounds: int, n_gpus_agent: int, rol
 
 
 def search_space(sc: MultiAgentScenario) -> SearchSpace:
-    """verl's catalogue with the per-agent knobs split per agent, plus the workflow/shaping/async knobs.
+    """verl's catalogue with the per-agent knobs split per agent, plus the workflow/shaping/async knobs;
+    a knob the job's file sets has that value as its default (the baseline the focused space keeps).
 
     Constraints: verl's rules hold for every agent's own config; async tasks must feed every engine.
     """
-    return _search_space(sc.num_agents, sc.workflow, sc.num_rounds, sc.n_gpus_agent, sc.rollout_n)
+    return _search_space(sc.num_agents, sc.workflow, sc.num_rounds, sc.n_gpus_agent, sc.rollout_n, sc.base_overrides)
 
 
 def focus_space(space: SearchSpace) -> SearchSpace:
@@ -944,12 +951,6 @@ def ground_truth_learning(sc: MultiAgentScenario, horizon: int = 30) -> dict[str
                     best_score, best_over = s, {**over, **extra, **sh}
     return {"scenario": sc.name, "score": best_score, "overrides": {k: v for k, v in best_over.items() if cfg0.get(k) != v},
             "baseline_score": base, "gain": best_score - base, "evaluated": evaluated}
-
-
-def describe(sc: MultiAgentScenario) -> str:
-    return (f"{sc.num_agents} agents x {sc.model.name}, {sc.workflow}"
-            f"{f' {sc.num_rounds} rounds' if sc.workflow == 'debate' else ''}, "
-            f"{sc.placement} GPUs ({sc.total_gpus} in all)")
 
 
 __all__ = ["ASYNC_KEY", "HISTORY_SCOPE_KEY", "MultiAgentScenario", "PER_AGENT_KEYS", "ROUNDS_KEY", "SHAPING_ALPHA_KEY",
