@@ -243,3 +243,16 @@ def test_the_winner_is_a_complete_schedule_that_beats_the_static_one_beyond_the_
     tree.append(node("ab-s2", "a", 3, None, confirms="ab", status="failed"))
     winner, _ = pick_schedule_winner(tree, 3, noise=0.01)
     assert winner.key != "ab"
+
+
+def test_review_channels_show_the_branch_point_and_segment():
+    from mart.graph.reviewers.base import format_request
+    from mart.graph.reviewers.slack import summary_blocks
+
+    request = {"review_no": 3, "run_id": "r", "stage": "schedule", "candidate_id": "sch-03-r0-c0", "source": "rules",
+               "diff": [{"key": "actor_rollout_ref.actor.optim.lr", "current": 1e-6, "proposed": 2e-6}],
+               "trials_done": 2, "parent_trial": "sch-01-baseline", "segment": [10, 20]}
+    want = "sch-01-baseline's checkpoint at step 10: knobs for steps 10-20"
+    assert want in format_request(request)
+    assert any(want in str(b) for b in summary_blocks(request))
+    assert "checkpoint" not in format_request({**request, "segment": None, "stage": "learning"})
