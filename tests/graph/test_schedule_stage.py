@@ -254,5 +254,6 @@ def test_review_channels_show_the_branch_point_and_segment():
                "trials_done": 2, "parent_trial": "sch-01-baseline", "segment": [10, 20]}
     want = "sch-01-baseline's checkpoint at step 10: knobs for steps 10-20"
     assert want in format_request(request)
-    assert any(want in str(b) for b in summary_blocks(request))
+    assert any("`sch-01-baseline`'s checkpoint at step 10: knobs for steps 10-20" in str(b)
+               for b in summary_blocks(request))
     assert "checkpoint" not in format_request({**request, "segment": None, "stage": "learning"})
