@@ -27,8 +27,8 @@ from mart.state.schedule import (
     Node,
     children,
     path_to,
-    pick_expansion,
     pick_schedule_winner,
+    rank_frontier,
     recheck_plan,
     static_path,
     usable,
@@ -209,14 +209,19 @@ def schedule_control(state: dict[str, Any], services) -> Command:
     spine = static_path(nodes)
     spine_open = usable(spine[-1]) and spine[-1]["depth"] < depth
     spine_missing = depth - spine[-1]["depth"] if spine_open else 0
-    minimal = depth + (k - 1) * (depth - 1)  # the static path plus one full expansion per boundary
+    # one full expansion per boundary down a changed path, and the static path beside it
+    minimal = 1 + (depth - 1) * k + max(0, depth - 2)
     search_budget = budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0)
+
+    def affords(node: Node) -> bool:
+        """Whether one more branch from ``node`` still leaves room to carry it to the horizon (one unchanged
+        continuation per later segment) and to complete the static path."""
+        return used + 1 + (depth - node["depth"] - 1) + spine_missing <= search_budget
 
     def keep(**extra: Any) -> dict[str, Any]:
         return {"schedule": {**sched, "expanding": expanding, "expanded": expanded, "notes": notes, **extra}}
 
     by_id = {n["id"]: n for n in nodes}
-    spine_ids = {n["id"] for n in spine}
     while True:
         if expanding is not None:
             parent = by_id[expanding]
@@ -225,18 +230,16 @@ def schedule_control(state: dict[str, Any], services) -> Command:
                 notes.append(f"expansion of {expanding} ended after {len(kids)} branches: {exhausted.pop(STAGE)}")
             elif not any(not c["changes"] for c in kids):
                 extends_spine = expanding == spine[-1]["id"] and spine_open
-                if used < budget and (extends_spine or used + 1 + spine_missing <= search_budget):
+                if used < budget and (extends_spine or affords(parent)):
                     return Command(goto="launch_trial", update={
                         **keep(), "exhausted": exhausted, "pending_trial": child_record(state, services, parent)})
-            elif len(kids) < k and used + 1 + spine_missing <= search_budget:
+            elif len(kids) < k and affords(parent):
                 return Command(goto="proposer", update={**keep(), "exhausted": exhausted, "round": 0})
             expanding = None
-        nxt = pick_expansion(nodes, depth, noise, set(expanded))
+        # best first among the nodes whose expansion the budget still allows (deeper ones as it runs out)
+        nxt = next((n for n in rank_frontier(nodes, depth, noise, set(expanded))
+                    if (n["id"] == spine[-1]["id"] and spine_open and used < budget) or affords(n)), None)
         if nxt is None:
-            break
-        has_static = any(not c["changes"] for c in children(nodes, nxt["id"]))
-        cost = (0 if has_static or nxt["id"] in spine_ids else 1) + 1 + spine_missing
-        if used + cost > search_budget and not (nxt["id"] == spine[-1]["id"] and spine_open and used < budget):
             break
         expanding = nxt["id"]
         expanded.append(expanding)

@@ -96,7 +96,7 @@ def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tm
     lr = "actor_rollout_ref.actor.optim.lr"
     reviewer = Scripted([ReviewDecision(action="reject", feedback="keep the temperature", reviewer="t", channel="t"),
                          ReviewDecision(action="edit", edits={"lr": 7e-7}, reviewer="t", channel="t")])
-    summary = tune(sim_options(tmp_path, approve="none", schedule_budget=4), reviewer=reviewer)
+    summary = tune(sim_options(tmp_path, approve="none", schedule_budget=5), reviewer=reviewer)
     assert summary["status"] == "completed"
     first, second = reviewer.requests[0], reviewer.requests[1]
     assert first["stage"] == second["stage"] == "schedule"
@@ -108,7 +108,7 @@ def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tm
     rows = ledger.trials("schedule")
     rejected = first["candidate_id"]
     assert rejected not in {r["candidate_id"] for r in rows}, "a rejected transition never runs"
-    assert len(rows) <= 4
+    assert len(rows) <= 5
     # the edit (a learning knob, by its short name) applies to the branch, on top of its parent's config
     [edited] = [r for r in rows if r["candidate_id"] == second["candidate_id"]]
     assert edited["config"][lr] == 7e-7 and edited["overrides"][lr] == 7e-7
@@ -257,3 +257,19 @@ def test_review_channels_show_the_branch_point_and_segment():
     assert any("`sch-01-baseline`'s checkpoint at step 10: knobs for steps 10-20" in str(b)
                for b in summary_blocks(request))
     assert "checkpoint" not in format_request({**request, "segment": None, "stage": "learning"})
+
+
+def test_the_budget_carries_a_changed_schedule_to_the_horizon_beside_the_static_one(tmp_path):
+    """S=4, K=3, the default budget S x K = 12: the search must not spend it all near the root -- a changed
+    schedule and the static one both reach T (each expansion keeps room for one continuation per later
+    segment and for the static path)."""
+    opts = sim_options(tmp_path, schedule_segments=4, learning_horizon=12)
+    summary = tune(opts)
+    rows = Ledger.open(Path(tmp_path) / summary["run_id"]).trials("schedule")
+    check_tree(rows, opts)
+    assert len(rows) <= 12
+    nodes = _nodes(rows)
+    leaves = [r["trial_id"] for r in rows if r["horizon"] == 12 and not r["confirms"]]
+    changed = [leaf for leaf in leaves if any(n["changes"] for n in path_to(nodes, leaf))]
+    assert changed, "no changed schedule reached the horizon"
+    assert len(static_path(nodes)) == 4
