@@ -4,9 +4,10 @@ Training of T steps is cut into S segments (``TuneOptions.schedule_boundaries``)
 with the stage's start config and saves a checkpoint at its end. Expanding a finished node runs K branches
 from its checkpoint for the next segment: first the unchanged continuation, then K-1 transitions, each
 proposed (with a diagnosis of the trajectory so far), critiqued and reviewed like any candidate. The next
-node to expand is picked best-first (``mart.state.schedule.pick_expansion``); the static path (root and its
-unchanged continuations) is always completed, as the reference; the budget counts segment-trials. The
-winner is the best complete path, with the close ones re-evaluated on a second seed when the budget allows.
+node to expand is picked best-first (``mart.state.schedule.rank_frontier``) among the nodes the budget can
+still carry to the horizon; the static path (root and its unchanged continuations) is always completed, as the
+reference; the budget counts segment-trials. The winner is the best complete path, with the close ones
+re-evaluated on a second seed when the budget allows.
 
 The tree lives in the ledger (``trials`` rows of stage ``schedule``: ``parent_trial``, ``parent_checkpoint``,
 ``parent_step``, ``horizon`` = the segment's last global step); graph state keeps only the node being
