@@ -273,3 +273,13 @@ def test_the_budget_carries_a_changed_schedule_to_the_horizon_beside_the_static_
     changed = [leaf for leaf in leaves if any(n["changes"] for n in path_to(nodes, leaf))]
     assert changed, "no changed schedule reached the horizon"
     assert len(static_path(nodes)) == 4
+
+
+def test_the_wall_clock_ends_the_tree_with_what_it_has(tmp_path):
+    summary = tune(sim_options(tmp_path, wall_clock_s=0.01))
+    assert summary["status"] == "completed"
+    sched = summary["schedule"]
+    assert sched["branches_run"] == 1 and sched["segments"] == [] and sched["final_score"] is None
+    assert any("wall-clock budget spent" in n for n in summary["notes"])
+    assert any("no complete schedule reached the horizon" in n for n in summary["notes"])
+    assert not (Path(tmp_path) / summary["run_id"] / "schedule.yaml").exists()
