@@ -104,12 +104,20 @@ def test_backend_catalogue_has_per_agent_knobs_and_shared_system_knobs():
 
 
 # --- training, in-process ------------------------------------------------------------------------------------
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the trial processes run (tiny matrices: more threads only contend)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _trainer(local_cache, steps: int = 4, **team) -> TeamTrainer:
     cfg = load_team_config({**TEAM_TINY, "workflow.name": "debate", **team})
     return TeamTrainer(cfg, load_base_model(cfg.base, CPU, log=lambda s: None), CPU, steps)
 
 
-def test_per_agent_lr_reaches_its_agent_only(local_cache):
+def test_per_agent_lr_reaches_its_agent_only(local_cache, one_thread):
     trainer = _trainer(local_cache, **{"agents.1.actor.optim.lr": 1e-9, "agents.0.actor.optim.lr": 1e-3})
     before = [{k: v.clone() for k, v in a.actor.state_dict().items()} for a in trainer.agents]
     m = trainer.step(Timer(CPU))
@@ -119,7 +127,7 @@ def test_per_agent_lr_reaches_its_agent_only(local_cache):
     assert m["agent0/actor/lr"] == pytest.approx(1e-3) and m["agent1/actor/lr"] == pytest.approx(1e-9)
 
 
-def test_team_checkpoint_restores_every_agent_and_replays(local_cache, tmp_path):
+def test_team_checkpoint_restores_every_agent_and_replays(local_cache, tmp_path, one_thread):
     flat = {"workflow.name": "debate", "workflow.num_agents": 2}
     a = _trainer(local_cache, **{"agents.1.actor.optim.lr": 1e-3})
     a.step(Timer(CPU))
