@@ -199,3 +199,16 @@ def test_mart_tune_runs_a_debate_job_with_per_agent_knobs(local_cache, tmp_path)
     run = next((tmp_path / "runs").iterdir())
     configs = [json.loads(p.read_text()) for p in run.glob("trials/*/config.json")]
     assert configs and all(c["workflow.name"] == "debate" and "agents.1.actor.optim.lr" in c for c in configs)
+
+
+def test_format_aware_base_model_is_its_own_cached_model(local_cache):
+    from mart.trial_runner.local.base_model import base_key, warmup
+    from mart.trial_runner.local.config import load_config
+
+    plain = load_config({**TEAM_TINY, "local.base_model.warmup_steps": 3})
+    aware = load_config({**TEAM_TINY, "local.base_model.warmup_steps": 3, "local.base_model.peer_prob": 0.5})
+    assert base_key(plain) != base_key(aware), "a format-aware base model never replaces the single-agent one"
+    a, b = warmup(plain, CPU, log=lambda s: None), warmup(aware, CPU, log=lambda s: None)
+    assert any(not torch.equal(a[k], b[k]) for k in a), "it trains on other prompts"
+    with pytest.raises(ConfigError, match="peer_prob"):
+        load_config({**LOCAL_TINY_CONFIG, "local.base_model.peer_prob": 0.5})  # block_size 24 cannot hold them
