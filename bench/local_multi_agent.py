@@ -95,26 +95,26 @@ def main() -> None:
             t_single = time.perf_counter() - t0
             same = run_trial(tiny, args.steps, seed, Path(tmp, f"same-{seed}"))
             last_d, last_s = d[max(d)], s[max(s)]
-            row = {"seed": seed, "debate_untrained": d[0][VAL], "debate_trained": last_d[VAL],
+            row = {"seed": seed, "team_untrained": d[0][VAL], "team_trained": last_d[VAL],
                    "single_untrained": s[0][VAL], "single_trained": last_s[VAL],
                    "single_trained_same_steps": same[max(same)][VAL],
                    "agents_trained_alone_in_team": [last_d[k] for k in sorted(last_d) if "/agent" in k and k.startswith("val-aux")],
                    "agreement": last_d.get("workflow/agreement"), "answer_change_rate": last_d.get("workflow/answer_change_rate"),
                    "team_s": round(t_team, 1), "single_s": round(t_single, 1)}
             rows.append(row)
-            print(f"seed {seed}: debate untrained {row['debate_untrained']:.3f} -> trained {row['debate_trained']:.3f} "
+            print(f"seed {seed}: {args.workflow} untrained {row['team_untrained']:.3f} -> trained {row['team_trained']:.3f} "
                   f"({args.steps} steps, {t_team:.0f} s) | single untrained {row['single_untrained']:.3f} -> trained "
                   f"{row['single_trained']:.3f} ({single_steps} steps, {t_single:.0f} s)", flush=True)
     print(f"\n{args.workflow}, {args.agents} agents" + (f", {args.rounds} rounds" if args.workflow == "debate" else "")
           + f", shaping {args.shaping} alpha {args.alpha}, base peer_prob {args.peer_prob}; equal generation budget: the single agent gets {gens_per_episode} x "
           + ("the steps" if args.budget == "steps" else "rollout.n"))
-    for key in ("debate_untrained", "debate_trained", "single_untrained", "single_trained", "single_trained_same_steps"):
+    for key in ("team_untrained", "team_trained", "single_untrained", "single_trained", "single_trained_same_steps"):
         vals = [r[key] for r in rows]
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
         print(f"  {key:26s} mean {statistics.mean(vals):.3f} (sd {sd:.3f})  per seed " + " ".join(f"{v:.3f}" for v in vals))
-    wins_u = sum(r["debate_trained"] > r["debate_untrained"] for r in rows)
-    wins_s = sum(r["debate_trained"] > r["single_trained"] for r in rows)
-    print(f"  trained debate > untrained debate in {wins_u}/{len(rows)} seeds; > single agent at equal budget in "
+    wins_u = sum(r["team_trained"] > r["team_untrained"] for r in rows)
+    wins_s = sum(r["team_trained"] > r["single_trained"] for r in rows)
+    print(f"  trained {args.workflow} > untrained {args.workflow} in {wins_u}/{len(rows)} seeds; > single agent at equal budget in "
           f"{wins_s}/{len(rows)} seeds")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
