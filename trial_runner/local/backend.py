@@ -21,7 +21,8 @@ micro 64 without checkpointing 0.080 GB and long padded responses 0.11+ GB (over
 TEAM_TRAIN_BATCH_SIZE = 8
 """A multi-agent job's default prompts per step (single-agent: 16): a 2-agent 2-round debate generates and
 trains 4 answers per episode, so half the prompts keep its step near twice a single-agent step's cost
-(measured on the default model under load: ~7 s a step at 16 prompts against ~1.5 s single-agent)."""
+(measured on the default model on a loaded 2-core box: ~7 s a step at 16 prompts, 3-4 s at 8, against ~1.5 s
+single-agent at 16)."""
 
 
 class LocalBackend(Backend):
