@@ -124,16 +124,15 @@ def _num(v: Any, default: Any) -> float:
     return float(v)
 
 
-def _lookup(config: dict[str, Any], key: str) -> Any:
-    """A knob's value: its own key, or the first agent's ``agents.<i>.<key>`` in a multi-agent job whose
-    agents carry their own copy of a system knob (the search moves all agents' copies together)."""
-    if key in config:
-        return config[key]
-    for agent in agents_in_config(config):
+def _lookup(config: dict[str, Any], key: str, agents: list[int] | None = None) -> Any:
+    """A knob's value: the first agent's ``agents.<i>.<key>`` in a multi-agent job whose agents carry their
+    own copy of a system knob (the search moves all agents' copies together; a copy overrides the shared
+    value), else the key itself."""
+    for agent in agents_in_config(config) if agents is None else agents:
         own = agent_knob(agent, key)
         if own in config:
             return config[own]
-    return None
+    return config.get(key)
 
 
 @dataclass
@@ -241,27 +240,29 @@ class JobModel:
     # -- configs -> knob arrays -------------------------------------------------------------------
     def knobs(self, config: dict[str, Any]) -> dict[str, float]:
         full = {**self.base_config, **config}
-        out = {name: _num(_lookup(full, key), default) for name, (key, default) in KNOBS.items()}
+        agents = agents_in_config(full)
+        out = {name: _num(_lookup(full, key, agents), default) for name, (key, default) in KNOBS.items()}
         if self.cpu:
             out.update(util=0.0, tp=1.0, eager=1.0, prefix=0.0, chunked=1.0)
         return out
 
     def workload(self, config: dict[str, Any]) -> Workload:
         full = {**self.base_config, **config}
+        agents = agents_in_config(full)
         wl = self.job.workload
-        batch = _num(_lookup(full, "data.train_batch_size"), wl.train_batch_size)
-        n = _num(_lookup(full, R + "n"), wl.rollout_n)
-        max_p = _num(_lookup(full, "data.max_prompt_length"), wl.max_prompt_length)
-        max_r = _num(_lookup(full, "data.max_response_length"), wl.max_response_length)
+        batch = _num(_lookup(full, "data.train_batch_size", agents), wl.train_batch_size)
+        n = _num(_lookup(full, R + "n", agents), wl.rollout_n)
+        max_p = _num(_lookup(full, "data.max_prompt_length", agents), wl.max_prompt_length)
+        max_r = _num(_lookup(full, "data.max_response_length", agents), wl.max_response_length)
         obs = self.workload_obs
         prompt = (obs.prompt_mean if obs and obs.prompt_mean else None) or wl.prompt_length_mean or max_p / 2
         resp = (obs.resp_mean if obs and obs.resp_mean else None) or wl.response_length_mean or max_r / 2
         resp_max = (obs.resp_max if obs and obs.resp_max else None) or max_r
         resp, resp_max = min(resp, max_r), min(max(resp_max, resp), max_r)
-        uses_ref = bool(_num(_lookup(full, A + "use_kl_loss"), wl.uses_reference)) or bool(
-            _num(_lookup(full, "algorithm.use_kl_in_reward"), False))
-        mini = _num(_lookup(full, A + "ppo_mini_batch_size"), batch)
-        epochs = _num(_lookup(full, A + "ppo_epochs"), 1)
+        uses_ref = bool(_num(_lookup(full, A + "use_kl_loss", agents), wl.uses_reference)) or bool(
+            _num(_lookup(full, "algorithm.use_kl_in_reward", agents), False))
+        mini = _num(_lookup(full, A + "ppo_mini_batch_size", agents), batch)
+        epochs = _num(_lookup(full, A + "ppo_epochs", agents), 1)
         return Workload(seqs=batch * n, n=n, prompt_mean=prompt, resp_mean=resp, resp_max=resp_max,
                         max_len=max_p + max_r, uses_ref=float(uses_ref), mini_prompts=min(mini, batch), epochs=epochs)
 

@@ -269,6 +269,12 @@ class RulesProposer(Proposer):
         ms = [self._momentum(ctx, key, direction) for key in moved]
         m = sum(ms) / len(ms)
         score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
+        # every agent at once is a large move: past 4x (or 1/4) the base value, each further doubling halves the
+        # prior, so other team moves (shaping, rounds) get their trial before a step that risks the whole team
+        far = max(_doublings(ctx.base_config.get(k, ctx.search_space[k].default), v) for k, v in moved.items())
+        if far > 2:
+            score *= 0.5 ** (far - 2)
+            why += f" (each agent's value {2 ** far:g}x from the base: a large step for the whole team)"
         olds = sorted({repr(current.get(k)) for k in moved})
         news = sorted({repr(v) for v in moved.values()})
         why = (f"all {len(moved)} agents' {rest}: {'/'.join(olds)} -> {'/'.join(news)}. {why}; one trial moves "
@@ -377,6 +383,15 @@ def team_moves(ctx: AgentContext, start: dict[str, Any], current: dict[str, Any]
                     overrides.pop(key)  # back to the base value: not an override
             out.append((overrides, rest, direction, moved))
     return out
+
+
+def _doublings(base: Any, value: Any) -> float:
+    """|log2(value / base)| for positive numbers (0 otherwise)."""
+    try:
+        b, v = float(base), float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return abs(math.log2(v / b)) if b > 0 and v > 0 else 0.0
 
 
 def _shaping_on(config: dict[str, Any]) -> bool:
