@@ -409,7 +409,11 @@ def _team_knob_prior(ctx: AgentContext, key: str, direction: str, score: float, 
     let answers converge, Du et al. 2023), and a healthy agent's own knob waits for the team move."""
     agent, _ = names.split_knob(key)
     if agent is not None:
-        return score * 0.4, f"{why} (agent {agent} alone: the same move for all agents comes first)"
+        # the team's trials count as this agent's momentum too: past 4x its base value a lone step is as
+        # large as a team step there, and halves the same way
+        far = _doublings(ctx.base_config.get(key, ctx.search_space[key].default if key in ctx.search_space else None), new)
+        return score * 0.4 * 0.5 ** max(0.0, far - 2), (
+            f"{why} (agent {agent} alone: the same move for all agents comes first)")
     current = ctx.full_config(ctx.best_overrides)
     on = _shaping_on(current)
     if key == names.SHAPING_MODE:

@@ -160,3 +160,13 @@ def test_single_agent_stage_two_has_no_team_moves():
     cands = RulesProposer().propose(c)
     assert [c.expected_gain for c in cands] == [0.8, 0.45, 0.3, 0.1]  # the single-agent priors, one knob each
     assert all(len(c.overrides) == 1 for c in cands)
+
+
+def test_after_team_steps_a_lone_agent_step_far_past_the_base_waits_too():
+    hist = [TrialRecord(trial_id=f"l{i + 2}", stage="learning", kind="candidate", config={**SPACE.defaults(),
+                        lr(0): v, lr(1): v, SHAPING_MODE: "margin"}, status=TrialStatus.COMPLETED, score=0.33 + 0.01 * i)
+            for i, v in enumerate((2e-6, 4e-6, 8e-6))]
+    cands = RulesProposer().propose(ctx(best={SHAPING_MODE: "margin", lr(0): 8e-6, lr(1): 8e-6}, history=hist, k=12))
+    rounds = next(c for c in cands if c.overrides.get(NUM_ROUNDS) == 3)
+    lone = [c for c in cands if c.overrides.get(lr(0)) != c.overrides.get(lr(1))]
+    assert lone and all(c.expected_gain < rounds.expected_gain for c in lone)
