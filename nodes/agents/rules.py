@@ -147,13 +147,19 @@ class RulesProposer(Proposer):
                     predicted_memory_gb=pred, expected_gain=round(score, 4),
                 )
                 scored.append((score, rng.random(), cand))
-        if ctx.stage == "learning":  # a multi-agent job: the same move for every agent in one trial
+        if ctx.stage in ("learning", "system"):  # a multi-agent job: the same move for every agent in one trial
             for overrides, rest, direction, moved in team_moves(ctx, start, current, fb):
                 if config_hash(ctx.full_config(overrides)) in tried:
                     continue
                 if ctx.search_space.check_constraints(ctx.full_config(overrides)):
                     continue
-                score, why = self._team_score(ctx, rest, direction, moved, current)
+                if ctx.stage == "learning":
+                    score, why = self._team_score(ctx, rest, direction, moved, current)
+                else:  # a step waits for the slowest agent: a system knob speeds it up when every agent moves
+                    first = next(iter(moved))
+                    score, why = self._system_score(ctx, ctx.search_space[first], direction, current.get(first),
+                                                    moved[first], fb)
+                    why = f"all {len(moved)} agents' {rest} the same way. {why}"
                 if score <= 0:
                     continue
                 cand = Candidate(
@@ -180,6 +186,10 @@ class RulesProposer(Proposer):
                fb: FeedbackRules) -> tuple[float, str]:
         if ctx.stage == "system":
             score, why = self._system_score(ctx, spec, direction, old, new, fb)
+            agent = names.knob_agent(spec.key)
+            if agent is not None and is_multi_agent(ctx):
+                score *= 0.5  # the other agents' phases still hold the step: the team move comes first
+                why += f" Agent {agent} alone; the others still hold the step."
         else:
             score, why = self._learning_score(ctx, spec, direction, old, new)
         if spec.key in fb.focus:

@@ -170,3 +170,14 @@ def test_after_team_steps_a_lone_agent_step_far_past_the_base_waits_too():
     rounds = next(c for c in cands if c.overrides.get(NUM_ROUNDS) == 3)
     lone = [c for c in cands if c.overrides.get(lr(0)) != c.overrides.get(lr(1))]
     assert lone and all(c.expected_gain < rounds.expected_gain for c in lone)
+
+
+def test_without_a_job_model_per_agent_system_knobs_move_together():
+    space = SearchSpace(backend="ma", params=[
+        ParamSpec(agent_knob(i, R + "max_num_seqs"), "system", "int", 256, f"agent {i} max seqs", low=16, high=2048)
+        for i in range(2)])
+    c = AgentContext(stage="system", objective="throughput", search_space=space, base_config=space.defaults(),
+                     best_overrides={}, profile=None, history=[], num_candidates=3)
+    cands = RulesProposer().propose(c)
+    assert cands[0].overrides == {agent_knob(0, R + "max_num_seqs"): 512, agent_knob(1, R + "max_num_seqs"): 512}
+    assert "all 2 agents" in cands[0].rationale
