@@ -181,3 +181,13 @@ def test_without_a_job_model_per_agent_system_knobs_move_together():
     cands = RulesProposer().propose(c)
     assert cands[0].overrides == {agent_knob(0, R + "max_num_seqs"): 512, agent_knob(1, R + "max_num_seqs"): 512}
     assert "all 2 agents" in cands[0].rationale
+
+
+def test_without_a_job_model_async_tasks_start_at_marti_s_worker_count():
+    space = SearchSpace(backend="ma", params=[
+        ParamSpec(ASYNC, "system", "int", 0, "async workflow tasks", low=0, high=2048)])
+    c = AgentContext(stage="system", objective="throughput", search_space=space, base_config=space.defaults(),
+                     best_overrides={}, profile=None, history=[], num_candidates=3)
+    cands = RulesProposer().propose(c)
+    assert [x.overrides for x in cands] == [{ASYNC: 512}]
+    assert "speeds up" in cands[0].rationale
