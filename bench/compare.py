@@ -14,6 +14,7 @@ GPU-hours spent and saved by early termination.
     python bench/compare.py                         # 4 scenarios x 5 seeds
     python bench/compare.py --scenario-file job.yaml --perturb 7   # a user's scenario, a perturbed simulator
     python bench/compare.py --workload local        # the unsimulated check on the CPU workload
+    python bench/compare.py --schedule --quick      # schedules vs static configs (bench/schedules.py)
 
 Writes ``bench/results/<timestamp>/{table.md, best_so_far.png, raw.json, verdict.json}`` and prints the
 table (to stderr with ``--json``, so stdout holds only the verdict).
@@ -547,6 +548,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 scenarios x 3 seeds, smaller budgets (<= 10 min on 2 cores)")
     p.add_argument("--workload", choices=["sim", "local"], default="sim", help="simulator (default) or the CPU workload")
+    p.add_argument("--schedule", action="store_true",
+                   help="stage 3's comparison instead: schedules vs static configs (options: bench/schedules.py --help)")
     p.add_argument("--scenarios", nargs="+", default=None, help=f"shipped sim scenarios (default: all {len(SCENARIOS)})")
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="a shipped sim scenario, repeatable (adds to --scenarios), e.g. the multi-agent "
@@ -601,6 +604,11 @@ def build_plan(args: argparse.Namespace) -> tuple[Budget, list[str], list[int], 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--schedule" in argv:  # stage 3's comparison (schedules vs static configs): bench/schedules.py
+        from bench.schedules import main as schedules_main
+
+        return schedules_main([a for a in argv if a != "--schedule"])
     args = parse_args(argv)
     budget, scenarios, seeds, methods = build_plan(args)
     log = sys.stderr if args.json else sys.stdout

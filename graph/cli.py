@@ -217,10 +217,11 @@ def _console():
 
 
 def _finish(summary: dict, as_json: bool) -> None:
-    from mart.graph.session import SUMMARY_KEYS
+    from mart.graph.session import OPTIONAL_SUMMARY_KEYS, SUMMARY_KEYS
 
     if as_json:
-        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in SUMMARY_KEYS})
+        keys = [*SUMMARY_KEYS, *(k for k in OPTIONAL_SUMMARY_KEYS if summary.get(k) is not None)]
+        _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in keys})
     else:
         _print_summary(summary)
 
@@ -237,7 +238,7 @@ TUNE_FLAG_ALIASES = {
 
 
 @app.command()
-@model_options(TuneOptions, exclude=["backend_options"], aliases=TUNE_FLAG_ALIASES, into="fields")
+@model_options(TuneOptions, exclude=["backend_options", "start_overrides"], aliases=TUNE_FLAG_ALIASES, into="fields")
 def tune(
     # command-line-only flags; every TuneOptions field is added as a flag by @model_options
     detach: bool = typer.Option(False, "--detach", help="Exit at the first review (same as --approve none)."),
@@ -257,10 +258,13 @@ def tune(
     backend_option: list[str] = typer.Option(
         [], "--backend-option", help="KEY=VALUE passed to the backend's factory (plugins); repeatable."
     ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="KEY=VALUE change to the base config every stage starts from (verl key names); repeatable."),
     as_json: bool = JSON,
     fields: Optional[dict] = None,  # the TuneOptions fields, filled in by @model_options
 ) -> None:
-    """Run a two-stage tuning session (system knobs for throughput, then learning knobs for score)."""
+    """Run a tuning session: system knobs for throughput, then learning knobs for score (the default stages),
+    then, with --stages ...,schedule, a schedule of learning knobs per training segment."""
     from pydantic import ValidationError
 
     from mart.graph.session import tune as run_tune
@@ -276,8 +280,15 @@ def tune(
                        **_backend_options(backend_option)}
     if detach:
         fields["approve"] = "none"
+    from mart.state.config_values import parse_assignments
+
     try:
-        options = TuneOptions(backend_options={k: v for k, v in backend_options.items() if v is not None}, **fields)
+        start_overrides = parse_assignments(set_)
+    except ValueError as e:
+        _fail(f"--set: {e}")
+    try:
+        options = TuneOptions(backend_options={k: v for k, v in backend_options.items() if v is not None},
+                              start_overrides=start_overrides, **fields)
     except ValidationError as e:
         flags = flag_names(TuneOptions, TUNE_FLAG_ALIASES)
         _fail("; ".join(f"{flags.get(str(err['loc'][0]), err['loc'][0]) if err['loc'] else 'options'}: {err['msg']}"

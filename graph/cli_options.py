@@ -89,13 +89,18 @@ def _parameter(name: str, field: FieldInfo, extra: list[str]) -> tuple[inspect.P
         convert = _enum_value
     elif origin in (tuple, list):
         items = [a for a in typing.get_args(annotation) if a is not Ellipsis]
-        metavar = ",".join(getattr(a, "__name__", "X").upper() for a in items) or "A,B"
-        py_type, convert = str, _split_commas  # the model converts the items (tuple[float, float])
+        if origin is list and items and typing.get_origin(items[0]) is typing.Literal:
+            metavar = "|".join(map(str, typing.get_args(items[0]))) + ",..."  # list[Literal[...]]: the choices
+        else:
+            metavar = ",".join(getattr(a, "__name__", "X").upper() for a in items) or "A,B"
+        py_type, convert = str, _split_commas  # the model converts and checks the items (tuple[float, float])
     elif annotation in (int, float, str, bool):
         py_type = annotation
     else:
         raise TypeError(f"no command-line option for field {name!r} of type {field.annotation!r}")
     default = field.get_default(call_default_factory=True)
+    if py_type is str and isinstance(default, (list, tuple)):
+        default = ",".join(map(str, default))  # the flag's text form, split again like a typed value
     if isinstance(py_type, type) and issubclass(py_type, enum.Enum) and default is not None:
         default = py_type(str(default))
     flag = _flag(name)

@@ -40,6 +40,8 @@ from mart.state.run_store import RunError, RunStore
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
+#: summary keys present only when their stage ran (the default session's JSON is unchanged)
+OPTIONAL_SUMMARY_KEYS = ("schedule",)
 
 
 class StaleReview(RunError):
@@ -418,6 +420,7 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
     if decision.action != "edit":
         return
     from mart.nodes.human_review import apply_decision
+    from mart.nodes.stage_control import knob_stage
     from mart.trial_runner.registry import load_backend
 
     values = snap.values
@@ -425,12 +428,17 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
     backend = load_backend(options.backend, **backend_options(options))
     space = backend.search_space()
     stage = values["stage"]
-    base = dict(backend.base_config())
-    if stage == "learning":
+    base = {**backend.base_config(), **options.start_overrides}
+    if stage != "system":
         base.update((values.get("best_overrides") or {}).get("system", {}))
+    if stage == "schedule":  # a branch applies to the config of the node it grows from
+        parent = ((values.get("schedule") or {}).get("expanding"))
+        row = store.ledger.trial(parent) if parent else None
+        if row is not None:
+            base = dict(row.get("config") or base)
     cand = values["selected"]
     assert cand.candidate_id == request["candidate_id"]
-    apply_decision(decision, cand, space, stage, base)
+    apply_decision(decision, cand, space, knob_stage(stage), base)
 
 
 def pending_review(store: RunStore) -> dict[str, Any] | None:

@@ -15,6 +15,9 @@ OBJECTIVES = {
     "system": "maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
               "memory stays within (1 - margin) x capacity",
     "learning": "maximise the final validation score with the system config fixed; unhealthy trials are stopped early",
+    "schedule": "maximise the validation score at the end of training (the last segment's end) by changing learning "
+                "knobs for the next segment, from the checkpoint at its start; branches from the same checkpoint "
+                "compete, the unchanged continuation among them; unhealthy branches are stopped early",
 }
 
 VERL_PERF_GUIDE = (
@@ -33,6 +36,8 @@ def trial_from_row(row: dict[str, Any]) -> TrialRecord:
         steps_done=row.get("steps_done") or 0, throughput=row.get("throughput"),
         peak_memory_gb=row.get("peak_memory_gb"), score=row.get("score"),
         early_stopped=bool(row.get("early_stopped")), wall_s=row.get("wall_s") or 0.0,
+        parent_trial=row.get("parent_trial"), parent_checkpoint=row.get("parent_checkpoint"),
+        parent_step=row.get("parent_step"), seed=row.get("seed"), confirms=row.get("confirms"),
     )
 
 
@@ -72,7 +77,14 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
     if job_model is not None:
         def predict_memory(config: dict[str, Any]) -> float | None:
             return job_model.predict(config).peak_gb
-    notes = [VERL_PERF_GUIDE] if services.backend.name in ("verl", "sim") else []
+    notes = [VERL_PERF_GUIDE] if services.backend.name in ("verl", "sim") and stage == "system" else []
+    diagnosis = segment = None
+    if stage == "schedule":
+        from mart.nodes.agents.schedule import diagnose
+        from mart.nodes.schedule_stage import diagnosis_input
+
+        records, events, segment = diagnosis_input(state, services)
+        diagnosis = diagnose(records, [e.rule for e in events]) if segment is not None else None
     return AgentContext(
         stage=stage,
         objective=OBJECTIVES[stage],
@@ -94,4 +106,6 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
         rejected=services.ledger.rejected_overrides(services.run_id, stage),
         job_model=job_model,
         predictions=services.ledger.prediction_record(services.run_id, stage),
+        diagnosis=diagnosis,
+        segment=segment,
     )

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.runtime import Services, services_for
-from mart.nodes.stage_control import stage_base_config
+from mart.nodes.stage_control import knob_stage, stage_base_config
 from mart.state.graph_state import TuningState
 from mart.state.models import Candidate, ReviewDecision, TrialRecord, config_hash
 from mart.state.search_space import ConfigError
@@ -59,6 +59,7 @@ def build_review_request(state: dict[str, Any], services) -> dict[str, Any]:
         "trials_done": (state.get("trials_done") or {}).get(stage, 0),
         "feedback_read": feedback_read,
         "allowed": ["approve", "edit", "reject"],
+        **_segment(state, services),
     }
 
 
@@ -71,6 +72,21 @@ def _rounded(value: Any, digits: int = 4) -> Any:
     if isinstance(value, list):
         return [_rounded(v, digits) for v in value]
     return value
+
+
+def _segment(state: dict[str, Any], services) -> dict[str, Any]:
+    """Schedule stage: the checkpoint the branch starts from and the segment it trains (for the reviewer)."""
+    if state["stage"] != "schedule":
+        return {}
+    from mart.nodes.schedule_stage import schedule_state
+
+    parent = schedule_state(state)["expanding"]
+    row = services.ledger.trial(parent) if parent else None
+    if row is None:
+        return {}
+    step = int(row.get("horizon") or 0)
+    nxt = next((b for b in services.options.schedule_boundaries() if b > step), step)
+    return {"parent_trial": parent, "segment": [step, nxt]}
 
 
 def _short(e: Exception) -> str:
@@ -127,7 +143,7 @@ def human_review(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
             # ("approve" as a bare string, an unknown action) is asked again in band instead of failing the run
             answer = interrupt({**request, "error": error}, response_schema=ReviewDecision)
             decision = answer if isinstance(answer, ReviewDecision) else ReviewDecision.model_validate(answer)
-            overrides = apply_decision(decision, cand, space, stage, base)
+            overrides = apply_decision(decision, cand, space, knob_stage(stage), base)
             break
         except (ValidationError, ConfigError) as e:
             error = f"invalid decision: {_short(e)}"  # ask again; the run stays paused at this review

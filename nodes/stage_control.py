@@ -1,4 +1,5 @@
-"""Stage control: session start, budgets, the stage-1 → stage-2 hand-over, and the final summary."""
+"""Stage control: session start, budgets, the hand-over between stages (system → learning → schedule), and the
+final summary. The schedule stage's own control is in ``mart.nodes.schedule_stage``."""
 
 from __future__ import annotations
 
@@ -22,29 +23,71 @@ from mart.state.objectives import (
     validation_series,
 )
 
-STAGES: tuple[Stage, ...] = ("system", "learning")
+STAGES: tuple[Stage, ...] = ("system", "learning", "schedule")
 
 
 def stage_budget(options, stage: Stage) -> int:
+    if stage == "schedule":
+        return options.schedule_trial_budget()
     return options.system_trials if stage == "system" else options.learning_trials
 
 
 def stage_horizon(options, stage: Stage) -> int:
+    if stage == "schedule":
+        return options.schedule_total_steps()  # a schedule trial's own last step: schedule_stage.prepare_trial
     return options.system_horizon if stage == "system" else options.learning_horizon
 
 
+def knob_stage(stage: Stage) -> Stage:
+    """The search-space stage whose knobs ``stage`` changes (a schedule changes learning knobs per segment)."""
+    return "learning" if stage == "schedule" else stage
+
+
 def stage_base_config(state: dict[str, Any], services, stage: Stage) -> dict[str, Any]:
-    """The full config candidates of ``stage`` apply to: stage 2 fixes stage 1's best system overrides."""
+    """The full config candidates of ``stage`` apply to: the backend's base with the session's ``--set`` values;
+    stage 2 fixes stage 1's best system overrides; a schedule branch applies to its parent's config."""
+    if stage == "schedule":
+        from mart.nodes.schedule_stage import base_config
+
+        return base_config(state, services)
     base = dict(services.backend.base_config())
+    base.update(getattr(services.options, "start_overrides", None) or {})
     if stage == "learning":
         base.update((state.get("best_overrides") or {}).get("system", {}))
     return base
 
 
 def overrides_of(state: dict[str, Any], services, record: TrialRecord) -> dict[str, Any]:
-    """The knobs a trial changes relative to its stage's base config."""
+    """The knobs a trial changes relative to its stage's base config (a schedule trial: to its parent's)."""
+    if record.stage == "schedule":
+        from mart.nodes.schedule_stage import changes_of
+
+        return changes_of(state, services, record)
     base = stage_base_config(state, services, record.stage)
     return {k: v for k, v in record.config.items() if base.get(k, object()) != v}
+
+
+def session_stages(options) -> list[Stage]:
+    """The stages this session runs, in order (stage 2 with a zero budget is skipped)."""
+    stages = getattr(options, "stages", None) or ["system", "learning"]
+    return [s for s in stages if s != "learning" or options.learning_trials > 0]
+
+
+def next_stage(options, stage: Stage) -> Stage | None:
+    order = session_stages(options)
+    later = [s for s in order if STAGES.index(s) > STAGES.index(stage)]
+    return later[0] if later else None
+
+
+def enter_stage(stage: Stage) -> dict[str, Any]:
+    """The state update that starts ``stage`` (its baseline or root comes from the profiler)."""
+    update: dict[str, Any] = {"stage": stage, "round": 0, "feedback": [], "candidates": [], "critiques": [],
+                              "selected": None}
+    if stage == "schedule":
+        from mart.nodes.schedule_stage import initial_state
+
+        update["schedule"] = initial_state()
+    return update
 
 
 def start_session(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["profiler"]]:
@@ -57,11 +100,12 @@ def start_session(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     ids = ensure_run(state)
     services = services_for({**state, **ids}, runtime)
     services.ledger.upsert_run(services.run_id, status="running", options=services.options.model_dump(mode="json"))
+    first = (session_stages(services.options) or ["system"])[0]
     return Command(
         goto="profiler",
         update={
-            **ids,
-            "stage": "system", "status": "running", "started_at": time.time(), "trial_seq": 0,
+            **ids, **enter_stage(first),
+            "status": "running", "started_at": time.time(), "trial_seq": 0,
             "trials_done": {}, "profiles": {}, "baseline": {}, "best": {}, "best_overrides": {},
             "feedback": [], "round": 0, "reviews": 0, "exhausted": {}, "candidates": [], "critiques": [],
             "selected": None, "pending_trial": None, "active": None, "stop_reason": None,
@@ -78,6 +122,10 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     services = services_for(state, runtime)
     options = services.options
     stage: Stage = state["stage"]
+    if stage == "schedule":
+        from mart.nodes.schedule_stage import schedule_control
+
+        return schedule_control(state, services)
     done = (state.get("trials_done") or {}).get(stage, 0)
     exhausted = (state.get("exhausted") or {}).get(stage)
     if out_of_time(state, options):
@@ -93,17 +141,15 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     record_stage_result(state, services, stage, note=exhausted)
     if exhausted and out_of_time(state, options):
         return Command(goto="finish", update=update)
-    if stage == "system" and options.learning_trials > 0:
-        if (state.get("baseline") or {}).get("system") is not None and not (state.get("best") or {}).get("system"):
-            # no system config completed within the memory margin: stage 2 would only rerun a failing one
-            return Command(goto="finish", update={"exhausted": {
-                **(state.get("exhausted") or {}),
-                "learning": "skipped: stage 1 found no feasible system config (see the system notes)"}})
-        return Command(
-            goto="profiler",
-            update={"stage": "learning", "round": 0, "feedback": [], "candidates": [], "critiques": [],
-                    "selected": None},
-        )
+    nxt = next_stage(options, stage)
+    if nxt is not None:
+        if stage == "system" and (state.get("baseline") or {}).get("system") is not None \
+                and not (state.get("best") or {}).get("system"):
+            # no system config completed within the memory margin: a later stage would only rerun a failing one
+            skipped = {s: "skipped: stage 1 found no feasible system config (see the system notes)"
+                       for s in session_stages(options) if s != "system"}
+            return Command(goto="finish", update={**update, "exhausted": {**(state.get("exhausted") or {}), **skipped}})
+        return Command(goto="profiler", update={**update, **enter_stage(nxt)})
     return Command(goto="finish", update=update)
 
 
@@ -303,6 +349,11 @@ def build_summary(state, services) -> dict[str, Any]:
             notes.append(f"{stage} stage: no candidate beat the baseline; the baseline config is kept")
         if exhausted.get(stage):
             notes.append(f"{stage} stage ended early: {exhausted[stage]}")
+    sched = (state.get("schedule") or {}).get("result")
+    if sched is not None:
+        notes += [f"schedule stage: {n}" for n in sched.get("notes", [])]
+    elif "schedule" in session_stages(services.options) and exhausted.get("schedule"):
+        notes.append(f"schedule stage: {exhausted['schedule']}")
     if services.memory_limit_gb() is None:
         notes.append("memory margin rule off: no memory capacity is known (no GPU visible to the tuner, e.g. trials "
                      "on a Ray cluster); give --memory-capacity-gb to enforce it")
@@ -338,4 +389,13 @@ def build_summary(state, services) -> dict[str, Any]:
         },
         "notes": notes,
         "agents": services.ledger.agent_usage(services.run_id),
+        **({"schedule": schedule_summary(sched)} if sched is not None else {}),
     }
+
+
+def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The schedule stage's part of the summary: the winning schedule's segments, its final score against the
+    static config's at equal total steps, and the tree (one row per segment-trial)."""
+    keys = ("segments", "final_score", "final_score_spread", "final_score_runs", "static_best_score", "gain",
+            "branches_run", "budget", "boundaries", "noise", "winner", "reevaluated", "tree")
+    return {k: result.get(k) for k in keys}

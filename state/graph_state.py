@@ -30,7 +30,8 @@ class TuningState(InputState, total=False):
     """Full state of a tuning session."""
 
     stage: Stage
-    """The stage being tuned: ``system`` (throughput) then ``learning`` (validation score)."""
+    """The stage being tuned: ``system`` (throughput), ``learning`` (validation score), ``schedule`` (per-segment
+    learning knobs; see ``mart.nodes.schedule_stage``)."""
     status: Literal["running", "completed", "failed"]
     started_at: float
     """Wall-clock start of the session (for the optional wall-clock budget)."""
@@ -69,6 +70,9 @@ class TuningState(InputState, total=False):
     selection: dict[str, Any]
     """Per stage, how the winner was chosen under noise: mean, spread and runs of each contender, the noise."""
     """Stages that ended before their budget, with the reason (nothing new to try, critic gave up)."""
+    schedule: dict[str, Any]
+    """Schedule stage: ``expanding`` (the node whose branches run now), ``expanded`` (ids), ``notes``, and at the
+    end ``result`` (segments, scores, the tree as compact rows). The tree itself is in the ledger."""
     last_trial: TrialRecord | None
     summary: dict[str, Any] | None
     """The session's final summary (see ``mart.nodes.stage_control.build_summary``)."""

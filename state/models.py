@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 Stage = Literal["system", "learning", "schedule"]
+#: the stages in the order a session runs them (`TuneOptions.stages` keeps this order)
+STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
 
 
 class TrialStatus(str, enum.Enum):
@@ -143,7 +145,7 @@ class TrialRecord(BaseModel):
     confirms: str | None = Field(None, description="kind confirm: the trial whose config it re-evaluates")
 
     def objective(self, stage: Stage) -> float | None:
-        return self.throughput if stage == "system" else self.score
+        return self.throughput if stage == "system" else self.score  # learning, schedule: validation score
 
 
 STATE_TYPES = [TrialStatus, PhaseProfile, Profile, Candidate, Critique, ReviewDecision, HealthEvent, TrialRecord]

@@ -11,6 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+StageName = Literal["system", "learning", "schedule"]
+STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
+DEFAULT_STAGES: tuple[str, ...] = ("system", "learning")
+
 
 class TuneOptions(BaseModel):
     """Budgets, horizons and policies of one session. Defaults fit a ≤10-minute CPU session.
@@ -26,6 +30,26 @@ class TuneOptions(BaseModel):
     learning_trials: int = Field(5, ge=0, description="Stage-2 trial budget (baseline included; 0 skips stage 2).")
     system_horizon: int = Field(6, ge=1, description="Steps per stage-1 trial (throughput over updates 3-5).")
     learning_horizon: int = Field(30, ge=1, description="Steps per stage-2 trial.")
+    stages: list[StageName] = Field(
+        default_factory=lambda: list(DEFAULT_STAGES),
+        description="Stages to run, comma-separated, in this order: system (throughput), learning (validation "
+        "score), schedule (per-segment learning knobs grown by a tree search from checkpoints). E.g. "
+        "system,learning,schedule or schedule alone (from the base config and --set values).")
+    start_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="KEY=VALUE changes to the backend's base config that every stage starts "
+        "from (`mart tune --set`).")
+    schedule_segments: int = Field(3, ge=2, description="Schedule stage: segments S the training horizon is cut "
+                                   "into; the knobs may change at each of the S-1 boundaries (checkpoints).")
+    schedule_branches: int = Field(
+        3, ge=2, description="Schedule stage: branches K run from a checkpoint when it is expanded, the unchanged "
+        "continuation included (so K-1 reviewed transitions).")
+    schedule_budget: int | None = Field(
+        None, ge=1, description="Schedule stage: at most this many segment-trials, the root segment and the "
+        "unchanged continuations included (default S x K: one expansion per boundary along the best path, the "
+        "static path to the horizon, and a little room to back up to a sibling).")
+    schedule_horizon: int | None = Field(
+        None, ge=2, description="Schedule stage: total training steps T of a schedule (default: --learning-horizon); "
+        "segment i ends at step round(i x T / S).")
     learning_confirm_trials: int = Field(
         3, ge=0, description="Stage 2: at most this many re-evaluations on a second seed, after the budget, of the "
         "configs whose score is within the measured noise of the winner's (0 = trust one run).")
@@ -67,6 +91,49 @@ class TuneOptions(BaseModel):
                 raise ValueError(f"unknown option(s) {', '.join(unknown)}; valid options: "
                                  f"{', '.join(cls.model_fields)}")
         return data
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _split_stages(cls, v: Any) -> Any:
+        if isinstance(v, str):  # "system,learning" from an environment or a config file
+            v = [p for p in v.split(",")]
+        if isinstance(v, (list, tuple)):
+            return [str(p).strip() for p in v]
+        return v
+
+    @field_validator("stages")
+    @classmethod
+    def _stage_order(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"name at least one stage of {', '.join(STAGE_ORDER)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a stage is named twice in {','.join(v)}")
+        if v != sorted(v, key=STAGE_ORDER.index):
+            raise ValueError(f"stages run in the order {','.join(STAGE_ORDER)}; got {','.join(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> "TuneOptions":
+        if "schedule" in self.stages and self.schedule_total_steps() < self.schedule_segments:
+            raise ValueError(f"schedule: {self.schedule_segments} segments need a horizon of at least as many steps "
+                             f"(got {self.schedule_total_steps()})")
+        return self
+
+    def schedule_total_steps(self) -> int:
+        """T: the schedule stage's total training steps."""
+        return self.schedule_horizon or self.learning_horizon
+
+    def schedule_boundaries(self) -> list[int]:
+        """The global steps at which the segments end, the last one T (``round(i x T / S)``)."""
+        t, s = self.schedule_total_steps(), self.schedule_segments
+        return [max(i, round(i * t / s)) for i in range(1, s + 1)]
+
+    def schedule_trial_budget(self) -> int:
+        return self.schedule_budget or self.schedule_segments * self.schedule_branches
+
+    def runs_stage(self, stage: str) -> bool:
+        """Whether the session runs ``stage`` (stage 2 also needs a trial budget)."""
+        return stage in self.stages and (stage != "learning" or self.learning_trials > 0)
 
     @field_validator("backend_options")
     @classmethod

@@ -89,8 +89,10 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
         out["baseline"] = {**(state.get("baseline") or {}), stage: done}
         if eligible and done.objective(stage) is not None:
             best[stage], best_overrides[stage] = done, {}
-    elif record.kind == "confirm":
-        pass  # a re-evaluation: stage_control weighs it with the trial it repeats (selection under noise)
+    elif record.kind == "confirm" or stage == "schedule":
+        # a re-evaluation: stage_control weighs it with the trial it repeats (selection under noise); a schedule
+        # branch is a node of the tree, whose winner is a complete path (nodes.schedule_stage)
+        pass
     elif eligible and done.objective(stage) is not None:
         incumbent = best.get(stage)
         if incumbent is None or incumbent.objective(stage) is None or done.objective(stage) > incumbent.objective(stage):

@@ -14,6 +14,7 @@ from langgraph.types import Command
 
 from mart.nodes.progress import TrialFailed, TrialLaunched, TrialReattached, emit
 from mart.nodes.runtime import Services, services_for
+from mart.nodes.schedule_stage import prepare_trial, start_config
 from mart.nodes.stage_control import overrides_of, stage_base_config, stage_horizon
 from mart.state.graph_state import TuningState
 from mart.state.models import TrialStatus
@@ -22,8 +23,12 @@ from mart.state.trials import CheckpointRef, TrialHandle, TrialSpec
 
 def _changes(state: TuningState, services: Services, record) -> list[str]:
     """The trial's config against the stage's current best, in the names a reviewer edits."""
-    current = {**stage_base_config(state, services, record.stage),
-               **(state.get("best_overrides") or {}).get(record.stage, {})}
+    if record.stage == "schedule":  # a branch: against its parent's config (the root: the start config)
+        parent = services.ledger.trial(record.parent_trial) if record.parent_trial else None
+        current = dict((parent or {}).get("config") or {}) or start_config(state, services)
+    else:
+        current = {**stage_base_config(state, services, record.stage),
+                   **(state.get("best_overrides") or {}).get(record.stage, {})}
     space = services.backend.search_space()
     name = space.edit_name
     return [f"{name(k) if k in space else k} {current.get(k)!r}→{v!r}"
@@ -36,12 +41,16 @@ def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
     ledger = services.ledger
     seq = state.get("trial_seq", 0) + 1
     fresh = {"trial_seq": seq, "trial_finished": False, "stop_reason": None}
+    horizon = stage_horizon(services.options, record.stage)
+    if record.stage == "schedule":
+        # a segment-trial: its parent checkpoint, the step it ends at (a global step), where it saves
+        record, horizon = prepare_trial(state, services, record)
+        fresh["pending_trial"] = record
     existing = ledger.trial(record.trial_id)
     if existing and existing.get("handle"):
         emit(services, TrialReattached(trial_id=record.trial_id))
         return Command(goto="watch_trial", update={**fresh, "active": TrialHandle.model_validate(existing["handle"])})
 
-    horizon = stage_horizon(services.options, record.stage)
     trial_dir = services.store.trial_dir(record.trial_id)
     ledger.upsert_trial(
         record.model_copy(update={"status": TrialStatus.RUNNING}), run_id=services.run_id, seq=seq,

@@ -132,7 +132,38 @@ def measure_facts(perturb: int | None = None) -> list[Fact]:
     s_small = L.final_score_noise_free({**cfg_b, A + "entropy_coeff": 0.001}, big, 30)
     add(Fact("entropy bonus 1e-2 scores below 1e-3 (8B, 30 steps)", "1e-2 explodes; 1e-4..1e-3 mild",
              "sim-facts: entropy_coeff", s_bonus - s_small, -1.0, -1e-3, "score"))
+    facts.extend(schedule_facts(big, cfg_b))
     return facts
+
+
+def schedule_facts(sc: Scenario, cfg: dict[str, Any], at: int = 60) -> list[Fact]:
+    """What a schedule can change mid-run (branches from the step-``at`` checkpoint of verl's defaults)."""
+    def cont(change: dict[str, Any], steps: int) -> L.LearningTrajectory:
+        return L.learning_trajectory({**cfg, **change}, sc, steps, collapse_draw=math.inf, start=past.state_at(at))
+
+    past = L.learning_trajectory(cfg, sc, at, collapse_draw=math.inf)
+    out: list[Fact] = []
+    clip = [L.clip_ratio(m, sc.resp_cv, sc.max_response_length) for m in past.resp_mean_untruncated]
+    out.append(Fact(f"responses lengthen, the clip ratio rises (8B defaults, step 1 -> {at}, ratio)",
+                    "4.2% -> 6.5% (DeepScaleR 8K stage)", "rllm-org/rllm #33", clip[-1] / clip[0], 1.2, 5.0, "ratio"))
+    longer = cont({"data.max_response_length": 2 * sc.max_response_length}, at + 1)
+    clip2 = L.clip_ratio(longer.resp_mean_untruncated[0], sc.resp_cv, 2 * sc.max_response_length)
+    out.append(Fact(f"doubling the response limit at step {at} cuts the clip ratio (after / before)",
+                    "8K -> 16K -> 24/32K stages", "rllm-org/rllm #44; Skywork-OR1", clip2 / clip[-1], 0.0, 0.5, "ratio"))
+    t0 = float(cfg.get(R + "temperature", 1.0) or 1.0)
+    hot = cont({R + "temperature": 1.2 * t0}, at + 1)
+    out.append(Fact(f"temperature x1.2 at step {at} (1.0 -> 1.2) restores sampling entropy (after / before)",
+                    "raise T as diversity falls", "POLARIS", hot.entropy[0] / past.entropy[-1], 1.1, 1.5, "ratio"))
+    bonus = cont({A + "entropy_coeff": 0.005}, at + 30)
+    out.append(Fact(f"an entropy bonus 5e-3 from step {at} raises entropy (30 steps later / before)",
+                    "bonus switched on below the entropy target", "Skywork-OR1 (adaptive entropy control)",
+                    bonus.entropy[-1] / past.entropy[-1], 1.2, 6.0, "ratio"))
+    wide = cont({A + "clip_ratio_high": 0.28}, 4 * at)
+    held = L.learning_trajectory({**cfg, A + "clip_ratio_high": 0.28}, sc, 4 * at, collapse_draw=math.inf)
+    out.append(Fact(f"clip-higher 0.28 from step {at}: entropy at {4 * at}, share of a run with it from the start",
+                    "clip-higher holds entropy; a collapsed policy regains some", "DAPO (Yu et al. 2025)",
+                    wide.entropy[-1] / held.entropy[-1], 0.4, 0.999, "share"))
+    return out
 
 
 def format_facts(facts: list[Fact]) -> str:

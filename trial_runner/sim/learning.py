@@ -12,7 +12,12 @@ A deliberately simple, smooth response surface with the qualitative shape report
 * after a collapse the validation score falls toward a third of its start, entropy and grad norm blow
   up, and responses run to the length limit (repetition) -- the health monitor's signals.
 
-Pure: ``learning_trajectory(config, scenario, steps, seed)`` returns the noise-free and noisy series.
+Path-consistent (issue 13, docs/sim.md "Schedules"): every knob-dependent term acts per step and
+accumulates into the learning state a checkpoint holds, so a branch's new knobs change only what follows
+the branch point, and a static config plays exactly as it did before schedules existed.
+
+Pure: ``learning_trajectory(config, scenario, steps, collapse_draw, start=checkpoint)`` returns the
+noise-free series; ``schedule_score_noise_free(segments, scenario, total_steps)`` a schedule's expected score.
 """
 
 from __future__ import annotations
@@ -166,6 +171,60 @@ def _collapse_threshold(k: LearningKnobs) -> float:
     return xc
 
 
+#: entropy rises toward a raised plateau (clip-higher switched on after the fall) this much slower than it
+#: falls toward a lower one - an assumption: the public runs (DAPO, Skywork-OR1) show clip-higher or an
+#: entropy bonus *holding* entropy, and a bonus *raising* it, not how fast a collapsed policy spreads again
+ENT_RISE = 1 / 3
+STATE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class KnobTerms:
+    """Everything the per-step update takes from one config's knobs (constant within a segment)."""
+
+    x: float  # normalised step size at the full learning rate
+    quality: float  # multiplies each step's learning increment
+    penalty: float  # share of each step's increment lost to overshooting (x > 1)
+    xc: float  # collapse threshold of the step size
+    hz_mult: float
+    data_rate: float
+    warmup_ratio: float
+    decay: float  # entropy pressure per unit of progress
+    plateau: float  # where the fast entropy drop levels off (share of the start)
+    slow: float  # slow entropy decline per unit of pressure after the drop
+    ent_growth: float  # log-entropy growth per step from a large entropy bonus
+    ent_sampling: float  # sampling entropy of the base model with these rollout knobs (T, top-p)
+    ent_cap: float
+    length_gain: float  # response-length growth at saturation, share of the starting length
+    lr: float
+
+
+def knob_terms(k: LearningKnobs, sc: Scenario) -> KnobTerms:
+    # entropy pressure per unit of progress (1 at verl's defaults): faster at low temperature and top-p,
+    # slower with clip-higher, an entropy bonus or a KL loss anchoring the policy to the reference
+    clip_higher = min(1.0, max(0.0, k.clip_high - k.clip_low) / 0.08)
+    decay = (1 / max(k.temperature, 0.05)) ** 2
+    decay /= 1 + 0.5 * clip_higher
+    decay /= 1 + k.entropy_coeff / 0.0015
+    decay /= 0.6 + 0.4 * k.top_p
+    if k.use_kl:
+        decay /= 1 + k.kl_coef / 0.005
+    x = _aggressiveness(k, sc)
+    ent1 = sc.learning.entropy0 * k.temperature * (0.7 + 0.3 * k.top_p)
+    return KnobTerms(
+        x=x, quality=_quality(k), penalty=0.25 * max(0.0, math.log(max(x, 1e-12))) ** 2, xc=_collapse_threshold(k),
+        hz_mult=KL_TYPE_HAZARD.get(k.kl_type, 1.0) if k.use_kl else 1.0,
+        data_rate=(k.train_batch / sc.train_batch_size) ** 0.25, warmup_ratio=k.warmup_ratio, decay=decay,
+        # two phases (Cui et al. 2025): a fast early drop to a plateau, then a slow decline toward zero;
+        # clip-higher raises the plateau and all but stops the decline (DAPO)
+        plateau=ENT_PLATEAU + 0.3 * clip_higher, slow=ENT_SLOW * (1 - 0.9 * clip_higher),
+        ent_growth=max(0.0, k.entropy_coeff - 0.003) * 20,  # a big entropy bonus inflates entropy
+        ent_sampling=ent1,
+        ent_cap=min(ENT_RUNAWAY * ent1, 0.5 * math.log(sc.model.vocab)),  # a runaway saturates well below ln(vocab)
+        length_gain=sc.learning.resp_growth * AGG_LENGTH.get(k.loss_agg, 1.0), lr=k.lr,
+    )
+
+
 @dataclass
 class LearningTrajectory:
     """Per-step (index 0 = step 1) learning state; ``collapse_step`` is None when it never collapsed."""
@@ -192,77 +251,101 @@ class LearningTrajectory:
         return self.states[step - self.first_step]
 
 
+def _initial_state(kt: KnobTerms, sc: Scenario, horizon: int, collapse_draw: float) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "step": 0, "progress": 0.0, "pressure": 0.0, "log_growth": 0.0,
+            "ent_fast": 1.0, "ent_slow_log": 0.0, "gain_acc": 0.0, "len_acc": 0.0, "exhausted_steps": 0,
+            "exhausted_at": None, "cum_hazard": 0.0, "collapse_step": None, "collapse_kind": None,
+            "s_pre": sc.learning.score0, "ent_pre": kt.ent_sampling, "ent1": kt.ent_sampling,
+            "ent_ref": kt.ent_sampling, "score": sc.learning.score0, "collapse_draw": collapse_draw, "horizon": horizon}
+
+
+def _upgrade_state(start: dict[str, Any], kt: KnobTerms, sc: Scenario, horizon: int) -> dict[str, Any]:
+    """A checkpoint written before the state was path-consistent (no accumulators): rebuilt as if the
+    parent had run the branch's knobs - what that simulator assumed when it branched."""
+    if int(start.get("version", 1)) >= STATE_VERSION:
+        return dict(start)
+    p, step = float(start["progress"]), int(start["step"])
+    pressure = float(start["pressure"])
+    ex = start.get("exhausted_at")
+    return {**start, "version": STATE_VERSION, "ent_fast": kt.plateau + (1 - kt.plateau) * math.exp(-pressure / ENT_FAST),
+            "ent_slow_log": -kt.slow * pressure,
+            "gain_acc": kt.quality * (1 - min(0.9, kt.penalty)) * (1 - math.exp(-p / sc.learning.tau_steps)),
+            "len_acc": kt.length_gain * (1 - math.exp(-p / 30.0)),
+            "exhausted_steps": 0 if ex is None else step - int(ex) + 1, "ent_ref": start["ent1"], "horizon": horizon}
+
+
 def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collapse_draw: float,
-                        start: dict[str, Any] | None = None) -> LearningTrajectory:
+                        start: dict[str, Any] | None = None, horizon: int | None = None) -> LearningTrajectory:
     """The noise-free learning dynamics over global steps ``start_step+1 .. steps``.
+
+    Path-consistent: every term that depends on the knobs acts on the step it is applied to and
+    accumulates into the learning state (progress, the quality-weighted gain, the entropy's components,
+    response-length growth, exhaustion, collapse hazard), so a trajectory played in segments from
+    checkpoints with unchanged knobs equals the one played in one go, and a branch's new knobs change
+    only what happens from the branch point on (docs/sim.md, "Schedules").
 
     Args:
         collapse_draw: the Exp(1) threshold the cumulative collapse hazard must pass (``math.inf``: never;
             ``1.0``: the noise-free reference used by the ground truth).
         start: a learning state from ``LearningTrajectory.states`` (a checkpoint): the trajectory continues
             from it under ``config``'s knobs (a branch) instead of starting from the base model.
+        horizon: the training length the learning-rate warm-up is a share of (verl's total training
+            steps); default ``steps``, the trial's last global step, which is what the backends pass as
+            ``trainer.total_training_steps`` to a trial, resumed or not.
     """
     k = LearningKnobs.from_config(config, sc)
     lp = sc.learning
-    x = _aggressiveness(k, sc)
-    q = _quality(k)
-    xc = _collapse_threshold(k)
-    penalty = 0.25 * max(0.0, math.log(max(x, 1e-12))) ** 2
-    data_rate = (k.train_batch / sc.train_batch_size) ** 0.25
-    warm = k.warmup_ratio * steps
-    hz_mult = KL_TYPE_HAZARD.get(k.kl_type, 1.0) if k.use_kl else 1.0
-    # entropy pressure per unit of progress (1 at verl's defaults): faster at low temperature and top-p,
-    # slower with clip-higher, an entropy bonus or a KL loss anchoring the policy to the reference
-    clip_higher = min(1.0, max(0.0, k.clip_high - k.clip_low) / 0.08)
-    decay = (1 / max(k.temperature, 0.05)) ** 2
-    decay /= 1 + 0.5 * clip_higher
-    decay /= 1 + k.entropy_coeff / 0.0015
-    decay /= 0.6 + 0.4 * k.top_p
-    if k.use_kl:
-        decay /= 1 + k.kl_coef / 0.005
-    # two phases (Cui et al. 2025): a fast early drop to a plateau, then a slow decline toward zero;
-    # clip-higher raises the plateau and all but stops the decline (DAPO)
-    plateau = ENT_PLATEAU + 0.3 * clip_higher
-    slow = ENT_SLOW * (1 - 0.9 * clip_higher)
-    ent_growth = max(0.0, k.entropy_coeff - 0.003) * 20  # a big entropy bonus inflates entropy
-    ent1 = lp.entropy0 * k.temperature * (0.7 + 0.3 * k.top_p)
-    ent_cap = min(ENT_RUNAWAY * ent1, 0.5 * math.log(sc.model.vocab))  # a runaway saturates well below ln(vocab)
-    pressure, log_growth = 0.0, 0.0
-    length_gain = lp.resp_growth * AGG_LENGTH.get(k.loss_agg, 1.0)
-
-    out = LearningTrajectory([], lp.score0, [], [], [], [], [], [], [], [], None, None, x, q)
-    progress, cum_hazard = 0.0, 0.0
-    exhausted_at: int | None = None
-    updates = k.updates_per_step
-    s_pre, ent_pre = lp.score0, ent1
-    first = 1
-    if start is not None:  # a branch: the accumulated progress, entropy pressure, hazard and collapse carry over
-        first = int(start["step"]) + 1
-        progress, pressure, log_growth = start["progress"], start["pressure"], start["log_growth"]
-        cum_hazard, exhausted_at = start["cum_hazard"], start["exhausted_at"]
-        out.collapse_step, out.collapse_kind = start["collapse_step"], start["collapse_kind"]
-        s_pre, ent_pre = start["s_pre"], start["ent_pre"] * ent1 / start["ent1"]
-        out.score0 = start["score"]
+    kt = knob_terms(k, sc)
+    out = LearningTrajectory([], lp.score0, [], [], [], [], [], [], [], [], None, None, kt.x, kt.quality)
+    if start is None:
+        st = _initial_state(kt, sc, int(horizon or steps), collapse_draw)
+    else:  # a branch: the accumulated state carries over (and the parent's collapse, if any)
+        st = _upgrade_state(start, kt, sc, int(horizon or steps))
+        out.collapse_step, out.collapse_kind = st["collapse_step"], st["collapse_kind"]
+        st["ent_pre"] = st["ent_pre"] * kt.ent_sampling / st["ent1"]  # sampling entropy follows T and top-p at once
+        out.score0 = st["score"]
+        st["horizon"] = int(horizon or steps)  # a resumed trial rebuilds its lr schedule from its own total steps
+    progress, pressure, log_growth = st["progress"], st["pressure"], st["log_growth"]
+    ent_fast, ent_slow_log, gain_acc, len_acc = st["ent_fast"], st["ent_slow_log"], st["gain_acc"], st["len_acc"]
+    exhausted_steps, exhausted_at, cum_hazard = st["exhausted_steps"], st["exhausted_at"], st["cum_hazard"]
+    s_pre, ent_pre, ent_ref = st["s_pre"], st["ent_pre"], st["ent_ref"]
+    first = int(st["step"]) + 1
     out.first_step = first
+    warm = kt.warmup_ratio * st["horizon"]
+    net_quality = kt.quality * (1 - min(0.9, kt.penalty))  # the config's peak step size sets the overshoot
+    updates = k.updates_per_step
     for t in range(first, steps + 1):
         ramp = min(1.0, t / warm) if warm >= 1 else 1.0
-        xt = x * ramp
-        ent = ent1 * (plateau + (1 - plateau) * math.exp(-pressure / ENT_FAST)) * math.exp(-slow * pressure + log_growth)
-        ent = min(ent, ent_cap)
-        explore = math.sqrt(min(1.0, ent / ent1))
-        mean_len = lp.resp_len0 * (1 + length_gain * (1 - math.exp(-progress / 30.0)))
+        xt = kt.x * ramp
+        ent = kt.ent_sampling * ent_fast * math.exp(ent_slow_log + log_growth)
+        ent = min(ent, kt.ent_cap)
+        ratio = ent / ent_ref  # exploration is measured against the run's start
+        explore = math.sqrt(min(1.0, ratio))
+        mean_len = lp.resp_len0 * (1 + len_acc)
         clip = clip_ratio(mean_len, sc.resp_cv, k.max_response_length)
-        progress += _speed(xt) * data_rate * explore * (1 - 0.6 * clip)
-        pressure += decay * _speed(xt) * data_rate
-        log_growth += ent_growth
-        hazard = 0.5 * (xt / xc) ** 6 * hz_mult + 0.3 * max(0.0, ent / ent1 - 2.0) ** 2
+        step_speed = _speed(xt) * kt.data_rate
+        before = progress
+        progress += step_speed * explore * (1 - 0.6 * clip)
+        d_pressure = kt.decay * step_speed
+        pressure += d_pressure
+        # the fast component relaxes toward the current plateau (slower when it has to rise), the slow
+        # decline and a bonus's growth accumulate
+        rate = 1.0 if ent_fast >= kt.plateau else ENT_RISE
+        ent_fast = kt.plateau + (ent_fast - kt.plateau) * math.exp(-rate * d_pressure / ENT_FAST)
+        ent_slow_log -= kt.slow * d_pressure
+        log_growth += kt.ent_growth
+        len_acc += kt.length_gain * (math.exp(-before / 30.0) - math.exp(-progress / 30.0))
+        gain_acc += net_quality * (math.exp(-before / lp.tau_steps) - math.exp(-progress / lp.tau_steps))
+        hazard = 0.5 * (xt / kt.xc) ** 6 * kt.hz_mult + 0.3 * max(0.0, ratio - 2.0) ** 2
         cum_hazard += hazard
         out.hazard.append(hazard)
-        gain = lp.headroom * q * (1 - math.exp(-progress / lp.tau_steps)) * (1 - min(0.9, penalty))
+        gain = lp.headroom * gain_acc
         gain -= lp.headroom * 0.6 * clip  # truncated answers score zero
-        if ent / ent1 < 0.1:  # entropy exhausted: the policy stops improving and slowly degrades
+        if ratio < 0.1:  # entropy exhausted: the policy stops improving and slowly degrades
             exhausted_at = exhausted_at or t
-            gain -= lp.headroom * min(EXHAUSTION_MAX, 0.02 * (t - exhausted_at))  # bounded: a pass rate
+            exhausted_steps += 1
+        if exhausted_steps:  # the loss stays when entropy is restored (a pass rate: bounded)
+            gain -= lp.headroom * min(EXHAUSTION_MAX, 0.02 * (exhausted_steps - 1))
         if out.collapse_step is None and cum_hazard >= collapse_draw:
             out.collapse_step = t
             out.collapse_kind = "explode"
@@ -279,7 +362,7 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
                 s_pre, ent_pre = score, ent
             score = s_pre - (s_pre - 0.35 * lp.score0) * f
             reward = reward * (1 - 0.7 * f)
-            ent = min(ent_pre * (1 + 4 * f), max(ent_cap, ent_pre))
+            ent = min(ent_pre * (1 + 4 * f), max(kt.ent_cap, ent_pre))
             grad_norm *= 5 + 20 * f
             ppo_kl = ppo_kl + 2.0 * f
             kl_loss = kl_loss + (0.5 * f if k.use_kl else 0.0)
@@ -294,25 +377,61 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
         out.pg_clipfrac.append(clipfrac)
         out.lr.append(k.lr * ramp)
         out.resp_mean_untruncated.append(mean_len)
-        out.states.append({"step": t, "progress": progress, "pressure": pressure, "log_growth": log_growth,
-                           "cum_hazard": cum_hazard, "exhausted_at": exhausted_at, "collapse_step": out.collapse_step,
-                           "collapse_kind": out.collapse_kind, "s_pre": s_pre, "ent_pre": ent_pre, "ent1": ent1,
-                           "score": score, "collapse_draw": collapse_draw})
-    if out.collapse_step is None and out.entropy and out.entropy[-1] / ent1 < 0.15:
+        out.states.append({"version": STATE_VERSION, "step": t, "progress": progress, "pressure": pressure,
+                           "log_growth": log_growth, "ent_fast": ent_fast, "ent_slow_log": ent_slow_log,
+                           "gain_acc": gain_acc, "len_acc": len_acc, "exhausted_steps": exhausted_steps,
+                           "exhausted_at": exhausted_at, "cum_hazard": cum_hazard, "collapse_step": out.collapse_step,
+                           "collapse_kind": out.collapse_kind, "s_pre": s_pre, "ent_pre": ent_pre,
+                           "ent1": kt.ent_sampling, "ent_ref": ent_ref, "score": score,
+                           "collapse_draw": collapse_draw,
+                           "horizon": st["horizon"]})
+    if out.collapse_step is None and out.entropy and out.entropy[-1] / ent_ref < 0.15:
         out.collapse_kind = "entropy"
     return out
 
 
-def final_score_noise_free(config: dict[str, Any], sc: Scenario, steps: int, n_draws: int = 16) -> float:
-    """Expected validation score after ``steps`` steps, without measurement noise.
+Segment = tuple[int, int, dict[str, Any]]  # (from_step, to_step, full config): steps from_step+1 .. to_step
 
-    The collapse threshold is Exp(1)-distributed; the expectation averages the final score over
-    ``n_draws`` equally likely quantiles of it (the pre-collapse dynamics do not depend on the draw, so
-    each distinct collapse step is simulated once).
+
+def check_segments(segments: list[Segment] | tuple[Segment, ...], total_steps: int) -> list[Segment]:
+    """Segments sorted, contiguous from step 0 to ``total_steps``; ValueError otherwise."""
+    segs = sorted(((int(a), int(b), cfg) for a, b, cfg in segments), key=lambda s: s[0])
+    if not segs:
+        raise ValueError("a schedule needs at least one segment")
+    at = 0
+    for a, b, _ in segs:
+        if a != at or b <= a:
+            raise ValueError(f"segments must be contiguous and non-empty from step 0: got ({a}, {b}) at step {at}")
+        at = b
+    if at != total_steps:
+        raise ValueError(f"segments end at step {at}, not at total_steps={total_steps}")
+    return segs
+
+
+def schedule_trajectory(segments: list[Segment], sc: Scenario, total_steps: int,
+                        collapse_draw: float) -> list[LearningTrajectory]:
+    """A schedule played segment by segment, each branching from the previous segment's last state
+    (as stage 3's trials do from checkpoints); the warm-up is a share of ``total_steps``."""
+    out: list[LearningTrajectory] = []
+    state = None
+    for a, b, cfg in check_segments(segments, total_steps):
+        traj = learning_trajectory(cfg, sc, b, collapse_draw, start=state, horizon=total_steps)
+        out.append(traj)
+        state = traj.state_at(b)
+    return out
+
+
+def schedule_score_noise_free(segments: list[Segment], sc: Scenario, total_steps: int, n_draws: int = 16) -> float:
+    """Expected validation score at ``total_steps`` of a schedule, without measurement noise.
+
+    ``segments`` = ``[(from_step, to_step, full_config), ...]``, contiguous from 0. As for a static config
+    (``final_score_noise_free``, which equals this with one segment), the expectation is over ``n_draws``
+    equally likely quantiles of the Exp(1) collapse threshold, the collapse step read from the
+    schedule's collapse-free cumulative hazard.
     """
-    free = learning_trajectory(config, sc, steps, collapse_draw=math.inf)
+    free = schedule_trajectory(segments, sc, total_steps, math.inf)
     cum, total = [], 0.0
-    for h in free.hazard:
+    for h in (h for traj in free for h in traj.hazard):
         total += h
         cum.append(total)
     finals: dict[int | None, float] = {}
@@ -321,6 +440,17 @@ def final_score_noise_free(config: dict[str, Any], sc: Scenario, steps: int, n_d
         draw = -math.log(1 - (i + 0.5) / n_draws)
         step = next((t for t, c in enumerate(cum, start=1) if c >= draw), None)
         if step not in finals:
-            finals[step] = free.score[-1] if step is None else learning_trajectory(config, sc, steps, cum[step - 1]).score[-1]
+            finals[step] = (free[-1].score[-1] if step is None
+                            else schedule_trajectory(segments, sc, total_steps, cum[step - 1])[-1].score[-1])
         acc += finals[step]
     return acc / n_draws
+
+
+def final_score_noise_free(config: dict[str, Any], sc: Scenario, steps: int, n_draws: int = 16) -> float:
+    """Expected validation score after ``steps`` steps, without measurement noise.
+
+    The collapse threshold is Exp(1)-distributed; the expectation averages the final score over
+    ``n_draws`` equally likely quantiles of it (the pre-collapse dynamics do not depend on the draw, so
+    each distinct collapse step is simulated once). A static config is a one-segment schedule.
+    """
+    return schedule_score_noise_free([(0, steps, config)], sc, steps, n_draws)

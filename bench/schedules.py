@@ -1,0 +1,554 @@
+"""Stage 3's benchmark: training schedules vs the best static config, at equal total training steps.
+
+At ``T`` total steps, 5 seeds per scenario, on the simulator (``python bench/compare.py --schedule ...`` or
+``python bench/schedules.py ...``):
+
+* ``grid`` - the best static learning config of a grid over the stage-2 learning knobs (``GRID``:
+  lr x clip-higher x entropy bonus, 12 configs), each trained once for ``T`` steps from the base model and
+  ranked by its measured final validation score; budget = 12 full-length trials (= 12 x S segment-trials).
+* ``random`` - random schedules: the start config for the first segment (the same start as mart's), then
+  S - 1 segments each with a random valid config of the focused learning space (``mart.trial_runner.verl
+  .focus``), drawn, repaired and redrawn exactly as ``bench/baselines/space.py`` does for every baseline;
+  the schedules share the first segment's trial and together spend mart's budget in segment-trials; the
+  best by measured final validation wins.
+* ``mart`` - a session ``--stages schedule`` from the same start config (verl's defaults), rules agents,
+  ``--approve auto``, through the session API ``bench/compare.py`` uses (once stage 3 is in this build).
+
+``--start grid`` starts mart's and random's schedules from the grid's pick of the same seed instead (does a
+schedule add to the best static config found?); the grid's trials then come on top of their budgets.
+
+Every trial runs through the simulator backend's own runner (``TrialSpec.save_steps`` / ``init_from``: a
+segment branches from its parent's checkpoint), so every method sees the same measurement noise. Reported
+per method: the chosen schedule's noise-free expected final score (``schedule_score_noise_free``, over the
+collapse draw), its relative gain over grid search (per seed; median and range), the segment-trials and
+simulated GPU-hours the search spent, and the GPU-hours of one training run with the chosen schedule. The
+``static optimum`` line is the noise-free best of the simulator's 864-config learning grid at ``T`` steps (a
+reference, not a method). The issue's target is mart >= +6% relative over grid in median; the figures are
+reported as they fall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.baselines.space import REDRAWS, config_key, repair, sample_param, valid  # noqa: E402
+
+A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+SCENARIOS = ["qwen3-8b-1x8", "qwen3-8b-2x8", "qwen3-0.6b-1x8", "qwen3-0.6b-2x8"]
+QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
+METHODS = ["grid", "random", "mart"]
+
+#: the static grid: the stage-2 knobs with the largest effects on the simulator and in the GRPO recipes
+#: (lr 1x/2x/4x verl's default, clip-higher as DAPO, a small entropy bonus), everything else the start config's
+GRID: dict[str, list[Any]] = {
+    A + "optim.lr": [1e-6, 2e-6, 4e-6],
+    A + "clip_ratio_high": [0.2, 0.28],
+    A + "entropy_coeff": [0.0, 0.001],
+}
+START_TEXT = {"defaults": "verl's defaults (mart and random)",
+              "grid": "the grid's pick of the same seed (mart and random; the grid's trials come on top of theirs)"}
+#: the issue's target: LLMZero's floor over grid search
+TARGET_GAIN_PCT = 6.0
+
+
+@dataclass
+class ScheduleBudget:
+    total_steps: int = 60
+    segments: int = 4
+    branches: int = 3
+    budget: int | None = None  # segment-trials for mart and random search (default S x K, as mart's stage)
+
+    def __post_init__(self) -> None:
+        if self.budget is None:
+            self.budget = self.segments * self.branches
+        if self.total_steps < self.segments:
+            raise ValueError(f"{self.segments} segments need at least as many steps (got {self.total_steps})")
+
+    def boundaries(self) -> list[int]:
+        """Segment ends, as mart's stage cuts them (``TuneOptions.schedule_boundaries``: round(i x T / S))."""
+        t, s = self.total_steps, self.segments
+        return [max(i, round(i * t / s)) for i in range(1, s + 1)]
+
+
+@dataclass
+class MethodRun:
+    method: str
+    scenario: str
+    seed: int
+    segments: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)  # chosen: (from, to, overrides)
+    measured: float | None = None  # the chosen schedule's measured final validation score
+    segment_trials: int = 0
+    gpu_hours: float = 0.0  # spent by the search
+    schedule_gpu_hours: float | None = None  # one training run with the chosen schedule
+    noise_free: float | None = None
+    error: str | None = None
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- trials
+class Player:
+    """Plays segment trials of one (scenario, seed) through the sim backend's runner."""
+
+    def __init__(self, backend: Any, workdir: Path, seed: int) -> None:
+        self.backend, self.workdir, self.seed = backend, workdir, seed
+        self.base = dict(backend.base_config())
+        self.runner = backend.make_runner()
+        self.n = 0
+        self.gpu_hours = 0.0
+        self.failures: list[str] = []
+
+    def play(self, overrides: dict[str, Any], from_step: int, to_step: int,
+             parent_dir: str | None) -> tuple[float | None, str, float]:
+        """One segment: steps from_step+1..to_step of base+overrides, from ``parent_dir``'s checkpoint at
+        ``from_step`` (None: the base model). Returns (measured final validation score, trial dir, GPU-hours)."""
+        from mart.state.objectives import learning_score
+        from mart.state.trials import CheckpointRef, TrialSpec, checkpoint_dir
+
+        self.n += 1
+        trial_dir = str(self.workdir / f"t{self.n:04d}")
+        init = None
+        if from_step > 0:
+            assert parent_dir is not None
+            init = CheckpointRef(path=checkpoint_dir(parent_dir, from_step), step=from_step)
+        spec = TrialSpec(trial_id=f"t{self.n:04d}", config={**self.base, **overrides}, steps=to_step,
+                         trial_dir=trial_dir, memory_capacity_gb=self.backend.memory_capacity_gb(), seed=self.seed,
+                         save_steps=[to_step], init_from=init)
+        handle = self.runner.launch(spec)
+        while not self.runner.poll(handle).status.is_finished():
+            pass
+        records = self.runner.read_all_metrics(handle)
+        end = self.runner.poll(handle)
+        ok = end.status.value == "completed"
+        if not ok:
+            self.failures.append(f"{end.status.value}: {(end.reason or '')[:160]}")
+        score = learning_score(records) if ok else math.nan  # an OOM or failed segment leaves no checkpoint
+        try:
+            hours = float(json.loads((Path(trial_dir) / "sim_state.json").read_text())["gpu_hours"])
+        except (OSError, KeyError, ValueError):
+            hours = 0.0
+        self.gpu_hours += hours
+        return (None if math.isnan(score) else score), trial_dir, hours
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def grid_points() -> list[dict[str, Any]]:
+    import itertools
+
+    keys = list(GRID)
+    return [{k: v for k, v in zip(keys, values)} for values in itertools.product(*GRID.values())]
+
+
+def run_grid(player: Player, bud: ScheduleBudget, start: dict[str, Any], res: MethodRun) -> None:
+    best: tuple[float, dict[str, Any], float] | None = None
+    for over in grid_points():
+        cfg = {**start, **over}
+        score, _, hours = player.play(cfg, 0, bud.total_steps, None)
+        if score is not None and (best is None or score > best[0]):
+            best = (score, cfg, hours)
+    if best is not None:
+        res.measured, res.schedule_gpu_hours = best[0], best[2]
+        res.segments = [(0, bud.total_steps, best[1])]
+    res.extra["grid_trials"] = len(grid_points())
+
+
+def random_learning_config(space: Any, base: dict[str, Any], start: dict[str, Any], rng: random.Random,
+                           seen: set[str]) -> dict[str, Any] | None:
+    """A random valid config of the focused learning space (the draw, repair and redraw rules every
+    baseline follows), None after ``REDRAWS`` invalid or repeated draws."""
+    for _ in range(REDRAWS):
+        over = {p.key: sample_param(p, rng) for p in space.stage_params("learning")}
+        over = repair(space, {**base, **start}, over)
+        cfg = {**start, **over}
+        key = config_key(base, cfg)
+        if valid(space, base, cfg) and key not in seen:
+            seen.add(key)
+            return cfg
+    return None
+
+
+def run_random(player: Player, bud: ScheduleBudget, start: dict[str, Any], res: MethodRun, seed: int) -> None:
+    from mart.trial_runner.verl.focus import focus_space
+
+    space = focus_space(player.backend.search_space())
+    rng = random.Random(f"schedule-random-{seed}")
+    ends = bud.boundaries()
+    _, root_dir, root_hours = player.play(start, 0, ends[0], None)  # the shared first segment: the start config
+    best: tuple[float, list, float] | None = None
+    paths, seen = 0, set()
+    while player.n < bud.budget:  # whole schedules from the shared root until the budget is spent
+        paths += 1
+        segs, parent, hours, score = [(0, ends[0], start)], root_dir, root_hours, None
+        for i in range(1, bud.segments):
+            if player.n >= bud.budget:
+                break
+            cfg = random_learning_config(space, player.base, start, rng, seen)
+            if cfg is None:
+                res.extra["no_valid_candidate"] = True
+                break
+            score, parent, h = player.play(cfg, ends[i - 1], ends[i], parent)
+            hours += h
+            if score is None:  # the segment did not complete: the schedule ends there, its trials spent
+                res.extra["failed_segments"] = res.extra.get("failed_segments", 0) + 1
+                break
+            segs.append((ends[i - 1], ends[i], cfg))
+        if len(segs) == bud.segments and score is not None and (best is None or score > best[0]):
+            best = (score, segs, hours)
+        if res.extra.get("no_valid_candidate"):
+            break
+    if best is not None:
+        res.measured, res.segments, res.schedule_gpu_hours = best[0], best[1], best[2]
+    res.extra["schedules"] = paths
+
+
+# ---------------------------------------------------------------------------------------------- mart
+def mart_schedule_available() -> str | None:
+    """None when this build's mart has stage 3 (``--stages schedule``), else why not."""
+    try:
+        from mart.state.options import TuneOptions
+    except ImportError as e:
+        return f"mart.state.options: {e}"
+    fields = getattr(TuneOptions, "model_fields", {})
+    need = ("stages", "schedule_segments", "schedule_branches", "schedule_budget")
+    missing = [f for f in need if f not in fields]
+    return f"TuneOptions lacks {', '.join(missing)} (stage 3 is not in this build)" if missing else None
+
+
+def run_mart(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: MethodRun, start: dict[str, Any]) -> None:
+    """A ``--stages schedule`` session with the rules agents and auto-approval; the schedule from its summary."""
+    from bench.compare import _sim_usage_index, backend_options
+    from mart.graph.session import TuneOptions, tune
+
+    opts = TuneOptions(
+        backend="sim", backend_options=backend_options("sim", task["scenario"], task["seed"], task.get("scenario_file"),
+                                                       task.get("perturb")),
+        approve="auto", agents="rules", runs_dir=str(workdir), seed=task["seed"], quiet=True, watch_interval_s=0.01,
+        stages=["schedule"], schedule_segments=bud.segments, schedule_branches=bud.branches,
+        schedule_budget=bud.budget, schedule_horizon=bud.total_steps, start_overrides=dict(task.get("start") or {}),
+    )
+    summary = tune(opts)
+    sched = summary.get("schedule") or {}
+    res.extra["summary_schedule"] = sched
+    # mart reports each segment's overrides against its stage's base: the backend's base with the start's
+    res.segments = [(int(s["from_step"]), int(s["to_step"]), {**start, **(s.get("overrides") or {})})
+                    for s in sched.get("segments") or []]
+    res.measured = sched.get("final_score")
+    run_dir = Path(summary.get("run_dir") or Path(workdir) / summary["run_id"])
+    usage = _sim_usage_index(run_dir)  # trial_id -> the sim's GPU-hour accounting
+    n, hours = len(usage), sum(float(u.get("gpu_hours", 0.0)) for u in usage.values())
+    path = [usage.get(str(s.get("trial_id")), {}) for s in sched.get("segments") or []]
+    res.schedule_gpu_hours = sum(float(u.get("gpu_hours", 0.0)) for u in path) if path else None
+    res.segment_trials, res.gpu_hours = n, hours
+
+
+# ---------------------------------------------------------------------------------------------- one task
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    from bench.compare import backend_options, sim_scenario
+    from mart.trial_runner.registry import load_backend
+    from mart.trial_runner.sim.learning import schedule_score_noise_free
+
+    bud = ScheduleBudget(**task["budget"])
+    res = MethodRun(method=task["method"], scenario=task["scenario"], seed=task["seed"])
+    workdir = Path(tempfile.mkdtemp(prefix=f"mart-sched-{task['method']}-"))
+    t0 = time.monotonic()
+    where = (task.get("scenario_file"), task.get("perturb"))
+    try:
+        opts = backend_options("sim", task["scenario"], task["seed"], *where)
+        opts["steps_per_poll"] = 10**6  # a whole trial per poll: no pruner watches the baselines' trials
+        backend = load_backend("sim", **opts)
+        base = dict(backend.base_config())
+        start = {**base, **(task.get("start") or {})}  # the same start for mart and random: defaults or grid's pick
+        res.extra["start"] = dict(task.get("start") or {})
+        if task["method"] == "mart":
+            run_mart(task, bud, workdir, res, start)
+        else:
+            player = Player(backend, workdir, task["seed"])
+            try:
+                (run_grid(player, bud, start, res) if task["method"] == "grid"
+                 else run_random(player, bud, start, res, task["seed"]))
+            finally:
+                player.close()
+            res.segment_trials, res.gpu_hours = player.n, player.gpu_hours
+            res.extra["failures"] = player.failures
+        if res.segments:
+            sc = sim_scenario(task["scenario"], *where)
+            res.noise_free = schedule_score_noise_free(res.segments, sc, bud.total_steps)
+    except Exception as e:  # noqa: BLE001 - one failing run is reported, not fatal
+        res.error = f"{type(e).__name__}: {e}"
+        res.extra["traceback"] = traceback.format_exc(limit=8)
+    res.wall_s = time.monotonic() - t0
+    import shutil
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    d = asdict(res)
+    d["segments"] = [{"from_step": a, "to_step": b, "overrides": {k: v for k, v in cfg.items() if base_get(task, k) != v}}
+                     for a, b, cfg in res.segments]
+    return d
+
+
+_BASES: dict[tuple, dict[str, Any]] = {}
+
+
+def base_get(task: dict[str, Any], key: str) -> Any:
+    from bench.compare import sim_scenario
+    from mart.trial_runner.sim import model
+
+    k = (task["scenario"], task.get("scenario_file"), task.get("perturb"))
+    if k not in _BASES:
+        _BASES[k] = model.base_config(sim_scenario(*k))
+    return _BASES[k].get(key)
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _stats(xs: list[float]) -> dict[str, float] | None:
+    return None if not xs else {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def build_report(runs: list[dict[str, Any]], bud: ScheduleBudget, refs: dict[str, dict[str, float]],
+                 methods: list[str], start: str = "defaults") -> dict[str, Any]:
+    """Per scenario and overall: noise-free scores, gains over grid (per seed), trials and GPU-hours."""
+    out: dict[str, Any] = {"total_steps": bud.total_steps, "segments": bud.segments, "branches": bud.branches,
+                           "budget_segment_trials": bud.budget, "grid": {k: v for k, v in GRID.items()},
+                           "grid_full_trials": len(grid_points()), "start": START_TEXT[start],
+                           "target_gain_pct": TARGET_GAIN_PCT, "scenarios": {}, "overall": {}}
+    by = {(r["scenario"], r["seed"], r["method"]): r for r in runs}
+    all_gains: dict[str, list[float]] = {m: [] for m in methods}
+    for sc in sorted({r["scenario"] for r in runs}):
+        seeds = sorted({r["seed"] for r in runs if r["scenario"] == sc})
+        rep: dict[str, Any] = {**refs.get(sc, {}), "methods": {}}
+        for m in methods:
+            rows = [by.get((sc, s, m)) for s in seeds]
+            nf = [r["noise_free"] for r in rows if r and r.get("noise_free") is not None]
+            gains = []
+            for s in seeds:
+                g, x = by.get((sc, s, "grid")), by.get((sc, s, m))
+                if g and x and g.get("noise_free") and x.get("noise_free") is not None:
+                    gains.append(100 * (x["noise_free"] / g["noise_free"] - 1))
+            all_gains[m] += gains
+            rep["methods"][m] = {
+                "noise_free": _stats(nf), "gain_vs_grid_pct": _stats(gains),
+                "segment_trials": _stats([r["segment_trials"] for r in rows if r and not r.get("error")]),
+                "gpu_hours": _stats([r["gpu_hours"] for r in rows if r and not r.get("error")]),
+                "schedule_gpu_hours": _stats([r["schedule_gpu_hours"] for r in rows
+                                              if r and r.get("schedule_gpu_hours") is not None]),
+                "errors": [r["error"] for r in rows if r and r.get("error")],
+            }
+        out["scenarios"][sc] = rep
+    for m in methods:
+        out["overall"][m] = {"gain_vs_grid_pct": _stats(all_gains[m])}
+    mg = (out["overall"].get("mart") or {}).get("gain_vs_grid_pct")
+    out["target_met"] = None if not mg else mg["median"] >= TARGET_GAIN_PCT
+    return out
+
+
+def _cell(st: dict[str, float] | None, fmt: str) -> str:
+    if not st:
+        return "—"
+    s = fmt.format(st["median"])
+    return s if st["min"] == st["max"] else s + f" [{fmt.format(st['min'])}–{fmt.format(st['max'])}]"
+
+
+def render(report: dict[str, Any], methods: list[str]) -> str:
+    lines = ["# Schedules vs static configs (simulator)", "",
+             f"{report['total_steps']} total training steps, {report['segments']} segments, "
+             f"{report['branches']} branches, budget {report['budget_segment_trials']} segment-trials (mart, random); "
+             f"grid: {report['grid_full_trials']} full-length trials over `{json.dumps(report['grid'])}`; start: "
+             f"{report['start']}. Cells: median [min–max] over seeds. Noise-free = expected final score over the "
+             "collapse draw, without measurement noise.", ""]
+    for sc, rep in report["scenarios"].items():
+        lines.append(f"## {sc}")
+        if rep.get("static_optimum") is not None:
+            lines.append(f"Defaults {rep['default']:.4f}; static optimum (noise-free best of the 864-config learning "
+                         f"grid at {report['total_steps']} steps) {rep['static_optimum']:.4f}.")
+        if rep.get("oracle_schedule") is not None:
+            lines.append(f"Oracle schedule (noise-free beam search, each segment a config of that grid at 1x or 2x the "
+                         f"response limit): {rep['oracle_schedule']:.4f}; with the first segment at the defaults "
+                         f"(verl's defaults): {rep['oracle_schedule_from_defaults']:.4f}.")
+        lines += ["", "| method | noise-free final score | gain vs grid (%) | segment-trials | GPU-h spent | "
+                      "GPU-h of one run with the pick | errors |", "|---|---|---|---|---|---|---|"]
+        for m in methods:
+            r = rep["methods"][m]
+            lines.append(f"| {m} | {_cell(r['noise_free'], '{:.4f}')} | {_cell(r['gain_vs_grid_pct'], '{:+.2f}')} "
+                         f"| {_cell(r['segment_trials'], '{:g}')} | {_cell(r['gpu_hours'], '{:.0f}')} "
+                         f"| {_cell(r['schedule_gpu_hours'], '{:.1f}')} | {len(r['errors']) or ''} |")
+        lines.append("")
+    lines.append("## Overall (all scenarios x seeds)")
+    for m in methods:
+        lines.append(f"- {m}: gain vs grid {_cell(report['overall'][m]['gain_vs_grid_pct'], '{:+.2f}')} %")
+    if report.get("target_met") is not None:
+        lines.append(f"- target (mart ≥ +{TARGET_GAIN_PCT:g}% over grid, median): "
+                     f"{'met' if report['target_met'] else 'not met'}")
+    return "\n".join(lines) + "\n"
+
+
+def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None = None,
+                    beam: int = 2) -> tuple[float, list[tuple[int, int, dict[str, Any]]]]:
+    """A noise-free reference (not a method): a beam search over schedules whose segments each take a config
+    of the simulator's learning grid (``model.LEARNING_GRID``, at the scenario's response limit and at twice
+    it), a prefix ranked by its expected final score when its last config runs on to T. ``first``: the
+    first segment's config fixed (the start mart's schedule has), else free. Says how much a schedule can
+    gain over a static config on this simulator at all. Prefixes are ranked with the same estimator as the
+    final score (16 quantiles of the collapse draw): with fewer, a 3-6% collapse risk rounds to zero. With
+    the first segment free it is never below the static optimum: the static config is ranked first after
+    segment 1 and its unchanged continuation stays a candidate at every boundary."""
+    import itertools
+
+    from mart.trial_runner.sim import model
+    from mart.trial_runner.sim.learning import schedule_score_noise_free
+
+    base = model.base_config(sc)
+    keys = list(model.LEARNING_GRID)
+    cands = []
+    for values in itertools.product(*model.LEARNING_GRID.values()):
+        over = dict(zip(keys, values))
+        if not over[A + "use_kl_loss"] and over[A + "kl_loss_coef"] != 0.001:
+            continue
+        for length in (sc.max_response_length, 2 * sc.max_response_length):
+            cands.append({**base, **over, "data.max_response_length": length})
+    ends = bud.boundaries()
+    beams: list[list[tuple[int, int, dict[str, Any]]]] = [[]]
+    for i, end in enumerate(ends):
+        a = 0 if i == 0 else ends[i - 1]
+        options = [first] if (i == 0 and first is not None) else cands
+        scored = []
+        for prefix in beams:
+            for cfg in options:
+                rest = [*prefix, (a, bud.total_steps, cfg)]
+                scored.append((schedule_score_noise_free(rest, sc, bud.total_steps), [*prefix, (a, end, cfg)]))
+        scored.sort(key=lambda z: -z[0])
+        beams = [segs for _, segs in scored[:beam]]
+    best = beams[0]
+    return schedule_score_noise_free(best, sc, bud.total_steps), best
+
+
+def references(scenario: str, scenario_file: str | None, perturb: int | None, bud: ScheduleBudget,
+               oracle: bool = False) -> dict[str, Any]:
+    from bench.compare import sim_scenario
+    from mart.trial_runner.sim.model import base_config, ground_truth_learning
+
+    sc = sim_scenario(scenario, scenario_file, perturb)
+    gt = ground_truth_learning(sc, bud.total_steps)
+    out: dict[str, Any] = {"default": gt["baseline_score"], "static_optimum": gt["score"],
+                           "static_optimum_overrides": gt["overrides"]}
+    if oracle:
+        base = base_config(sc)
+        for name, first in (("oracle_schedule", None), ("oracle_schedule_from_defaults", base)):
+            score, segs = oracle_schedule(sc, bud, first)
+            out[name] = score
+            out[name + "_segments"] = [{"from_step": a, "to_step": b,
+                                        "overrides": {k: v for k, v in c.items() if base.get(k) != v}}
+                                       for a, b, c in segs]
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_SCENARIOS} x 3 seeds")
+    p.add_argument("--scenarios", nargs="+", default=None, help=f"shipped sim scenarios (default: all {len(SCENARIOS)})")
+    p.add_argument("--scenario-file", action="append", default=[], help="a scenario YAML (repeatable)")
+    p.add_argument("--perturb", type=int, default=None, help="redraw the simulator's hidden constants (model mismatch)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per scenario (default 5; 3 with --quick)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--steps", type=int, default=ScheduleBudget.total_steps, help="total training steps T")
+    p.add_argument("--segments", type=int, default=ScheduleBudget.segments)
+    p.add_argument("--branches", type=int, default=ScheduleBudget.branches)
+    p.add_argument("--budget", type=int, default=None, help="segment-trials for mart and random (default S x K)")
+    p.add_argument("--start", choices=sorted(START_TEXT), default="defaults",
+                   help="the config mart's and random's schedules start from (default: verl's defaults)")
+    p.add_argument("--oracle", action="store_true",
+                   help="also a noise-free beam search over schedules (a reference: how much a schedule can gain "
+                        "over a static config on this simulator; ~20 s per scenario)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the JSON verdict as the last line of stdout")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import concurrent.futures as cf
+
+    from bench.compare import check_perturb_supported, sim_scenario
+
+    args = parse_args(argv)
+    if args.perturb is not None:
+        check_perturb_supported()
+    bud = ScheduleBudget(args.steps, args.segments, args.branches, args.budget)
+    bud.boundaries()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown method(s) {sorted(unknown)}; choose from {METHODS}")
+    if "grid" not in methods:
+        methods.insert(0, "grid")  # the reference of every gain
+    if "mart" in methods and (why := mart_schedule_available()):
+        print(f"[schedules] skipping mart: {why}", file=sys.stderr)
+        methods.remove("mart")
+    scenarios = args.scenarios or ([] if args.scenario_file else (QUICK_SCENARIOS if args.quick else SCENARIOS))
+    files: dict[str, str | None] = {sc: None for sc in scenarios}
+    for f in args.scenario_file:
+        files[sim_scenario("", f).name] = str(Path(f).resolve())
+    seeds = list(range(args.seeds if args.seeds is not None else (3 if args.quick else 5)))
+    tasks = [{"scenario": sc, "scenario_file": path, "perturb": args.perturb, "seed": s, "method": m,
+              "budget": asdict(bud)} for sc, path in files.items() for s in seeds for m in methods]
+    t0 = time.monotonic()
+    runs: list[dict[str, Any]] = []
+
+    def done(run: dict[str, Any]) -> None:
+        runs.append(run)
+        err = f" ERROR {run['error']}" if run.get("error") else ""
+        nf = "—" if run.get("noise_free") is None else f"{run['noise_free']:.4f}"
+        print(f"[schedules] {run['scenario']} seed {run['seed']} {run['method']}: {run['segment_trials']} "
+              f"segment-trials, noise-free {nf}, {run['wall_s']:.1f}s{err}", file=sys.stderr, flush=True)
+
+    def run_all(batch: list[dict[str, Any]]) -> None:
+        if args.jobs <= 1:
+            for t in batch:
+                done(run_task(t))
+        else:
+            with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                for fut in cf.as_completed([pool.submit(run_task, t) for t in batch]):
+                    done(fut.result())
+
+    # the grid first: with --start grid, mart and random start from its pick of the same seed
+    run_all([t for t in tasks if t["method"] == "grid"])
+    if args.start == "grid":
+        picks = {(r["scenario"], r["seed"]): (r["segments"][0]["overrides"] if r["segments"] else {}) for r in runs}
+        for t in tasks:
+            t["start"] = picks.get((t["scenario"], t["seed"]), {})
+    run_all([t for t in tasks if t["method"] != "grid"])
+    refs = {sc: references(sc, path, args.perturb, bud, args.oracle) for sc, path in files.items()}
+    report = build_report(runs, bud, refs, methods, args.start)
+    report["wall_s"] = time.monotonic() - t0
+    out = Path(args.out) / time.strftime("schedules-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    table = render(report, methods) + f"\nWall time: {report['wall_s']:.0f} s with {max(1, args.jobs)} worker(s).\n"
+    verdict = {"schedule": report}
+    (out / "table.md").write_text(table)
+    (out / "raw.json").write_text(json.dumps({"report": report, "runs": runs}, indent=1, default=str))
+    (out / "verdict.json").write_text(json.dumps(verdict, indent=1, default=str))
+    print(table, file=sys.stderr if args.json else sys.stdout)
+    print(f"[schedules] results in {out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(verdict, default=str), flush=True)
+    return verdict
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The schedule stage's tree, as pure functions of its nodes (one node = one segment-trial).
+
+A node is a small dict built from the ledger (``nodes/schedule_stage.py``): ``id``, ``parent`` (None for the
+root), ``depth`` (1 = the first segment), ``from_step``/``to_step`` (global steps), ``changes`` (the knobs
+it changed against its parent's config; ``{}`` = the unchanged continuation), ``status``, ``score`` (its last
+validation, at ``to_step``), ``signals`` (collapse signals of its path) and ``static`` (on the all-unchanged
+path from the root: the static config is a schedule too, and the reference a schedule must beat).
+
+The search is best-first (LLMZero, arXiv 2606.18388, searches training trajectories by tree search from
+checkpoints): the next node to expand is the best finished node not at the final depth, by validation score,
+where scores within the measured noise are treated as ties (the healthier, then the shallower, wins), and a
+node with collapse signals is never expanded over a healthy one with a close score.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mart.state.objectives import Contender, pick_learning_winner
+
+Node = dict[str, Any]
+
+#: scores closer than this many noise-of-a-difference units are ties (as stage 2's "too close to call")
+TIE_Z = 2.0
+
+
+def usable(node: Node) -> bool:
+    """A node that finished healthy enough to be scored (a stopped, failed or unscored one is a dead end)."""
+    return node.get("status") == "completed" and not node.get("early_stopped") and node.get("score") is not None
+
+
+def children(nodes: list[Node], node_id: str) -> list[Node]:
+    return [n for n in nodes if n.get("parent") == node_id and not n.get("confirms")]
+
+
+def path_to(nodes: list[Node], node_id: str) -> list[Node]:
+    """The nodes from the root to ``node_id`` (inclusive)."""
+    by_id = {n["id"]: n for n in nodes}
+    out: list[Node] = []
+    cur = by_id.get(node_id)
+    while cur is not None:
+        out.append(cur)
+        cur = by_id.get(cur.get("parent")) if cur.get("parent") else None
+    return out[::-1]
+
+
+def static_path(nodes: list[Node]) -> list[Node]:
+    """The root and its chain of unchanged continuations (the static config's own trajectory)."""
+    tree = [n for n in nodes if not n.get("confirms")]
+    root = next((n for n in tree if n.get("parent") is None), None)
+    out = []
+    while root is not None:
+        out.append(root)
+        root = next((c for c in children(tree, root["id"]) if not c.get("changes")), None)
+    return out
+
+
+def pick_expansion(nodes: list[Node], depth: int, noise: float, expanded: set[str]) -> Node | None:
+    """The next node to expand: the best usable node above the final ``depth`` not yet expanded.
+
+    Scores within ``TIE_Z`` x the noise of a difference of the top one are ties; among ties a node without
+    collapse signals wins, then the shallower one (fewer steps on the same score is the better trajectory),
+    then the higher score.
+    """
+    frontier = [n for n in nodes if usable(n) and not n.get("confirms") and n["depth"] < depth
+                and n["id"] not in expanded]
+    if not frontier:
+        return None
+    top = max(n["score"] for n in frontier)
+    tie = TIE_Z * noise * math.sqrt(2)
+    close = [n for n in frontier if top - n["score"] <= tie]
+    return min(close, key=lambda n: (bool(n.get("signals")), n["depth"], -n["score"], n["id"]))
+
+
+def leaf_contenders(nodes: list[Node], depth: int) -> list[Contender]:
+    """Complete schedules (usable leaves at the final depth) as contenders; a leaf's re-evaluations (nodes
+    with ``confirms``) add their scores, or count against it when they failed. The static leaf is the
+    baseline."""
+    static = static_path(nodes)
+    static_leaf = static[-1]["id"] if static and static[-1]["depth"] == depth else None
+    out = []
+    for leaf in nodes:
+        if leaf.get("confirms") or leaf["depth"] != depth or not usable(leaf):
+            continue
+        reruns = [n for n in nodes if n.get("confirms") == leaf["id"]]
+        scores = [leaf["score"]] + [n["score"] for n in reruns if usable(n)]
+        signals = list(leaf.get("signals") or [])
+        signals += [f"re-evaluation {n['id']} ended {n.get('status')}" for n in reruns if not usable(n)]
+        c = Contender(key=leaf["id"], scores=scores, signals=signals, is_baseline=leaf["id"] == static_leaf)
+        c.first_signals = list(leaf.get("signals") or [])
+        out.append(c)
+    return out
+
+
+def recheck_plan(nodes: list[Node], depth: int, noise: float) -> list[str]:
+    """Leaves to re-evaluate before a winner is named, as stage 2 does: the leader when it is not the static
+    schedule, and every healthy leaf too close to it to call (judged on the first runs only, so a resumed
+    session plans the same re-evaluations)."""
+    firsts = [Contender(c.key, c.scores[:1], c.first_signals, c.is_baseline) for c in leaf_contenders(nodes, depth)]
+    if not firsts:
+        return []
+    leader, close = pick_learning_winner(firsts, noise)
+    plan = [] if leader.is_baseline and not close else [leader]
+    plan += [c for c in close if not c.signals or c.is_baseline]
+    return [c.key for c in plan]
+
+
+def pick_schedule_winner(nodes: list[Node], depth: int, noise: float) -> tuple[Contender | None, list[Contender]]:
+    """The winning complete schedule (mean over its runs; a schedule that does not beat the static one by
+    more than the noise gives way to it) and all contenders ranked by mean."""
+    contenders = leaf_contenders(nodes, depth)
+    if not contenders:
+        return None, []
+    winner, _ = pick_learning_winner(contenders, noise, guard_baseline=True)
+    return winner, sorted(contenders, key=lambda c: -c.mean)
