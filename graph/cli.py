@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Optional
@@ -187,10 +188,23 @@ def _print_summary(summary: dict) -> None:
                          + [f"agent {a}: " + ", ".join(f"{short(k)}={v}" for k, v in sorted(knobs.items()))
                             for a, knobs in per_agent.items()])
 
-    table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"), fmt(sys_["best_throughput"], ",.0f"),
-                  fmt(sys_["throughput_gain_pct"], "+.1f") + "%", config(sys_["best_config"]))
-    table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
-                  fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
+    ran = summary.get("stages") or ["system", "learning"]  # a summary stored before --stages: both
+    if "system" in ran:
+        table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"),
+                      fmt(sys_["best_throughput"], ",.0f"), fmt(sys_["throughput_gain_pct"], "+.1f") + "%",
+                      config(sys_["best_config"]))
+    if "learning" in ran:
+        table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
+                      fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
+    sched = summary.get("schedule")
+    if sched is not None:
+        # baseline: the static config over the same total steps; best config: each segment's changes
+        segs = "\n".join(f"steps {s['from_step']}-{s['to_step']}: " + (
+            ", ".join(config(s["changes"]).splitlines()) if s["changes"] else "unchanged")
+            for s in sched.get("segments") or []) or "no complete schedule"
+        table.add_row(f"schedule (val score, {sched.get('branches_run')} segment-trials)",
+                      fmt(sched.get("static_best_score"), ".4f"), fmt(sched.get("final_score"), ".4f"),
+                      fmt(sched.get("gain"), "+.4f"), segs)
     console.print(table)
     console.print(f"memory limit {fmt(sys_['memory_limit_gb'], '.2f')} GB, best system peak "
                   f"{fmt(sys_['best_peak_memory_gb'], '.2f')} GB; trials: {trials['total']} total, "
@@ -547,6 +561,46 @@ def report(
 
 
 @app.command()
+def export(
+    run: str = typer.Argument(..., help="Run id or run directory."),
+    runs_dir: Path = RUNS_DIR,
+    schedule: bool = typer.Option(False, "--schedule", help="Export the schedule (stage 3) instead of the final config."),
+    fmt: str = typer.Option("yaml", "--format", help="yaml, json, or (with --schedule) sh: a bash script with one "
+                            "verl launch per segment, your base overrides as its arguments."),
+    checkpoint_dir: str = typer.Option("checkpoints/mart-schedule", help="--schedule: where the segments' verl "
+                                       "launches keep and resume their checkpoints."),
+) -> None:
+    """Print what the run found as your next training config: the final config's overrides, or (--schedule) the
+    per-segment schedule and the verl launch of each segment, resuming from the previous one's checkpoint."""
+    from mart.graph.export import render, schedule_document
+    from mart.graph.report import as_yaml
+    from mart.state.run_store import RunError, RunStore
+
+    if fmt not in ("yaml", "json", "sh") or (fmt == "sh" and not schedule):
+        _fail(f"--format must be yaml or json (or sh with --schedule), got {fmt!r}")
+    try:
+        store = RunStore.open(run, runs_dir, readonly=True)
+    except RunError as e:
+        _fail(str(e))
+    try:
+        row = store.ledger.run(store.run_id) or {}
+    finally:
+        store.close()
+    summary, options = row.get("summary") or {}, row.get("options") or {}
+    if row.get("status") != "completed" or not summary:
+        _fail(f"run {store.run_id} is {row.get('status') or 'not started'}: nothing to export yet")
+    if schedule:
+        try:
+            typer.echo(render(schedule_document(summary, options, checkpoint_dir), fmt), nl=False)
+        except ValueError as e:
+            _fail(str(e))
+        return
+    config = {**(options.get("start_overrides") or {}), **(summary.get("system") or {}).get("best_config", {}),
+              **(summary.get("learning") or {}).get("best_config", {})}
+    typer.echo(json.dumps(config, indent=2) if fmt == "json" else as_yaml(config), nl=fmt != "json")
+
+
+@app.command()
 def knobs(
     backend: str = typer.Option("local", "--backend", help="local, verl, sim, or package.module:factory."),
     stage: Optional[str] = typer.Option(None, "--stage", help="system or learning (default: both)."),
@@ -622,6 +676,8 @@ def trials(
         def f(v, spec=".4g"):
             return "-" if v is None else format(v, spec)
         changes = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (r.get("overrides") or {}).items())
+        if r.get("parent_trial"):  # a schedule branch: from its parent's checkpoint
+            changes = f"{changes or 'unchanged'} (from {r['parent_trial']} @ {r.get('parent_step')})"
         table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
                       str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".2f"),
                       f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))

@@ -271,6 +271,42 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
         return drawn
 
     figs["learning_curves"] = _figure(out_dir / "learning_curves.png", curves, size=(10.0, 5.6))
+
+    def schedule_tree(fig: Any) -> bool:
+        # one line per segment-trial, from its branch point: the static path grey, the winning schedule bold
+        nodes = [t for t in data.stage_trials("schedule") if not t.get("confirms")]
+        sched = (data.summary or {}).get("schedule") or {}
+        winning = {s.get("trial_id") for s in sched.get("segments") or []}
+        static_ids, cur = set(), next((t for t in nodes if not t.get("parent_trial")), None)
+        while cur is not None:
+            static_ids.add(cur["trial_id"])
+            cur = next((t for t in nodes if t.get("parent_trial") == cur["trial_id"]
+                        and not _loads(t.get("overrides"), {})), None)
+        ax = fig.subplots()
+        drawn = False
+        ends = {t["trial_id"]: _series(data, t["trial_id"], ("val-core/",)) for t in nodes}
+        for t in nodes:
+            pts = ends[t["trial_id"]]
+            start = t.get("parent_step")
+            if start is not None:  # a branch: drawn on from its parent's last point (the checkpoint's score)
+                before = [p for p in ends.get(t.get("parent_trial"), []) if p[0] == start][-1:]
+                pts = before + [p for p in pts if p[0] > start]
+            if not pts:
+                continue
+            drawn = True
+            win, static = t["trial_id"] in winning, t["trial_id"] in static_ids
+            ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", ms=3,
+                    color="C3" if win else ("0.45" if static else "C0"), lw=2.2 if win else 1.0,
+                    alpha=1.0 if win or static else 0.5)
+        for b in sched.get("boundaries") or []:
+            ax.axvline(b, color="0.8", lw=0.8, ls=":")
+        ax.set_xlabel("global step")
+        ax.set_ylabel("validation score")
+        ax.set_title("schedule tree (red: the chosen schedule, grey: the static config, blue: other branches)",
+                     fontsize=9)
+        return drawn
+
+    figs["schedule_tree"] = _figure(out_dir / "schedule_tree.png", schedule_tree)
     return {k: v for k, v in figs.items() if v is not None}
 
 
@@ -328,12 +364,16 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 def _diff(t: dict[str, Any]) -> str:
     ov = _loads(t.get("overrides"), {})
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(ov.items())) or "(base)"
+    text = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(ov.items()))
+    if t.get("parent_trial"):  # a schedule branch: its changes against its parent, from whose checkpoint
+        return f"{text or 'unchanged'} (from {t['parent_trial']} @ step {t.get('parent_step')})"
+    return text or "(base)"
 
 
 def headline(data: RunData) -> list[tuple[str, str]]:
     rows = []
-    for stage, unit in (("system", "tok/s/GPU"), ("learning", "validation score")):
+    for stage, unit in (("system", "tok/s/GPU"), ("learning", "validation score"),
+                        ("schedule", "validation score at the last step (static config → schedule)")):
         s = data.stages.get(stage)
         if not s:
             continue
@@ -356,6 +396,17 @@ def trial_rows(data: RunData) -> list[list[str]]:
 
 
 TRIAL_HEADER = ["trial", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
+SCHEDULE_HEADER = ["steps", "changes at the segment's start", "overrides (against the base config)", "trial"]
+
+
+def schedule_rows(data: RunData) -> list[list[str]]:
+    """The winning schedule's segments (stage 3), from the summary."""
+    def kv(d: dict[str, Any]) -> str:
+        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(d.items()))
+
+    segs = ((data.summary or {}).get("schedule") or {}).get("segments") or []
+    return [[f"{s['from_step']}-{s['to_step']}", kv(s.get("changes") or {}) or "unchanged",
+             kv(s.get("overrides") or {}) or "(base)", s.get("trial_id") or ""] for s in segs]
 REVIEW_HEADER = ["review", "candidate", "decision", "by", "channel", "feedback / edits"]
 
 
@@ -403,10 +454,13 @@ def render_html(data: RunData) -> str:
         parts.append(_table_html(["", "baseline → best"], [[a, b] for a, b in headline(data)]))
     sections = [("Best so far", "best_so_far"), ("Phase breakdown of system trials", "phases"),
                 ("Peak memory against the limit", "memory"), ("Predicted against measured", "calibration"),
-                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves")]
+                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves"),
+                ("Schedule tree (stage 3)", "schedule_tree")]
     for title, key in sections:
         if key in figs:
             parts.append(f"<h2>{html.escape(title)}</h2>" + _img_html(figs[key], title))
+    if schedule_rows(data):
+        parts.append("<h2>Schedule (stage 3)</h2>" + _table_html(SCHEDULE_HEADER, schedule_rows(data)))
     parts.append("<h2>Trials</h2>" + _table_html(TRIAL_HEADER, trial_rows(data)))
     if data.health:
         parts.append("<h2>Health events</h2>" + _table_html(
@@ -441,6 +495,8 @@ def render_markdown(data: RunData) -> str:
     out += [f"- **{a}**: {b}" for a, b in headline(data)]
     for key, path in data.figures.items():
         out += ["", f"![{key}]({REPORT_DIR}/{path.name})"]
+    if schedule_rows(data):
+        out += ["", "## Schedule (stage 3)", "", _table_md(SCHEDULE_HEADER, schedule_rows(data))]
     out += ["", "## Trials", "", _table_md(TRIAL_HEADER, trial_rows(data))]
     if data.reviews:
         out += ["", "## Reviews", "", _table_md(REVIEW_HEADER, review_rows(data))]

@@ -141,7 +141,7 @@ def _fmt_stopped(e: TrialStopped) -> tuple[str, str | None]:
 
 def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
     if e.score is not None:
-        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs best)"
+        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs {e.compared_to})"
                                                  if e.best_before is not None else "")
     elif e.throughput is not None:
         result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs best)"
@@ -242,6 +242,8 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 summary = dict(snap.values.get("summary") or {})
                 if options.report:
                     summary["report"] = _write_report(store, progress)
+                if summary.get("schedule"):
+                    summary["schedule_file"] = _write_schedule(store, options, summary, progress)
                 reviewer.on_finish(summary)
                 return summary
             if not snap.interrupts:
@@ -277,6 +279,24 @@ def _write_report(store: RunStore, progress: ConsoleProgress) -> str | None:
         if not progress.quiet:
             progress.console.print(f"report not written: {type(e).__name__}: {e}", markup=False)
         return None
+
+
+def _write_schedule(store: RunStore, options: TuneOptions, summary: dict[str, Any],
+                    progress: ConsoleProgress) -> str | None:
+    """The run's ``schedule.yaml`` (``mart.graph.export``); None when the stage found no complete schedule."""
+    from mart.graph.export import render, schedule_document
+
+    try:
+        text = render(schedule_document(summary, options.model_dump(mode="json")))
+    except ValueError:
+        return None
+    path = store.run_dir / "schedule.yaml"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    if not progress.quiet:
+        progress.console.print(f"schedule: {path}", markup=False)
+    return str(path)
 
 
 def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | None = None,

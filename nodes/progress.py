@@ -90,6 +90,8 @@ class TrialDone(_Event):
     eligible: bool
     best_before: float | None = None
     """The stage's best objective before this trial (to say how it compares)."""
+    compared_to: str = "best"
+    """What ``best_before`` is: the stage's best, or (a schedule branch) the unchanged continuation."""
 
 
 class ProposedCandidate(_Event):

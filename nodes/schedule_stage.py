@@ -4,9 +4,10 @@ Training of T steps is cut into S segments (``TuneOptions.schedule_boundaries``)
 with the stage's start config and saves a checkpoint at its end. Expanding a finished node runs K branches
 from its checkpoint for the next segment: first the unchanged continuation, then K-1 transitions, each
 proposed (with a diagnosis of the trajectory so far), critiqued and reviewed like any candidate. The next
-node to expand is picked best-first (``mart.state.schedule.pick_expansion``); the static path (root and its
-unchanged continuations) is always completed, as the reference; the budget counts segment-trials. The
-winner is the best complete path, with the close ones re-evaluated on a second seed when the budget allows.
+node to expand is picked best-first (``mart.state.schedule.rank_frontier``) among the nodes the budget can
+still carry to the horizon; the static path (root and its unchanged continuations) is always completed, as the
+reference; the budget counts segment-trials. The winner is the best complete path, with the close ones
+re-evaluated on a second seed when the budget allows.
 
 The tree lives in the ledger (``trials`` rows of stage ``schedule``: ``parent_trial``, ``parent_checkpoint``,
 ``parent_step``, ``horizon`` = the segment's last global step); graph state keeps only the node being
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Any
 
 from langgraph.types import Command
@@ -28,8 +28,8 @@ from mart.state.schedule import (
     Node,
     children,
     path_to,
-    pick_expansion,
     pick_schedule_winner,
+    rank_frontier,
     recheck_plan,
     static_path,
     usable,
@@ -51,8 +51,10 @@ def schedule_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the tree, from the ledger ----------------------------------------------------------------------------
-def tree_nodes(services, *, with_signals: bool = True) -> tuple[list[Node], float]:
-    """The stage's nodes (one per segment-trial, re-evaluations included) and the measured score noise."""
+def tree_nodes(services, *, with_signals: bool = True, prior_noise: float | None = None) -> tuple[list[Node], float]:
+    """The stage's nodes (one per segment-trial, re-evaluations included) and the measured score noise: the
+    median residual noise of the nodes' validation curves, else ``prior_noise`` (stage 2's, measured over the
+    same kind of trials), else 2% of the root's score."""
     options = services.options
     ledger = services.ledger
     bounds = options.schedule_boundaries()
@@ -81,7 +83,12 @@ def tree_nodes(services, *, with_signals: bool = True) -> tuple[list[Node], floa
             if v is not None:
                 noises.append(v)
     root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
-    noise = statistics.median(noises) if noises else FALLBACK_NOISE_SHARE * abs((root or {}).get("score") or 0.0)
+    if noises:
+        noise = statistics.median(noises)
+    elif prior_noise:
+        noise = float(prior_noise)
+    else:
+        noise = FALLBACK_NOISE_SHARE * abs((root or {}).get("score") or 0.0)
     for n in nodes:
         if "_records" in n:
             fired = [r for p in path_to(nodes, n["id"]) for r in rules.get(p["id"], [])]
@@ -190,7 +197,7 @@ def schedule_control(state: dict[str, Any], services) -> Command:
     expanding: str | None = sched["expanding"]
     notes: list[str] = list(sched["notes"])
     exhausted = dict(state.get("exhausted") or {})
-    nodes, noise = tree_nodes(services)
+    nodes, noise = tree_nodes(services, prior_noise=((state.get("selection") or {}).get("learning") or {}).get("noise"))
     used = len(nodes)
     root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
     if root is None or not usable(root):
@@ -203,14 +210,19 @@ def schedule_control(state: dict[str, Any], services) -> Command:
     spine = static_path(nodes)
     spine_open = usable(spine[-1]) and spine[-1]["depth"] < depth
     spine_missing = depth - spine[-1]["depth"] if spine_open else 0
-    minimal = depth + (k - 1) * (depth - 1)  # the static path plus one full expansion per boundary
+    # one full expansion per boundary down a changed path, and the static path beside it
+    minimal = 1 + (depth - 1) * k + max(0, depth - 2)
     search_budget = budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0)
+
+    def affords(node: Node) -> bool:
+        """Whether one more branch from ``node`` still leaves room to carry it to the horizon (one unchanged
+        continuation per later segment) and to complete the static path."""
+        return used + 1 + (depth - node["depth"] - 1) + spine_missing <= search_budget
 
     def keep(**extra: Any) -> dict[str, Any]:
         return {"schedule": {**sched, "expanding": expanding, "expanded": expanded, "notes": notes, **extra}}
 
     by_id = {n["id"]: n for n in nodes}
-    spine_ids = {n["id"] for n in spine}
     while True:
         if expanding is not None:
             parent = by_id[expanding]
@@ -219,18 +231,16 @@ def schedule_control(state: dict[str, Any], services) -> Command:
                 notes.append(f"expansion of {expanding} ended after {len(kids)} branches: {exhausted.pop(STAGE)}")
             elif not any(not c["changes"] for c in kids):
                 extends_spine = expanding == spine[-1]["id"] and spine_open
-                if used < budget and (extends_spine or used + 1 + spine_missing <= search_budget):
+                if used < budget and (extends_spine or affords(parent)):
                     return Command(goto="launch_trial", update={
                         **keep(), "exhausted": exhausted, "pending_trial": child_record(state, services, parent)})
-            elif len(kids) < k and used + 1 + spine_missing <= search_budget:
+            elif len(kids) < k and affords(parent):
                 return Command(goto="proposer", update={**keep(), "exhausted": exhausted, "round": 0})
             expanding = None
-        nxt = pick_expansion(nodes, depth, noise, set(expanded))
+        # best first among the nodes whose expansion the budget still allows (deeper ones as it runs out)
+        nxt = next((n for n in rank_frontier(nodes, depth, noise, set(expanded))
+                    if (n["id"] == spine[-1]["id"] and spine_open and used < budget) or affords(n)), None)
         if nxt is None:
-            break
-        has_static = any(not c["changes"] for c in children(nodes, nxt["id"]))
-        cost = (0 if has_static or nxt["id"] in spine_ids else 1) + 1 + spine_missing
-        if used + cost > search_budget and not (nxt["id"] == spine[-1]["id"] and spine_open and used < budget):
             break
         expanding = nxt["id"]
         expanded.append(expanding)
@@ -327,4 +337,4 @@ def diagnosis_input(state: dict[str, Any], services) -> tuple[list, list, tuple[
 
 
 __all__ = ["schedule_control", "prepare_trial", "base_config", "changes_of", "diagnosis_input", "initial_state",
-           "tree_nodes", "path_records", "start_config", "time"]
+           "tree_nodes", "path_records", "start_config"]

@@ -385,6 +385,7 @@ def build_summary(state, services) -> dict[str, Any]:
     return {
         "run_id": services.run_id,
         "status": "completed",
+        "stages": session_stages(services.options),
         "system": {
             "baseline_throughput": _clean(b_thr),
             "best_throughput": _clean(t_thr),

@@ -56,21 +56,32 @@ def static_path(nodes: list[Node]) -> list[Node]:
     return out
 
 
-def pick_expansion(nodes: list[Node], depth: int, noise: float, expanded: set[str]) -> Node | None:
-    """The next node to expand: the best usable node above the final ``depth`` not yet expanded.
+def rank_frontier(nodes: list[Node], depth: int, noise: float, expanded: set[str]) -> list[Node]:
+    """The usable nodes above the final ``depth`` not yet expanded, best first.
 
-    Scores within ``TIE_Z`` x the noise of a difference of the top one are ties; among ties a node without
-    collapse signals wins, then the shallower one (fewer steps on the same score is the better trajectory),
-    then the higher score.
+    Scores within ``TIE_Z`` x the noise of a difference of the best one are ties; among ties a node without
+    collapse signals comes first, then the shallower one (fewer steps on the same score is the better
+    trajectory), then the higher score; the nodes beyond the tie follow by score, healthy ones first.
     """
     frontier = [n for n in nodes if usable(n) and not n.get("confirms") and n["depth"] < depth
                 and n["id"] not in expanded]
     if not frontier:
-        return None
+        return []
     top = max(n["score"] for n in frontier)
     tie = TIE_Z * noise * math.sqrt(2)
-    close = [n for n in frontier if top - n["score"] <= tie]
-    return min(close, key=lambda n: (bool(n.get("signals")), n["depth"], -n["score"], n["id"]))
+
+    def key(n: Node) -> tuple:
+        if top - n["score"] <= tie:
+            return (0, bool(n.get("signals")), n["depth"], -n["score"], n["id"])
+        return (1, bool(n.get("signals")), 0, -n["score"], n["id"])
+
+    return sorted(frontier, key=key)
+
+
+def pick_expansion(nodes: list[Node], depth: int, noise: float, expanded: set[str]) -> Node | None:
+    """The next node to expand (``rank_frontier``'s first), or None."""
+    ranked = rank_frontier(nodes, depth, noise, expanded)
+    return ranked[0] if ranked else None
 
 
 def leaf_contenders(nodes: list[Node], depth: int) -> list[Contender]:

@@ -99,10 +99,13 @@ class ParamSpec:
 
     @property
     def short(self) -> str:
-        """The name a person types: the key's last segment without verl's filler (``micro_batch``)."""
+        """The name a person types: the key's last segment without verl's filler (``micro_batch``); a
+        per-agent key ``agents.<i>.…`` is ``agent<i>.<that>`` (``agents.0.actor.optim.lr`` -> ``agent0.lr``)."""
         last = self.key.rsplit(".", 1)[-1]
         last = re.sub(r"^(ppo_|enable_|use_)", "", last)
-        return re.sub(r"(_size)?(_per_gpu)?$", "", last) or last
+        last = re.sub(r"(_size)?(_per_gpu)?$", "", last) or last
+        agent = re.match(r"^agents\.(\d+)\.", self.key)
+        return f"agent{agent.group(1)}.{last}" if agent else last
 
     @property
     def phase(self) -> str:

@@ -21,7 +21,13 @@ def _finite(v: float) -> float | None:
     return None if v is None or math.isnan(v) else float(v)
 
 
-def _best_before(state: TuningState, stage: str) -> float | None:
+def _best_before(state: TuningState, stage: str, record: TrialRecord | None = None, ledger=None) -> float | None:
+    if stage == "schedule":  # a branch against the unchanged continuation from the same checkpoint
+        if record is None or ledger is None or not record.parent_trial:
+            return None
+        same = [r for r in ledger.trials(stage) if r.get("parent_trial") == record.parent_trial and not r.get("overrides")
+                and not r.get("confirms") and r["trial_id"] != record.trial_id]
+        return same[0].get("score") if same else None
     best = (state.get("best") or {}).get(stage)
     if best is None:
         return None
@@ -74,7 +80,8 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     ledger.upsert_trial(done, run_id=services.run_id, ended_at=time.time())
     emit(services, TrialDone(trial_id=done.trial_id, status=done.status.value, reason=done.reason,
                              throughput=done.throughput, score=done.score, peak_memory_gb=done.peak_memory_gb,
-                             eligible=eligible, best_before=_best_before(state, record.stage)))
+                             eligible=eligible, best_before=_best_before(state, record.stage, done, ledger),
+                             compared_to="unchanged" if record.stage == "schedule" else "best"))
 
     stage = record.stage
     trials_done = dict(state.get("trials_done") or {})

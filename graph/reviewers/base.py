@@ -91,6 +91,9 @@ def _format_request(request: dict[str, Any]) -> str:
     lines = [f"Review #{request.get('review_no')} - run {request.get('run_id')} - {request.get('stage')} stage "
              f"(trials so far: {request.get('trials_done')})",
              f"Candidate {request.get('candidate_id')} from {request.get('source')}:"]
+    if request.get("segment"):  # schedule stage: a transition for the next segment, from a checkpoint
+        a, b = request["segment"]
+        lines.insert(1, f"Branch from {request.get('parent_trial')}'s checkpoint at step {a}: knobs for steps {a}-{b}")
     for d in request.get("diff") or []:
         lines.append(f"  {d['key']}: {d['current']!r} -> {d['proposed']!r}")
     if request.get("feedback_read"):

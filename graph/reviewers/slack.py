@@ -111,6 +111,10 @@ def summary_blocks(request: dict[str, Any]) -> list[dict[str, Any]]:
         ]},
         {"type": "section", "text": {"type": "mrkdwn", "text": _clip("*Changes against the current best*\n" + diff)}},
     ]
+    if request.get("segment"):  # schedule stage: a transition for the next segment, from a checkpoint
+        a, b = request["segment"]
+        blocks.insert(2, {"type": "section", "text": {"type": "mrkdwn", "text": _clip(
+            f"*Branch* from {_code(request.get('parent_trial'))}'s checkpoint at step {a}: knobs for steps {a}-{b}")}})
     if request.get("feedback_read"):
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(
             "*Read your feedback as*\n" + ", ".join(request["feedback_read"]))}})

@@ -93,8 +93,10 @@ def _nodes(rows: list[dict]) -> list[dict]:
 
 
 def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tmp_path):
-    reviewer = Scripted([ReviewDecision(action="reject", feedback="keep the temperature", reviewer="t", channel="t")])
-    summary = tune(sim_options(tmp_path, approve="none", schedule_budget=4), reviewer=reviewer)
+    lr = "actor_rollout_ref.actor.optim.lr"
+    reviewer = Scripted([ReviewDecision(action="reject", feedback="keep the temperature", reviewer="t", channel="t"),
+                         ReviewDecision(action="edit", edits={"lr": 7e-7}, reviewer="t", channel="t")])
+    summary = tune(sim_options(tmp_path, approve="none", schedule_budget=5), reviewer=reviewer)
     assert summary["status"] == "completed"
     first, second = reviewer.requests[0], reviewer.requests[1]
     assert first["stage"] == second["stage"] == "schedule"
@@ -106,7 +108,12 @@ def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tm
     rows = ledger.trials("schedule")
     rejected = first["candidate_id"]
     assert rejected not in {r["candidate_id"] for r in rows}, "a rejected transition never runs"
-    assert len(rows) <= 4
+    assert len(rows) <= 5
+    # the edit (a learning knob, by its short name) applies to the branch, on top of its parent's config
+    [edited] = [r for r in rows if r["candidate_id"] == second["candidate_id"]]
+    assert edited["config"][lr] == 7e-7 and edited["overrides"][lr] == 7e-7
+    parent = ledger.trial(edited["parent_trial"])["config"]
+    assert {k: v for k, v in edited["config"].items() if parent.get(k) != v} == edited["overrides"]
 
 
 def test_pick_expansion_prefers_healthy_then_shallower_within_noise():
@@ -123,3 +130,156 @@ def test_pick_expansion_prefers_healthy_then_shallower_within_noise():
     # a clear lead (beyond the noise) wins
     assert pick_expansion(nodes, 3, noise=0.001, expanded=set())["id"] == "b"
     assert pick_expansion(nodes, 3, noise=0.01, expanded={"a", "b", "c"}) is None
+
+
+@pytest.mark.slow  # ~50 s on 2 loaded cores: 5 real GRPO trials
+@pytest.mark.timeout(600)
+def test_three_stages_on_the_local_workload(tmp_path, local_tiny_config):
+    from mart.trial_runner.local.backend import LocalBackend
+
+    opts = TuneOptions(backend="local", approve="auto", runs_dir=str(tmp_path), stages=["system", "learning", "schedule"],
+                       start_overrides=local_tiny_config, system_trials=2, learning_trials=1,
+                       learning_confirm_trials=0, system_horizon=3, learning_horizon=6, schedule_segments=2,
+                       schedule_branches=2, schedule_budget=3, watch_interval_s=0.1, quiet=True, report=False)
+    summary = tune(opts)
+    assert summary["status"] == "completed"
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    trials = ledger.trials()
+    assert [t["stage"] for t in trials] == ["system"] * 2 + ["learning"] + ["schedule"] * 3
+    rows = ledger.trials("schedule")
+    check_tree(rows, opts)
+    # the schedule starts from the base config with --set values, stage 1's and stage 2's winners
+    start = {**LocalBackend().base_config(), **local_tiny_config, **summary["system"]["best_config"],
+             **summary["learning"]["best_config"]}
+    assert rows[0]["config"] == start
+    # a branch starts from its parent's weights: its validation at the branch point is the parent's there
+    val = next(k for k in ledger.metric_records(rows[0]["trial_id"])[-1].data if k.startswith("val-core/"))
+    at = {r["trial_id"]: {rec.step: rec.data for rec in ledger.metric_records(r["trial_id"])} for r in rows}
+    for r in rows[1:]:
+        assert at[r["trial_id"]][3][val] == pytest.approx(at[rows[0]["trial_id"]][3][val], abs=1e-12)
+        assert max(at[r["trial_id"]]) == 6
+    sched = summary["schedule"]
+    assert [(s["from_step"], s["to_step"]) for s in sched["segments"]] == [(0, 3), (3, 6)]
+    assert sched["static_best_score"] == pytest.approx(rows[1]["score"]) and rows[1]["overrides"] == {}
+
+
+def test_schedule_is_stored_reported_and_exportable(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from mart.graph.cli import app
+    from mart.graph.report import write_report
+
+    summary = tune(sim_options(tmp_path, schedule_budget=5))
+    run_dir = Path(tmp_path) / summary["run_id"]
+    segs = summary["schedule"]["segments"]
+    stored = yaml.safe_load((run_dir / "schedule.yaml").read_text())
+    assert [(s["from_step"], s["to_step"], s["overrides"]) for s in stored["segments"]] == \
+        [(s["from_step"], s["to_step"], s["overrides"]) for s in segs]
+    out = CliRunner().invoke(app, ["export", summary["run_id"], "--runs-dir", str(tmp_path), "--schedule"])
+    assert out.exit_code == 0, out.output
+    assert yaml.safe_load(out.output) == stored
+    # the verl recipe: one launch per segment, each after the first resuming from the previous one's checkpoint
+    launches = stored["verl"]["launches"]
+    assert len(launches) == len(segs) == 3
+    assert "trainer.resume_mode=disable" in launches[0]["overrides"]
+    for prev, launch in zip(segs, launches[1:]):
+        args = launch["overrides"]
+        assert f"trainer.resume_from_path=checkpoints/mart-schedule/global_step_{prev['to_step']}" in args
+        assert "trainer.resume_mode=resume_path" in args
+    sh = CliRunner().invoke(app, ["export", summary["run_id"], "--runs-dir", str(tmp_path), "--schedule",
+                                  "--format", "sh"])
+    assert sh.exit_code == 0 and sh.output.count('$VERL "$@"') == 3, sh.output
+    md = write_report(run_dir, "md").read_text()
+    assert "## Schedule (stage 3)" in md and (run_dir / "report" / "schedule_tree.png").is_file()
+    for s in segs:
+        assert f"| {s['from_step']}-{s['to_step']} |" in md
+
+
+@pytest.mark.timeout(120)
+def test_llm_agents_propose_the_transitions(tmp_path, monkeypatch):
+    from tests.support.openai_stub import OpenAIStub, PlausibleAgent
+
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MART_LLM_MODEL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    with OpenAIStub(default=PlausibleAgent(seed=3), max_lifetime_s=100) as stub:
+        summary = tune(sim_options(tmp_path, agents="llm", llm_model="stub-model", llm_base_url=stub.base_url,
+                                   llm_timeout_s=5, schedule_budget=5), api_key="sk-test")
+        prompts = [r.prompt for r in stub.completions()]
+    assert summary["status"] == "completed" and summary["agents"]["fallbacks"] == 0
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    rows = ledger.trials("schedule")
+    check_tree(rows, sim_options(tmp_path))
+    proposals = {p["candidate_id"]: p for p in ledger.table_rows("proposals")}
+    ran = [r for r in rows if r["candidate_id"]]
+    assert ran and all(proposals[r["candidate_id"]]["source"] == "llm" for r in ran)
+    # the proposer was told which segment it proposes for, from which checkpoint, with the diagnosis there
+    assert any("steps 4-8 (from the checkpoint at step 4" in p and "Diagnosis at the checkpoint" in p
+               for p in prompts)
+
+
+def test_the_winner_is_a_complete_schedule_that_beats_the_static_one_beyond_the_noise():
+    from mart.state.schedule import pick_schedule_winner, recheck_plan
+
+    def node(i, parent, depth, score, changes=None, signals=(), confirms=None, status="completed"):
+        return {"id": i, "parent": parent, "depth": depth, "score": score, "changes": changes or {},
+                "signals": list(signals), "confirms": confirms, "status": status}
+
+    tree = [node("r", None, 1, 0.3), node("s", "r", 2, 0.4), node("a", "r", 2, 0.45, {"lr": 2}),
+            node("ss", "s", 3, 0.50), node("as", "a", 3, 0.52), node("ab", "a", 3, 0.60, {"kl": 1}),
+            node("ac", "a", 3, 0.61, {"t": 1}, signals=["health: entropy_collapse"])]
+    assert [n["id"] for n in static_path(tree)] == ["r", "s", "ss"]
+    # a clear lead wins; the collapsing leaf never wins over the close healthy one
+    winner, ranked = pick_schedule_winner(tree, 3, noise=0.01)
+    assert winner.key == "ab" and {c.key for c in ranked} == {"ss", "as", "ab", "ac"}
+    assert next(c for c in ranked if c.key == "ss").is_baseline
+    # within the noise of the static schedule: the static one is kept (a change must be shown to help)
+    winner, _ = pick_schedule_winner(tree, 3, noise=0.1)
+    assert winner.key == "ss"
+    # the re-check plan: the leader and the healthy ones too close to call, on their first runs
+    assert recheck_plan(tree, 3, noise=0.01) == ["ab"]
+    assert set(recheck_plan(tree, 3, noise=0.1)) >= {"ab", "ss"} and "ac" not in recheck_plan(tree, 3, noise=0.1)
+    # a re-evaluation that failed counts against its leaf
+    tree.append(node("ab-s2", "a", 3, None, confirms="ab", status="failed"))
+    winner, _ = pick_schedule_winner(tree, 3, noise=0.01)
+    assert winner.key != "ab"
+
+
+def test_review_channels_show_the_branch_point_and_segment():
+    from mart.graph.reviewers.base import format_request
+    from mart.graph.reviewers.slack import summary_blocks
+
+    request = {"review_no": 3, "run_id": "r", "stage": "schedule", "candidate_id": "sch-03-r0-c0", "source": "rules",
+               "diff": [{"key": "actor_rollout_ref.actor.optim.lr", "current": 1e-6, "proposed": 2e-6}],
+               "trials_done": 2, "parent_trial": "sch-01-baseline", "segment": [10, 20]}
+    want = "sch-01-baseline's checkpoint at step 10: knobs for steps 10-20"
+    assert want in format_request(request)
+    assert any("`sch-01-baseline`'s checkpoint at step 10: knobs for steps 10-20" in str(b)
+               for b in summary_blocks(request))
+    assert "checkpoint" not in format_request({**request, "segment": None, "stage": "learning"})
+
+
+def test_the_budget_carries_a_changed_schedule_to_the_horizon_beside_the_static_one(tmp_path):
+    """S=4, K=3, the default budget S x K = 12: the search must not spend it all near the root -- a changed
+    schedule and the static one both reach T (each expansion keeps room for one continuation per later
+    segment and for the static path)."""
+    opts = sim_options(tmp_path, schedule_segments=4, learning_horizon=12)
+    summary = tune(opts)
+    rows = Ledger.open(Path(tmp_path) / summary["run_id"]).trials("schedule")
+    check_tree(rows, opts)
+    assert len(rows) <= 12
+    nodes = _nodes(rows)
+    leaves = [r["trial_id"] for r in rows if r["horizon"] == 12 and not r["confirms"]]
+    changed = [leaf for leaf in leaves if any(n["changes"] for n in path_to(nodes, leaf))]
+    assert changed, "no changed schedule reached the horizon"
+    assert len(static_path(nodes)) == 4
+
+
+def test_the_wall_clock_ends_the_tree_with_what_it_has(tmp_path):
+    summary = tune(sim_options(tmp_path, wall_clock_s=0.01))
+    assert summary["status"] == "completed"
+    sched = summary["schedule"]
+    assert sched["branches_run"] == 1 and sched["segments"] == [] and sched["final_score"] is None
+    assert any("wall-clock budget spent" in n for n in summary["notes"])
+    assert any("no complete schedule reached the horizon" in n for n in summary["notes"])
+    assert not (Path(tmp_path) / summary["run_id"] / "schedule.yaml").exists()

@@ -18,6 +18,13 @@ checkpointing with max_num_seqs 128, or dynamic batches of 2048 tokens) ~0.067 G
 micro 64 without checkpointing 0.080 GB and long padded responses 0.11+ GB (over: oom)."""
 
 
+TEAM_TRAIN_BATCH_SIZE = 8
+"""A multi-agent job's default prompts per step (single-agent: 16): a 2-agent 2-round debate generates and
+trains 4 answers per episode, so half the prompts keep its step near twice a single-agent step's cost
+(measured on the default model on a loaded 2-core box: ~7 s a step at 16 prompts, 3-4 s at 8, against ~1.5 s
+single-agent at 16)."""
+
+
 class LocalBackend(Backend):
     """The embedded default workload.
 
@@ -27,38 +34,71 @@ class LocalBackend(Backend):
         ray_address: run each trial as a Ray job on this cluster (wraps the local runner).
         base_config: a YAML/JSON file of flat (or nested) verl-key overrides of the workload itself
             (model size, task, batch sizes): the baseline every candidate is applied to.
+        workflow: ``debate`` or ``chain``: a multi-agent job (``team_config.py``, ``multi_agent.py``) of
+            ``agents`` tiny policies (2 or 3; default 2) with per-agent knobs in the search space.
+        agents: the number of agents of a multi-agent job.
 
     Raises:
-        ValueError: the base config file cannot be read or breaks the config's rules.
+        ValueError: the base config file cannot be read or breaks the config's rules; an unknown
+            workflow or number of agents.
     """
 
     name = "local"
     score_metric_prefix = "val-core/"
 
     def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None,
-                 base_config: str | None = None) -> None:
+                 base_config: str | None = None, workflow: str | None = None, agents: int | None = None) -> None:
+        from mart.trial_runner.local.team_config import MAX_AGENTS, WORKFLOWS, is_team_config, team_defaults
+
         self._capacity = memory_capacity_gb
         self.ray_address = ray_address
         self._base = dict(DEFAULTS)
+        file_values: dict[str, Any] = {}
         if base_config:
             from mart.state.config_values import load_config_file
 
-            self._base.update(load_config_file(Path(base_config)))  # ConfigError is a ValueError
-            errors = config_errors(self._base)[1]
-            if errors:
-                raise ValueError(f"base config {base_config}: " + " ".join(errors))
+            file_values = load_config_file(Path(base_config))  # ConfigError is a ValueError
+            self._base.update(file_values)
+        if agents is not None and workflow is None and not is_team_config(self._base):
+            raise ValueError("backend option `agents` needs `workflow` (debate or chain).")
+        if workflow is not None or is_team_config(self._base):
+            workflow = workflow or str(self._base["workflow.name"])
+            if workflow not in WORKFLOWS:
+                raise ValueError(f"backend option `workflow` must be one of {list(WORKFLOWS)}, but got {workflow!r}.")
+            n = int(agents if agents is not None else self._base.get("workflow.num_agents", 2))
+            if not 2 <= n <= MAX_AGENTS:
+                raise ValueError(f"backend option `agents` must be 2..{MAX_AGENTS}, but got {agents!r}.")
+            # the team's defaults, then the file's own team keys (its per-agent values win)
+            self._base.update(team_defaults(workflow, n, self._base))
+            self._base.update({k: v for k, v in file_values.items() if k.startswith(("workflow.", "reward.", "agents."))})
+            self._base["workflow.name"], self._base["workflow.num_agents"] = workflow, n
+            if "data.train_batch_size" not in file_values:  # a debate step generates agents x rounds answers
+                self._base["data.train_batch_size"] = TEAM_TRAIN_BATCH_SIZE
+        errors = self.validate_config(self._base)
+        if errors:
+            raise ValueError(f"base config {base_config or '(defaults)'}: " + " ".join(errors))
+
+    @property
+    def team(self) -> tuple[str, int] | None:
+        """(workflow, agents) of a multi-agent job, else None."""
+        if "workflow.name" not in self._base:
+            return None
+        return str(self._base["workflow.name"]), int(self._base["workflow.num_agents"])
 
     def search_space(self) -> SearchSpace:
-        from mart.trial_runner.local.space import SEARCH_SPACE
+        from mart.trial_runner.local.space import SEARCH_SPACE, team_search_space
 
-        return SEARCH_SPACE
+        return SEARCH_SPACE if self.team is None else team_search_space(*self.team)
 
     def base_config(self) -> dict[str, Any]:
         return dict(self._base)
 
     def validate_config(self, config: dict[str, Any]) -> list[str]:
-        """Every error of a full flat config: unknown keys, types, ranges, batch arithmetic."""
-        return config_errors(config)[1]
+        """Every error of a full flat config: unknown keys, types, ranges, batch arithmetic (and, for a
+        multi-agent config, the team keys and whether the debate prompts fit)."""
+        from mart.trial_runner.local.team_config import is_team_config, team_config_errors
+
+        return team_config_errors(config)[1] if is_team_config(config) else config_errors(config)[1]
 
     def make_runner(self) -> TrialRunner:
         from mart.trial_runner.local.runner import LocalRunner
@@ -92,4 +132,15 @@ class LocalBackend(Backend):
         )
 
     def memory_capacity_gb(self) -> float | None:
-        return self._capacity if self._capacity is not None else DEFAULT_MEMORY_CAPACITY_GB
+        """The emulated device memory. A multi-agent job keeps every agent's weights, AdamW state and
+        reference in one process (the agents run one after another, so activations peak for one agent at
+        a time): its default capacity adds each further agent's static memory to the single-agent default."""
+        if self._capacity is not None:
+            return self._capacity
+        if self.team is None:
+            return DEFAULT_MEMORY_CAPACITY_GB
+        from mart.trial_runner.local.memory import static_agent_gb
+        from mart.trial_runner.local.team_config import load_team_config
+
+        team = load_team_config(self._base)
+        return DEFAULT_MEMORY_CAPACITY_GB + (team.num_agents - 1) * static_agent_gb(team.base)

@@ -25,6 +25,7 @@ from mart.trial_runner.local.config import LocalConfig
 from mart.trial_runner.local.grpo import model_config, task_config
 from mart.trial_runner.local.model import GPT
 from mart.trial_runner.local.rollout import pack, response_logits
+from mart.trial_runner.local.workflow import peer_prompt
 
 WARMUP_SEED = 1234  # the base model does not depend on the trial's seed
 VERSION = 1  # bump when the model or the warm-up changes meaning
@@ -41,6 +42,8 @@ def base_key(cfg: LocalConfig) -> str:
         "task": vars(task_config(cfg)) | {"val_size": None},
         "warmup": [cfg.base_steps, cfg.base_lr, cfg.base_batch_size, cfg.base_ramble_prob, cfg.base_max_ramble, WARMUP_SEED],
     }
+    if cfg.base_peer_prob > 0:  # only then: the single-agent base models keep their keys
+        settings["peer_prob"] = cfg.base_peer_prob
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -53,8 +56,9 @@ def warmup(cfg: LocalConfig, device: torch.device, log: Callable[[str], None] = 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.base_lr, weight_decay=0.0)
     for it in range(cfg.base_steps):
         digits = [T.sample_digits(rng, task, "train") for _ in range(cfg.base_batch_size)]
-        b = pack([T.encode_prompt(d) for d in digits],
-                 [T.demonstration(d, rng, cfg.base_ramble_prob, cfg.base_max_ramble) for d in digits], device)
+        prompts = [_peer_prompt(d, rng, cfg) if cfg.base_peer_prob > 0 and rng.random() < cfg.base_peer_prob
+                   else T.encode_prompt(d) for d in digits]
+        b = pack(prompts, [T.demonstration(d, rng, cfg.base_ramble_prob, cfg.base_max_ramble) for d in digits], device)
         logits = response_logits(model, b)
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.resp_ids.reshape(-1), reduction="none")
         loss = (nll * b.resp_mask.reshape(-1)).sum() / b.resp_mask.sum()
@@ -64,6 +68,20 @@ def warmup(cfg: LocalConfig, device: torch.device, log: Callable[[str], None] = 
         if (it + 1) % 20 == 0 or it + 1 == cfg.base_steps:
             log(f"base model warm-up {it + 1}/{cfg.base_steps}: loss {loss.item():.4f}")
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _peer_prompt(digits: list[int], rng: random.Random, cfg: LocalConfig) -> list[int]:
+    """A task prompt followed by 1-2 rough answers (as a base model gives them: the ramble habit, a wrong
+    digit half the time, a missing one a quarter of the time), in the multi-agent prompt format."""
+    peers = []
+    for _ in range(rng.randint(1, 2)):
+        a = T.demonstration(digits, rng, cfg.base_ramble_prob, cfg.base_max_ramble)[:-1]
+        if rng.random() < 0.5:
+            a[rng.randrange(len(a))] = rng.randrange(10)
+        if rng.random() < 0.25 and len(a) > 1:
+            a = a[:-1]
+        peers.append(a)
+    return peer_prompt(digits, peers, cfg.max_digits + 1)
 
 
 @contextlib.contextmanager

@@ -95,6 +95,7 @@ class LocalConfig:
     base_batch_size: int = knob("local.base_model.batch_size", 64, "Demonstrations per warm-up step.", low=1, high=4096)
     base_ramble_prob: float = knob("local.base_model.ramble_prob", 0.6, "Share of warm-up demonstrations that repeat their last digit before the end token: the base model's habit GRPO must unlearn (when to stop).", low=0.0, high=1.0)
     base_max_ramble: int = knob("local.base_model.max_ramble", 6, "Most extra repeats in such a demonstration.", low=0, high=64)
+    base_peer_prob: float = knob("local.base_model.peer_prob", 0.0, "Share of warm-up prompts that carry 1-2 other (rough) answers after the task prompt, the multi-agent prompt format, so the base model can read it as a pretrained LLM reads a transcript; the demonstration still just sorts the task's digits. 0 = the single-agent base model.", low=0.0, high=1.0)
     num_threads: int = knob("local.num_threads", 0, "torch threads; 0 = $MART_NUM_THREADS, else 1: the matrices are small, a second thread gains little alone and collapses under CPU contention (parallel trials).", low=0, high=1024)
     device: str = knob("local.device", "auto", "auto = CUDA when present, else CPU (same code path).", choices=("auto", "cpu", "cuda"))
 # fmt: on
@@ -197,6 +198,10 @@ def _lengths(c: LocalConfig) -> str | None:
     if c.max_prompt_length < c.max_digits + 2:
         return (f"`data.max_prompt_length` ({c.max_prompt_length}) must be >= `local.task.max_digits` + 2 "
                 f"({c.max_digits + 2}): the task's longest prompt would be cut.")
+    peer_demo = 3 * (c.max_digits + 2) + c.max_digits + c.base_max_ramble + 1  # prompt + 2 peers, longest demo
+    if c.base_peer_prob > 0 and peer_demo > c.block_size:
+        return (f"`local.base_model.peer_prob` > 0 needs `local.model.block_size` >= {peer_demo} (a task prompt with two "
+                f"peer answers and the longest demonstration), but it is {c.block_size}.")
     if c.max_prompt_length + c.max_response_length > c.block_size:
         return (f"`data.max_prompt_length` + `data.max_response_length` ({c.max_prompt_length + c.max_response_length}) "
                 f"must be <= `local.model.block_size` ({c.block_size}).")

@@ -195,3 +195,14 @@ class MemoryMonitor:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def static_agent_gb(cfg) -> float:
+    """One policy's static memory (GB): fp32 weights, gradients and AdamW's two moments, plus the frozen
+    reference's weights with use_kl_loss (4 + 4 + 8 (+ 4) bytes a parameter). A multi-agent trial holds
+    one such set per agent; its activation peak is one agent's (they run one after another)."""
+    from mart.trial_runner.local.grpo import model_config
+    from mart.trial_runner.local.model import GPT
+
+    n_params = sum(p.numel() for p in GPT(model_config(cfg)).parameters())
+    return n_params * (16 + (4 if cfg.use_kl_loss else 0)) / GB

@@ -71,3 +71,46 @@ SEARCH_SPACE = SearchSpace(
     params=SYSTEM + LEARNING,
     constraints=[_constraint(name, description) for name, description, _ in RULES],
 )
+
+
+# --- multi-agent (workflow.name set): per-agent learning knobs, workflow and shaping knobs -------------------
+PER_AGENT_HELP = {
+    "actor.optim.lr": ("log", "Agent {i}'s AdamW learning rate (its own optimizer).", 1e-5, 3e-3),
+    "actor.kl_loss_coef": ("float", "Agent {i}'s KL-to-reference weight (with use_kl_loss).", 0.0, 0.1),
+    "actor.entropy_coeff": ("float", "Agent {i}'s entropy bonus.", 0.0, 0.02),
+    "rollout.temperature": ("float", "Agent {i}'s sampling temperature (diversity between agents feeds the debate).", 0.5, 1.5),
+}
+
+
+def team_search_space(workflow: str, num_agents: int) -> SearchSpace:
+    """The catalogue of a multi-agent local job: the shared system knobs (stage 1: micro-batches, rollout
+    concurrency; every agent uses them), the shared learning knobs that are not per agent, each agent's
+    lr / KL / entropy / temperature (stage 2), and the workflow and shaping knobs (stage 2)."""
+    from mart.trial_runner.local.team_config import PER_AGENT, TEAM_KEYS, agent_key, team_config_errors
+
+    replaced = set(PER_AGENT.values())
+    params = SYSTEM + [p for p in LEARNING if p.key not in replaced]
+    for i in range(num_agents):
+        for rel, shared in PER_AGENT.items():
+            kind, text, low, high = PER_AGENT_HELP[rel]
+            params.append(ParamSpec(key=agent_key(i, rel), stage="learning", kind=kind, default=DEFAULTS[shared],
+                                    description=text.format(i=i), low=low, high=high))
+
+    def team(key: str, kind: str, **kw: Any) -> ParamSpec:
+        default, text = TEAM_KEYS[key][:2]
+        return ParamSpec(key=key, stage="learning", kind=kind, default=default, description=text, **kw)
+
+    if workflow == "debate":
+        params.append(team("workflow.num_rounds", "int", low=1, high=3))
+    params += [team("reward.shaping_mode", "categorical", choices=TEAM_KEYS["reward.shaping_mode"][5]),
+               team("reward.shaping_alpha", "float", low=0.0, high=2.0),
+               team("reward.history_scope", "int", low=1, high=3)]
+
+    def fits(config: dict[str, Any]) -> str | None:
+        cfg, errors = team_config_errors(config)
+        return next((e for e in errors if "[rule team_lengths_fit]" in e), None)
+
+    constraints = [_constraint(name, description) for name, description, _ in RULES]
+    constraints.append(Constraint(name="team_lengths_fit", description="task prompt + the peers' answers shown + "
+                                  "max_response_length fit local.model.block_size", check=fits))
+    return SearchSpace(backend="local", params=params, constraints=constraints)

@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 from mart.state.search_space import ConfigError
@@ -69,13 +70,15 @@ def _console(step: int, m: dict) -> str:
 def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     from mart.trial_runner.local.checkpoint import load_checkpoint, save_checkpoint
     from mart.trial_runner.local.config import load_config, resolve_threads, to_flat
+    from mart.trial_runner.local.team_config import is_team_config, load_team_config
 
     overrides = json.loads(Path(args.config).read_text()) if args.config else {}
     if args.steps is not None:
         overrides["trainer.total_training_steps"] = args.steps
     if args.seed is not None:
         overrides["seed"] = args.seed
-    cfg = load_config(overrides)
+    team = load_team_config(overrides) if is_team_config(overrides) else None  # multi-agent (workflow.name)
+    cfg = team.base if team is not None else load_config(overrides)
     steps = cfg.total_training_steps
     try:
         save_steps = {int(s) for s in args.save_steps.split(",") if s.strip()}
@@ -96,16 +99,30 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its lazy imports (~70 MB) are not the workload's
     monitor = memory.MemoryMonitor(args.memory_capacity_gb, device.type)
     monitor.start()
-    print(f"local GRPO trial: {steps} steps on {device} ({torch.get_num_threads()} threads, "
+    kind = "GRPO" if team is None else f"multi-agent GRPO ({team.workflow}, {team.num_agents} agents)"
+    print(f"local {kind} trial: {steps} steps on {device} ({torch.get_num_threads()} threads, "
           f"capacity {args.memory_capacity_gb} GB, seed {cfg.seed}, pid {os.getpid()})", flush=True)
 
     base = load_base_model(cfg, device, log=lambda s: print(s, flush=True))
-    trainer = GRPOTrainer(cfg, base, device, steps)
-    trainer.probe = monitor.sample  # after each forward, where activations peak
     flat = to_flat(cfg)
+    if team is None:
+        trainer = GRPOTrainer(cfg, base, device, steps)
+        save, load = save_checkpoint, partial(load_checkpoint, cfg=cfg)
+    else:
+        from mart.trial_runner.local.multi_agent import (
+            TeamTrainer,
+            load_team_checkpoint,
+            save_team_checkpoint,
+        )
+
+        trainer = TeamTrainer(team, base, device, steps)
+        flat.update({k: overrides[k] for k in overrides if k.startswith(("workflow.", "reward.", "agents."))})
+        flat.setdefault("workflow.num_agents", team.num_agents)
+        save, load = save_team_checkpoint, load_team_checkpoint
+    trainer.probe = monitor.sample  # after each forward, where activations peak
     start = 0
     if args.init_from:
-        start = load_checkpoint(trainer, args.init_from, cfg, flat)
+        start = load(trainer, args.init_from, flat_config=flat)
         if start >= steps:
             raise ConfigError(f"`trainer.total_training_steps` ({steps}) must be > the checkpoint's step ({start}).")
         progress["last_step"] = start
@@ -141,7 +158,8 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
             sync()
             step_s = time.perf_counter() - t0
             tokens = metrics["perf/total_num_tokens"]
-            n_resp = metrics["response_length/mean"] * cfg.train_batch_size * cfg.rollout_n
+            n_resp = getattr(trainer, "last_num_responses", 0) or cfg.train_batch_size * cfg.rollout_n
+            n_resp *= metrics["response_length/mean"]
             metrics.update({f"timing_s/{k}": v for k, v in timer.times.items()})
             metrics.update({
                 "timing_s/step": step_s,
@@ -160,7 +178,7 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
             metrics["training/global_step"] = step
             if step in save_steps:
                 t0 = time.perf_counter()
-                save_checkpoint(trainer, step, checkpoint_dir(str(out), step), flat)
+                save(trainer, step, checkpoint_dir(str(out), step), flat)
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
             write_record(f, step, metrics)
             progress["last_step"] = step
