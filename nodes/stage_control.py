@@ -4,7 +4,6 @@ final summary. The schedule stage's own control is in ``mart.nodes.schedule_stag
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from typing import Any, Literal
 
@@ -16,10 +15,16 @@ from mart.state.agents import group_by_agent
 from mart.state.graph_state import TuningState
 from mart.state.models import Stage, TrialRecord
 from mart.state.objectives import (
+    RISK_AT_CLIFF,
+    RISK_BELOW_COLLAPSE,
     Contender,
     collapse_signals,
-    pick_learning_winner,
-    validation_noise,
+    learning_choice,
+    move_size,
+    next_reevaluation,
+    noise_estimate,
+    pooled_noise,
+    replicate_noise,
     validation_series,
 )
 
@@ -154,19 +159,24 @@ def stage_control(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
 
 
 # --- stage 2: selection under noise (learning stage only) ----------------------------------------------
-# After the learning budget is spent, the winner is not taken from one noisy score: configs whose score is
-# within the measured noise of the winner's are re-run on another seed (kind "confirm", at most
-# ``learning_confirm_trials`` of them, one round), the winner is the best mean over seeds, and a config
-# whose trajectory shows collapse signals never wins over a healthy one with a close score. Pure parts:
-# ``mart.state.objectives`` (validation_noise, collapse_signals, pick_learning_winner).
+# After the learning budget is spent, the winner is not taken from one noisy score. One at a time, within
+# ``learning_confirm_trials`` re-runs on another seed (kind "confirm"; the defaults' re-run counts too):
+# the highest single-run change that could still win is re-run, and the defaults are re-run as soon as a
+# re-run change leads them. A change replaces the defaults only with two seeds, a lead over them of more
+# than 2 standard errors of the difference (3 when a collapse was seen within two doublings of its lr), no
+# collapse signal, and no collapse seen within one doubling of its lr; with weak evidence the smaller move
+# from the defaults wins. Pure parts:
+# ``mart.state.objectives`` (pooled_noise, collapse_signals, learning_choice, next_reevaluation).
 
 LR_KEY = "actor_rollout_ref.actor.optim.lr"
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
 FALLBACK_NOISE_SHARE = 0.02  # noise = 2% of the baseline score when no trial has enough validation points
+CLIFF_FACTOR = 2.0  # one doubling of the lr: the step the proposers take
 
 
-def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[str, dict[str, Any]]]:
-    """Contenders (originals with their confirmations), the pooled noise, and the ledger rows by trial id."""
+def _learning_evidence(state, services) -> tuple[list[Contender], float, float | None, dict[str, dict[str, Any]]]:
+    """Contenders (originals with their confirmations), the pooled noise and its degrees of freedom (None:
+    a fallback guess), and the ledger rows by trial id."""
     ledger = services.ledger
     prefix = services.backend.score_metric_prefix
     rows = {r["trial_id"]: r for r in ledger.trials("learning")}
@@ -174,7 +184,7 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[st
     for e in ledger.health_events():
         events.setdefault(e.trial_id, []).append(e.rule)
     used: list[tuple[str, dict[str, Any], bool, list]] = []
-    noises: list[float] = []
+    estimates: list[tuple[float, int]] = []
     for tid, row in rows.items():
         key = row.get("confirms") or tid
         if key not in rows or rows[key].get("kind") not in ("baseline", "candidate"):
@@ -183,27 +193,37 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[st
         if not usable and row.get("kind") != "confirm":
             continue  # an original that failed is no contender; a failed re-evaluation is evidence against it
         records = ledger.metric_records(tid)
-        n = validation_noise(validation_series(records, prefix))
-        if n is not None and usable and not events.get(tid):
-            noises.append(n)
+        est = noise_estimate(validation_series(records, prefix))
+        if est is not None and usable and not events.get(tid):
+            estimates.append(est)
         used.append((tid, row, usable, records))
-    noise = statistics.median(noises) if noises else None
+    pooled = pooled_noise(estimates)
+    noise = pooled[0] if pooled else None
     baseline = (state.get("baseline") or {}).get("learning")
-    if noise is None:
-        noise = FALLBACK_NOISE_SHARE * abs(baseline.score or 0.0) if baseline is not None else 0.0
     # per config: the original run first, then its re-evaluations (score or NaN, signals)
     runs: dict[str, list[tuple[float, list[str]]]] = {}
-    for tid, row, usable, records in sorted(used, key=lambda u: u[1].get("confirms") is not None):
+    for tid, row, usable, records in sorted(used, key=lambda u: (u[1].get("confirms") is not None, u[1].get("seq") or 0)):
         signals = collapse_signals(records, events.get(tid, []), noise, prefix) if usable else []
         if row.get("early_stopped") or not usable:
             signals.append(f"run {tid} ended {row.get('status')}" + (" early" if row.get("early_stopped") else ""))
         runs.setdefault(row.get("confirms") or tid, []).append((float(row["score"]) if usable else math.nan, signals))
-    # the collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): a
-    # trial that collapsed (stopped by the health monitor, oom or failed) at some raised lr marks every
-    # raised-lr config at or below it as at risk -- one or two lucky seeds are no proof of safety
-    collapsed_lrs = [(_lr(r), tid) for tid, r in rows.items() if _lr(r) is not None and (
-        r.get("early_stopped") or r.get("status") in ("oom", "failed"))]
-    base_lr = _lr(rows.get(baseline.trial_id, {})) if baseline is not None else None
+    # the seed-to-seed spread of configs re-run without a collapse signal measures the same noise directly
+    for rs in runs.values():
+        est = replicate_noise([s for s, _ in rs]) if all(not sig and not math.isnan(s) for s, sig in rs) else None
+        if est is not None:
+            estimates.append(est)
+    pooled = pooled_noise(estimates) or pooled
+    noise, dof = pooled if pooled else (None, None)
+    if noise is None:
+        noise = FALLBACK_NOISE_SHARE * abs(baseline.score or 0.0) if baseline is not None else 0.0
+    # the collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): one or
+    # two lucky seeds of a config near a collapse are no proof of safety. Against the lowest raised lr that
+    # collapsed (stopped by the health monitor, oom or failed) at or above its own: less than one doubling
+    # away = at the cliff edge (never replaces the defaults), less than two = below a collapse (needs a
+    # larger lead), further down = no risk inferred
+    collapsed = [(tid, _lrs(r)) for tid, r in rows.items() if r.get("early_stopped") or r.get("status") in ("oom", "failed")]
+    base_lrs = _lrs(rows.get(baseline.trial_id, {})) if baseline is not None else {}
+    stage_base = stage_base_config(state, services, "learning")
     contenders = []
     for key, rs in runs.items():
         scores = [s for s, _ in rs if not math.isnan(s)]
@@ -212,53 +232,58 @@ def _learning_evidence(state, services) -> tuple[list[Contender], float, dict[st
         c = Contender(key=key, scores=scores, signals=[x for _, sig in rs for x in sig],
                       is_baseline=rows[key].get("kind") == "baseline")
         c.first_signals = list(rs[0][1])
-        lr = _lr(rows[key])
-        if lr is not None and base_lr is not None and lr > base_lr:
-            near = [tid for clr, tid in collapsed_lrs if clr >= lr and tid != key]
-            if near:
-                risk = f"lr {lr:g} raised, and a trial at lr >= it collapsed ({near[0]})"
-                c.signals.append(risk)
-                c.first_signals.append(risk)
+        c.move = 0.0 if c.is_baseline else move_size(rows[key].get("overrides") or {}, stage_base)
+        # per lr knob it raised (one per agent in a multi-agent job): the nearest collapse at or above it
+        near = sorted((clrs[k] / lr, k, tid) for k, lr in _lrs(rows[key]).items() if k in base_lrs and lr > base_lrs[k]
+                      for tid, clrs in collapsed if tid != key and clrs.get(k, 0.0) >= lr)
+        if near and near[0][0] < CLIFF_FACTOR ** 2:
+            ratio, k, tid = near[0]
+            c.risk = RISK_AT_CLIFF if ratio < CLIFF_FACTOR else RISK_BELOW_COLLAPSE
+            c.risk_why = f"{k} {_lrs(rows[key])[k]:g} raised, and a trial at {ratio:.3g}x it collapsed ({tid})"
         contenders.append(c)
-    return contenders, noise, rows
+    return contenders, noise, dof, rows
 
 
-def _lr(row: dict[str, Any]) -> float | None:
-    v = (row.get("config") or {}).get(LR_KEY)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
+def _lrs(row: dict[str, Any]) -> dict[str, float]:
+    """The actor learning rate(s) of a trial's config: verl's key, or one per agent (``agents.<i>.<key>``)."""
+    out = {}
+    for k, v in (row.get("config") or {}).items():
+        if k == LR_KEY or k.endswith("." + LR_KEY):
+            try:
+                out[k] = float(v)
+            except (TypeError, ValueError):
+                continue
+    return out
 
 
 def learning_selection(state, services) -> tuple[TrialRecord | None, dict[str, Any]]:
-    """The next re-evaluation to run, or None and the state update naming the final learning winner."""
+    """The next re-evaluation to run, or None and the state update naming the final learning winner.
+
+    Each call decides from the finished trials in the ledger only, so a resumed session makes the same choice.
+    """
     options = services.options
-    contenders, noise, rows = _learning_evidence(state, services)
+    contenders, noise, dof, rows = _learning_evidence(state, services)
     if not contenders:
         return None, {}
-    # the plan depends only on the original runs, so a resumed session plans the same re-evaluations
-    originals = [Contender(c.key, c.scores[:1], c.first_signals, c.is_baseline) for c in contenders]
-    first_winner, close = pick_learning_winner(originals, noise)
-    # a changed config is always re-run once (a lucky run of a config that collapses in expectation looks
-    # like a clear winner), and so is every config too close to it to call
-    plan = [] if first_winner.is_baseline and not close else [first_winner]
-    plan += [c for c in close if not c.signals or c.is_baseline]
+    confirms = sorted((r for r in rows.values() if r.get("kind") == "confirm"), key=lambda r: r.get("seq") or 0)
     budget = getattr(options, "learning_confirm_trials", 3)
-    for c in plan[:budget]:
-        tid = f"{c.key}-s{CONFIRM_SEED_OFFSET + 1}"
-        if tid not in rows:
+    if len(confirms) < budget:
+        c = next_reevaluation(contenders, noise, {r.get("confirms") for r in confirms}, dof=dof)
+        if c is not None:
+            tid = f"{c.key}-s{CONFIRM_SEED_OFFSET + 1}"
             orig = rows[c.key]
             # no candidate_id: the candidate was approved and ran once; `confirms` links the re-evaluation to it
             return TrialRecord(trial_id=tid, stage="learning", kind="confirm", config=orig["config"],
                                seed=options.seed + CONFIRM_SEED_OFFSET, confirms=c.key), {}
-    winner, _ = pick_learning_winner(contenders, noise, guard_baseline=True)
+    winner, why = learning_choice(contenders, noise, dof=dof)
     ranked = sorted(contenders, key=lambda c: -c.mean)
     selection = {
         "winner": winner.key, "mean": winner.mean, "spread": winner.spread, "runs": len(winner.scores),
-        "noise": noise, "reevaluated": [c.key for c in plan[:budget]],
+        "noise": noise, "noise_dof": None if dof is None else round(dof, 1), "reevaluated": [r.get("confirms") for r in confirms], "confirm_budget": budget,
+        "why": why,
         "contenders": [{"trial_id": c.key, "mean": round(c.mean, 6), "runs": len(c.scores),
-                        "spread": None if c.spread is None else round(c.spread, 6), "signals": c.signals}
+                        "spread": None if c.spread is None else round(c.spread, 6), "move": round(c.move, 3),
+                        "signals": c.signals + ([c.risk_why] if c.risk_why else [])}
                        for c in ranked],
     }
     update: dict[str, Any] = {"selection": {**(state.get("selection") or {}), "learning": selection}}

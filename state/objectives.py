@@ -144,6 +144,10 @@ class Contender:
     signals: list[str]
     is_baseline: bool = False
     first_signals: list[str] = field(default_factory=list)  # those of its first run alone
+    # inferred from other trials, not from its own runs: RISK_NONE, RISK_BELOW_COLLAPSE or RISK_AT_CLIFF
+    risk: int = 0
+    risk_why: str = ""
+    move: float = 0.0  # how far its config is from the defaults (``move_size``)
 
     @property
     def mean(self) -> float:
@@ -188,3 +192,161 @@ def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2
             winner = base
     close = [c for c in ranked if c is not winner and winner.mean - c.mean <= z * diff_noise(winner, c)]
     return winner, close
+
+
+# --- stage 2: the final choice under noise ------------------------------------------------------------
+# One 30-step score per config cannot tell a real gain from a lucky seed, nor a config that collapses in
+# expectation from one whose seed happened not to collapse. The choice below treats the defaults as a
+# contender like any other: a change replaces them only when it was re-run on a second seed, its mean beats
+# theirs by more than ``z`` standard errors of the difference (with the pooled noise), its re-runs alone
+# beat them too (its first run was picked for being high, so it is biased upward), no run of it showed a
+# collapse signal, and no trial at a learning rate less than one doubling above its own collapsed (one
+# within two doublings needs ``Z_RISKIER``). Among the changes that qualify, a larger move from the defaults
+# replaces a smaller one only when it beats it by ``Z_LARGER_MOVE`` standard errors (a riskier one by
+# ``Z_RISKIER``): with weak evidence the smaller move wins.
+
+RISK_NONE, RISK_BELOW_COLLAPSE, RISK_AT_CLIFF = 0, 1, 2
+#: the lead (in standard errors) a riskier config needs over a safer one: the collapse it may be spared on
+#: two seeds costs far more than the noise, so a lead of 2 standard errors does not pay for the risk
+Z_RISKIER = 3.0
+#: the lead (in standard errors) a larger move needs over a smaller one that already beat the defaults: a
+#: near tie goes to the smaller move, a clear lead to the larger (it must beat the defaults on its own too)
+Z_LARGER_MOVE = 1.0
+
+
+def noise_estimate(series: list[tuple[int, float]]) -> tuple[float, int] | None:
+    """``validation_noise`` with its degrees of freedom (tail points - 2), for pooling."""
+    n = validation_noise(series)
+    return None if n is None else (n, len(series[len(series) // 2:]) - 2)
+
+
+def replicate_noise(scores: list[float]) -> tuple[float, int] | None:
+    """Seed-to-seed std of one healthy config's scores, with its degrees of freedom (None with one run)."""
+    if len(scores) < 2:
+        return None
+    m = sum(scores) / len(scores)
+    return math.sqrt(sum((s - m) ** 2 for s in scores) / (len(scores) - 1)), len(scores) - 1
+
+
+def pooled_noise(estimates: list[tuple[float, int]]) -> tuple[float, float] | None:
+    """One score noise from several (std, dof) estimates, and its effective degrees of freedom.
+
+    The median of ``s^2 / m_k`` with ``m_k`` the median of chi^2_k / k (Wilson-Hilferty:
+    ``(1 - 2/(9k))^3``), so each term is a median-unbiased estimate of the variance: a plain median of 2-dof
+    stds sits ~17% low (the median of chi^2_2 / 2 is ln 2), which made noisy leads look real; the median keeps
+    one wild estimate (a collapse no monitor saw) out. Its dof: 2/pi of the total (the median's efficiency).
+    """
+    kept = [(s * s / (1 - 2 / (9 * k)) ** 3, k) for s, k in estimates if k >= 1 and math.isfinite(s)]
+    if not kept:
+        return None
+    terms = sorted(v for v, _ in kept)
+    mid = len(terms) // 2
+    var = terms[mid] if len(terms) % 2 else (terms[mid - 1] + terms[mid]) / 2
+    return math.sqrt(var), 2 / math.pi * sum(k for _, k in kept)
+
+
+def student_z(z: float, dof: float | None) -> float:
+    """The Student-t quantile with ``dof`` degrees of freedom at the normal quantile ``z``'s level
+    (Cornish-Fisher expansion): a noise estimated from few points must be met by a larger multiple of it."""
+    if dof is None or dof <= 0 or math.isinf(dof):
+        return z
+    dof = max(dof, 1.0)
+    return z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
+
+
+def move_size(overrides: dict, base: dict) -> float:
+    """How far a config moves from the defaults: per changed knob, |log2| of the ratio for positive numbers
+    (at least 1: lr x2 = 1, x4 = 2), else 1. Sums over knobs, so a change of many knobs is a large move."""
+    total = 0.0
+    for key, new in overrides.items():
+        old = base.get(key)
+        if old == new:
+            continue
+        if (isinstance(new, (int, float)) and isinstance(old, (int, float)) and not isinstance(new, bool)
+                and not isinstance(old, bool) and new > 0 and old > 0):
+            total += max(1.0, abs(math.log2(new / old)))
+        else:
+            total += 1.0
+    return total
+
+
+def ended_early(c: Contender) -> bool:
+    """A run of it did not finish (stopped by the health monitor, oom, failed)."""
+    return any(" ended " in s for s in c.signals)
+
+
+def _can_replace_defaults(c: Contender, base: Contender) -> bool:
+    return (not c.is_baseline and not ended_early(c) and c.risk < RISK_AT_CLIFF
+            and not (c.signals and not base.signals))
+
+
+def _beats(c: Contender, w: Contender, noise: float, z: float, dof: float | None) -> bool:
+    """c's mean beats w's by more than z standard errors of the difference, and c's re-runs alone beat w."""
+    se = noise * math.sqrt(1 / len(c.scores) + 1 / len(w.scores))
+    if c.risk > w.risk:
+        z = max(z, Z_RISKIER)
+    z = student_z(z, dof)
+    reruns = c.scores[1:]
+    return c.mean - w.mean > z * se and bool(reruns) and sum(reruns) / len(reruns) > w.mean
+
+
+def _no_defaults_pool(contenders: list[Contender]) -> list[Contender]:
+    finished = [c for c in contenders if not ended_early(c)] or contenders
+    safe = [c for c in finished if c.risk < RISK_AT_CLIFF] or finished
+    return [c for c in safe if not c.signals] or safe
+
+
+def learning_choice(contenders: list[Contender], noise: float, z: float = 2.0,
+                    dof: float | None = None) -> tuple[Contender, str]:
+    """The final stage-2 winner and why (see the block comment above). Without a measured baseline (the
+    defaults' run failed or collapsed), the best mean among the safest contenders, re-run ones first."""
+    base = next((c for c in contenders if c.is_baseline), None)
+    if base is None:
+        pool = _no_defaults_pool(contenders)
+        confirmed = [c for c in pool if len(c.scores) >= 2] or pool
+        winner = max(confirmed, key=lambda c: (c.mean, c.key))
+        return winner, f"no measured defaults: the best mean over {len(winner.scores)} run(s) of the safest configs"
+    eligible = [c for c in contenders if _can_replace_defaults(c, base) and len(c.scores) >= 2]
+    winner, why = base, "no change beat the defaults by more than the noise on two seeds"
+    for c in sorted(eligible, key=lambda c: (c.risk, c.move, -c.mean, c.key)):
+        if not _beats(c, base, noise, z, dof):
+            continue
+        if winner is base or _beats(c, winner, noise, Z_LARGER_MOVE, dof):
+            what = "the defaults" if winner is base else f"{winner.key} (a smaller or safer move)"
+            why = (f"{c.key} beats {what} by {c.mean - winner.mean:.4g} over {len(c.scores)} vs "
+                   f"{len(winner.scores)} runs (noise {noise:.3g}, z {z:g})")
+            winner = c
+    return winner, why
+
+
+def next_reevaluation(contenders: list[Contender], noise: float, rerun: set[str], z: float = 2.0,
+                      dof: float | None = None) -> Contender | None:
+    """The config to re-run on the second seed next, or None when no re-run can change the choice.
+
+    The defaults are re-measured as soon as a re-run change leads them (their one score may be unlucky low);
+    otherwise the single-run change nearest to replacing the current choice is re-run (lead over it divided
+    by the lead it needs: ``Z_RISKIER`` for a riskier config). A config
+    is re-run at most once (``rerun``: the keys already re-run); the caller counts these trials in the
+    ``learning_confirm_trials`` budget.
+    """
+    base = next((c for c in contenders if c.is_baseline), None)
+    current, _ = learning_choice(contenders, noise, z, dof)
+    if base is not None and base.key not in rerun and len(base.scores) == 1:
+        if any(_can_replace_defaults(c, base) and len(c.scores) >= 2 and c.mean > base.mean for c in contenders):
+            return base
+    if base is None:  # no defaults to beat: confirm the best single runs, while one could top the best re-run
+        pool = _no_defaults_pool(contenders)
+        confirmed = [c.mean for c in pool if len(c.scores) >= 2]
+        hopeful = [c for c in pool if c.key not in rerun and len(c.scores) == 1
+                   and (not confirmed or c.mean > max(confirmed))]
+        return max(hopeful, key=lambda c: (c.mean, c.key), default=None)
+    hopeful = [c for c in contenders if c.key not in rerun and len(c.scores) == 1 and c.mean > current.mean
+               and _can_replace_defaults(c, base)]
+
+    # the one nearest to winning: its lead over the current choice in units of the lead it would need (a
+    # riskier config needs Z_RISKIER), so a re-run is not spent on a high but risky score a safer one can match
+    def promise(c: Contender) -> tuple[float, float, str]:
+        need = max(z, Z_RISKIER) if c.risk > current.risk else z
+        return (c.mean - current.mean) / need, c.mean, c.key
+
+    return max(hopeful, key=promise, default=None)

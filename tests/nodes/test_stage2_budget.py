@@ -1,0 +1,104 @@
+"""Stage 2's re-runs through stage_control on a real ledger: one at a time, the best hopeful first, then the
+defaults (their re-run counts in ``learning_confirm_trials``), reported in the selection."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from mart.nodes.stage_control import LR_KEY, learning_selection
+from mart.state.ledger import Ledger
+from mart.state.metrics import StepRecord
+from mart.state.models import TrialRecord
+
+VAL = "val-core/task/reward/mean@1"
+
+
+class _Backend:
+    score_metric_prefix = "val-core/"
+
+    @staticmethod
+    def base_config():
+        return {LR_KEY: 1e-6, "x": 1}
+
+
+def _trial(ledger: Ledger, seq: int, tid: str, kind: str, lr: float, score: float | None, rng: random.Random,
+           confirms: str | None = None, status: str = "completed", early: bool = False) -> TrialRecord:
+    rec = TrialRecord(trial_id=tid, stage="learning", kind=kind, config={LR_KEY: lr, "x": 1}, status=status,
+                      score=score, early_stopped=early, confirms=confirms, seed=1 if confirms else 0, steps_done=30)
+    overrides = {} if lr == 1e-6 else {LR_KEY: lr}
+    ledger.upsert_trial(rec, run_id="r", seq=seq, overrides=overrides)
+    if score is not None:  # a flat validation curve with noise 0.01 around the final score
+        ledger.add_metrics(tid, [StepRecord(step=s, data={VAL: score + (rng.gauss(0, 0.01) if s < 30 else 0.0)})
+                                 for s in range(0, 31, 5)])
+    return rec
+
+
+def test_learning_selection_spends_the_budget_on_the_best_hopeful_and_the_defaults_and_reports_it(tmp_path):
+    rng = random.Random(3)
+    ledger = Ledger(tmp_path / "ledger.db")
+    baseline = _trial(ledger, 1, "lea-base", "baseline", 1e-6, 0.40, rng)
+    _trial(ledger, 2, "lea-a", "candidate", 2e-6, 0.45, rng)
+    _trial(ledger, 3, "lea-b", "candidate", 1.5e-6, 0.43, rng)
+    _trial(ledger, 4, "lea-edge", "candidate", 6e-6, 0.48, rng)  # lr 8e-6 collapsed: at the cliff edge
+    _trial(ledger, 6, "lea-half", "candidate", 4e-6, 0.44, rng)  # one doubling below it: below a collapse
+    _trial(ledger, 5, "lea-crash", "candidate", 8e-6, None, rng, status="stopped", early=True)
+    services = SimpleNamespace(ledger=ledger, backend=_Backend(),
+                               options=SimpleNamespace(seed=0, learning_confirm_trials=2))
+    state = {"baseline": {"learning": baseline}, "best": {}, "best_overrides": {}}
+    reruns = {"lea-a": 0.445, "lea-base": 0.402, "lea-b": 0.43}
+    launched = []
+    for seq in range(7, 13):
+        nxt, update = learning_selection(state, services)
+        if nxt is None:
+            break
+        assert nxt.kind == "confirm" and nxt.seed == 1 and nxt.trial_id == f"{nxt.confirms}-s2"
+        launched.append(nxt.confirms)
+        _trial(ledger, seq, nxt.trial_id, "confirm", nxt.config[LR_KEY], reruns[nxt.confirms], rng,
+               confirms=nxt.confirms)
+    # the best hopeful first, then the defaults (their re-run counts), then the budget of 2 is spent
+    assert launched == ["lea-a", "lea-base"]
+    sel = update["selection"]["learning"]
+    assert sel["reevaluated"] == launched and sel["confirm_budget"] == 2
+    assert sel["winner"] == "lea-a" and sel["runs"] == 2
+    assert update["best_overrides"]["learning"] == {LR_KEY: 2e-6}
+    by_id = {c["trial_id"]: c for c in sel["contenders"]}
+    for tid in ("lea-edge", "lea-half"):
+        assert any("collapsed (lea-crash)" in s for s in by_id[tid]["signals"]) and by_id[tid]["runs"] == 1
+    assert not any("collapsed" in s for s in by_id["lea-a"]["signals"])  # two doublings below: no risk
+    assert by_id["lea-a"]["move"] == 1 and by_id["lea-base"]["move"] == 0
+    # the same ledger gives the same answer (a resumed session decides alike)
+    assert learning_selection(state, services)[1]["selection"]["learning"]["winner"] == "lea-a"
+    ledger.close()
+
+
+def test_the_collapse_risk_is_read_per_agent_learning_rate(tmp_path):
+    # a multi-agent job sets one lr per agent (agents.<i>.<key>): only a collapse that raised the same agent's
+    # lr at least as far puts a config near the cliff
+    rng = random.Random(4)
+    ledger = Ledger(tmp_path / "ledger.db")
+    k0, k1 = f"agents.0.{LR_KEY}", f"agents.1.{LR_KEY}"
+
+    def trial(seq, tid, kind, lrs, score, status="completed", early=False):
+        rec = TrialRecord(trial_id=tid, stage="learning", kind=kind, config={k0: 1e-6, k1: 1e-6, **lrs},
+                          status=status, score=score, early_stopped=early, seed=0, steps_done=30)
+        ledger.upsert_trial(rec, run_id="r", seq=seq, overrides=lrs)
+        if score is not None:
+            ledger.add_metrics(tid, [StepRecord(step=s, data={VAL: score + rng.gauss(0, 0.01)}) for s in range(0, 31, 5)])
+        return rec
+
+    baseline = trial(1, "base", "baseline", {}, 0.40)
+    trial(2, "a0", "candidate", {k0: 4e-6}, 0.46)
+    trial(3, "a1", "candidate", {k1: 4e-6}, 0.45)
+    trial(4, "crash1", "candidate", {k1: 6e-6}, None, status="stopped", early=True)  # agent 1 collapsed
+    services = SimpleNamespace(ledger=ledger, backend=SimpleNamespace(score_metric_prefix="val-core/",
+                                                                     base_config=lambda: {k0: 1e-6, k1: 1e-6}),
+                               options=SimpleNamespace(seed=0, learning_confirm_trials=0))
+    state = {"baseline": {"learning": baseline}, "best": {}, "best_overrides": {}}
+    sel = learning_selection(state, services)[1]["selection"]["learning"]
+    by_id = {c["trial_id"]: c for c in sel["contenders"]}
+    assert any(f"{k1} 4e-06 raised" in s and "(crash1)" in s for s in by_id["a1"]["signals"])
+    assert not any("collapsed" in s for s in by_id["a0"]["signals"])  # agent 0's lr never collapsed
+    # with no re-run allowed, nothing replaces the defaults on one seed
+    assert sel["winner"] == "base" and sel["reevaluated"] == [] and sel["confirm_budget"] == 0
+    ledger.close()
