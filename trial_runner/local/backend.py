@@ -112,7 +112,8 @@ class LocalBackend(Backend):
 
     def describe_job(self) -> JobDescription:
         """The tiny GPT's shape (GPT-2 MLP, 14-token vocabulary), the emulated device (a CPU: no vLLM;
-        its "capacity" is the emulated limit) and the workload of the base config."""
+        its "capacity" is the emulated limit) and the workload of the base config. A multi-agent job's
+        agents all live in the trial's one process: ``agents`` policy copies share the device."""
         from mart.state.job import Hardware, ModelShape, Workload
         from mart.trial_runner.local.task import VOCAB_SIZE
 
@@ -129,6 +130,7 @@ class LocalBackend(Backend):
                               max_response_length=int(c["data.max_response_length"]),
                               uses_reference=bool(c["actor_rollout_ref.actor.use_kl_loss"])),
             engine="hf",
+            agents=self.team[1] if self.team else 1,
         )
 
     def memory_capacity_gb(self) -> float | None:
