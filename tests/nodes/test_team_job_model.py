@@ -64,9 +64,12 @@ def test_an_oom_on_an_emulated_device_does_not_condemn_every_candidate():
     every further candidate at the limit (an absolute 0.1 GB peak noise, larger than the whole emulated
     device, let the OOM lift every phase's bias) and the critic rejected them all for three rounds."""
     backend = LocalBackend(workflow="debate")
-    base = backend.base_config()
+    # the team workload of that session (8 prompts a step then; 4 by default now)
+    base = {**backend.base_config(), "data.train_batch_size": 8, A + "ppo_mini_batch_size": 8}
     limit = memory_limit_gb(backend.memory_capacity_gb(), TuneOptions().memory_margin)
-    model = JobModel(backend.describe_job(), base).fit([
+    job = backend.describe_job().model_copy(update={"workload": backend.describe_job().workload.model_copy(
+        update={"train_batch_size": 8})})
+    model = JobModel(job, base).fit([
         # response lengths as measured in that baseline (updates 3-5)
         Observation(config=base, phases={}, peak_gb=BASELINE_PEAK_GB, resp_mean=8.05, resp_max=16.0, prompt_mean=12.2),
         Observation(config={**base, **OOM_CANDIDATE}, phases={}, peak_gb=None, oom=True),

@@ -18,11 +18,24 @@ checkpointing with max_num_seqs 128, or dynamic batches of 2048 tokens) ~0.067 G
 micro 64 without checkpointing 0.080 GB and long padded responses 0.11+ GB (over: oom)."""
 
 
-TEAM_TRAIN_BATCH_SIZE = 8
-"""A multi-agent job's default prompts per step (single-agent: 16): a 2-agent 2-round debate generates and
-trains 4 answers per episode, so half the prompts keep its step near twice a single-agent step's cost
-(measured on the default model on a loaded 2-core box: ~7 s a step at 16 prompts, 3-4 s at 8, against ~1.5 s
-single-agent at 16)."""
+TEAM_MIN_TRAIN_BATCH_SIZE = 4
+"""The fewest prompts per step a multi-agent job defaults to (a GRPO group per prompt and turn)."""
+
+
+def team_workload_defaults(workflow: str, agents: int, rounds: int) -> dict[str, int]:
+    """A multi-agent job's default prompts per step (and PPO mini batch): a team step generates and trains
+    about as many answers as a single-agent step (16 prompts x rollout.n), so the default session's budgets
+    (trials x horizon steps) cost a team about what they cost one agent. Each prompt makes agents x rounds
+    answers in a debate and agents in a chain; the batch is the largest power of two within 16 / answers,
+    at least ``TEAM_MIN_TRAIN_BATCH_SIZE``: debate 2x2 -> 4, debate 3x2 -> 4, chain of 2 -> 8, of 3 -> 4.
+    Measured (``mart tune --backend local --backend-option workflow=debate --approve auto``, notes in
+    docs/backends.md): at the earlier team default of 8 prompts a debate step took 2.3 s against ~1 s for a
+    single agent on a loaded 2-core box, and the default session 11+ minutes."""
+    answers = agents * (rounds if workflow == "debate" else 1)
+    single = int(DEFAULTS["data.train_batch_size"])
+    batch = max(TEAM_MIN_TRAIN_BATCH_SIZE, 1 << max(0, (single // answers).bit_length() - 1))
+    mini = min(int(DEFAULTS["actor_rollout_ref.actor.ppo_mini_batch_size"]), batch)
+    return {"data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": mini}
 
 
 class LocalBackend(Backend):
@@ -73,7 +86,12 @@ class LocalBackend(Backend):
             self._base.update({k: v for k, v in file_values.items() if k.startswith(("workflow.", "reward.", "agents."))})
             self._base["workflow.name"], self._base["workflow.num_agents"] = workflow, n
             if "data.train_batch_size" not in file_values:  # a debate step generates agents x rounds answers
-                self._base["data.train_batch_size"] = TEAM_TRAIN_BATCH_SIZE
+                sized = team_workload_defaults(workflow, n, int(self._base["workflow.num_rounds"]))
+                mini = file_values.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+                if mini is not None:  # the file's mini batch wins: the fewest whole mini batches >= the batch
+                    mini = int(mini)
+                    sized = {"data.train_batch_size": max(1, -(-sized["data.train_batch_size"] // mini)) * mini}
+                self._base.update(sized)
         errors = self.validate_config(self._base)
         if errors:
             raise ValueError(f"base config {base_config or '(defaults)'}: " + " ".join(errors))
