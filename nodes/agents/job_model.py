@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from mart.state.agents import agent_knob, agents_in_config
 from mart.state.job import JobDescription
 
 GIB = 1024.0**3
@@ -69,9 +70,12 @@ KNOBS: dict[str, tuple[str, Any]] = {
     "remove_pad": (M + "use_remove_padding", True),
     "ent_chunk": (A + "entropy_from_logits_with_chunking", False),
     "ent_ckpt": (A + "entropy_checkpointing", False),
+    # concurrent workflow tasks of an asynchronous multi-agent rollout (MARTI's OPENRLHF_ASYNC_NUM_TASKS;
+    # 0 = synchronous stages, each ending at a barrier); absent from a single-agent job's catalogue
+    "async": ("rollout.async_num_tasks", 0),
 }
 #: knobs that only the rollout phase reads / only the training passes read; the rest are shared
-ROLLOUT_KNOBS = ("util", "tp", "mns", "mnbt", "chunked", "prefix", "eager")
+ROLLOUT_KNOBS = ("util", "tp", "mns", "mnbt", "chunked", "prefix", "eager", "async")
 TRAIN_KNOBS = ("lp_micro", "ref_micro", "ppo_micro", "dyn", "tok_cap", "sp", "fsdp2", "ckpt", "act_off",
                "remove_pad", "ent_chunk", "ent_ckpt")
 SHARED_KNOBS = ("param_off", "opt_off", "ref_off", "free_cache")
@@ -94,6 +98,7 @@ VLLM_NON_TORCH_GB = 0.5
 GRAPH_MAX_BATCH = 512
 DEFAULT_FLOPS, DEFAULT_HBM = 400e12, 2.0e12
 DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 16e9
+ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
 CPU_FLOPS = 2e10  # an emulated device on one CPU core: tens of GFLOP/s; calibration sets the real scale
 
 
@@ -117,6 +122,17 @@ def _num(v: Any, default: Any) -> float:
     if v is None:
         return 0.0
     return float(v)
+
+
+def _lookup(config: dict[str, Any], key: str, agents: list[int] | None = None) -> Any:
+    """A knob's value: the first agent's ``agents.<i>.<key>`` in a multi-agent job whose agents carry their
+    own copy of a system knob (the search moves all agents' copies together; a copy overrides the shared
+    value), else the key itself."""
+    for agent in agents_in_config(config) if agents is None else agents:
+        own = agent_knob(agent, key)
+        if own in config:
+            return config[own]
+    return config.get(key)
 
 
 @dataclass
@@ -225,27 +241,29 @@ class JobModel:
     # -- configs -> knob arrays -------------------------------------------------------------------
     def knobs(self, config: dict[str, Any]) -> dict[str, float]:
         full = {**self.base_config, **config}
-        out = {name: _num(full.get(key), default) for name, (key, default) in KNOBS.items()}
+        agents = agents_in_config(full)
+        out = {name: _num(_lookup(full, key, agents), default) for name, (key, default) in KNOBS.items()}
         if self.cpu:
             out.update(util=0.0, tp=1.0, eager=1.0, prefix=0.0, chunked=1.0)
         return out
 
     def workload(self, config: dict[str, Any]) -> Workload:
         full = {**self.base_config, **config}
+        agents = agents_in_config(full)
         wl = self.job.workload
-        batch = _num(full.get("data.train_batch_size"), wl.train_batch_size)
-        n = _num(full.get(R + "n"), wl.rollout_n)
-        max_p = _num(full.get("data.max_prompt_length"), wl.max_prompt_length)
-        max_r = _num(full.get("data.max_response_length"), wl.max_response_length)
+        batch = _num(_lookup(full, "data.train_batch_size", agents), wl.train_batch_size)
+        n = _num(_lookup(full, R + "n", agents), wl.rollout_n)
+        max_p = _num(_lookup(full, "data.max_prompt_length", agents), wl.max_prompt_length)
+        max_r = _num(_lookup(full, "data.max_response_length", agents), wl.max_response_length)
         obs = self.workload_obs
         prompt = (obs.prompt_mean if obs and obs.prompt_mean else None) or wl.prompt_length_mean or max_p / 2
         resp = (obs.resp_mean if obs and obs.resp_mean else None) or wl.response_length_mean or max_r / 2
         resp_max = (obs.resp_max if obs and obs.resp_max else None) or max_r
         resp, resp_max = min(resp, max_r), min(max(resp_max, resp), max_r)
-        uses_ref = bool(_num(full.get(A + "use_kl_loss"), wl.uses_reference)) or bool(
-            _num(full.get("algorithm.use_kl_in_reward"), False))
-        mini = _num(full.get(A + "ppo_mini_batch_size"), batch)
-        epochs = _num(full.get(A + "ppo_epochs"), 1)
+        uses_ref = bool(_num(_lookup(full, A + "use_kl_loss", agents), wl.uses_reference)) or bool(
+            _num(_lookup(full, "algorithm.use_kl_in_reward", agents), False))
+        mini = _num(_lookup(full, A + "ppo_mini_batch_size", agents), batch)
+        epochs = _num(_lookup(full, A + "ppo_epochs", agents), 1)
         return Workload(seqs=batch * n, n=n, prompt_mean=prompt, resp_mean=resp, resp_max=resp_max,
                         max_len=max_p + max_r, uses_ref=float(uses_ref), mini_prompts=min(mini, batch), epochs=epochs)
 
@@ -306,6 +324,11 @@ class JobModel:
         want = np.maximum(np.minimum(np.minimum(k["mns"], per_engine), k["mnbt"]), 1)
         c_kv = np.maximum(kv_tokens / ctx, 1)
         c = np.minimum(want, c_kv)
+        # async workflow tasks: an engine batches only the sequences of the tasks in flight (n samples each)
+        tasks = k["async"]
+        in_flight = np.maximum(tasks * w.n / engines, 1.0)
+        c_sync = c
+        c = np.where(tasks > 0, np.minimum(c, in_flight), c)
         preempt = np.clip(1 - c_kv / want, 0, 1)
         graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
         mem = budget + resident + graphs + self.ctx_gb
@@ -326,6 +349,12 @@ class JobModel:
         iters = np.maximum(per_engine * w.resp_mean / c + (w.resp_max - w.resp_mean), w.resp_max)
         tokens = per_engine * w.resp_mean
         t_decode = iters * fixed + np.maximum(iters * weights_s, tokens * compute_tok)
+        # async tasks fill the engine steps the long tail leaves idle at each synchronous barrier (more so the
+        # more sequences are in flight per engine); the prior recovers half the tail, trials calibrate it
+        body = np.maximum(per_engine * w.resp_mean / c, w.resp_mean)
+        tail_s = np.maximum(iters - body, 0) * (fixed + weights_s)
+        overlap = np.where(tasks > 0, in_flight / (in_flight + c_sync), 0.0)
+        t_decode = t_decode - np.minimum(ASYNC_TAIL_SHARE * tail_s * overlap, 0.5 * t_decode)
         # preempted sequences are recomputed: extra token work while the KV cache binds
         t_decode = t_decode + tokens * (kv_tok + comm_tok) * (1 + 0.7 * preempt)
         straggler = 1 + 0.02 * np.log2(np.maximum(engines, 1))
@@ -447,7 +476,7 @@ class JobModel:
             d = np.zeros(size)
             for name in KNOBS:
                 a, b = np.asarray(k[name], dtype=float), ko[name]
-                if name in ("util", "mns", "mnbt", "lp_micro", "ref_micro", "ppo_micro", "tok_cap", "tp", "sp"):
+                if name in ("util", "mns", "mnbt", "lp_micro", "ref_micro", "ppo_micro", "tok_cap", "tp", "sp", "async"):
                     d = d + np.minimum(np.abs(np.log2(np.maximum(a, 1e-3) / max(b, 1e-3))), 2.0) * 0.5
                 else:
                     d = d + (a != b)

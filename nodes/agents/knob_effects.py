@@ -44,6 +44,8 @@ EFFECTS: dict[str, KnobEffect] = {
     # multi-agent workflows (MARTI): every debate round is one more generation pass per agent, its prompt
     # carrying the other agents' previous answers
     "workflow.num_rounds": KnobEffect("gen", "down", 0.3, note="each round is one more generation pass per agent"),
+    "rollout.async_num_tasks": KnobEffect("gen", "up", 0.0, note="concurrent workflow tasks overlap the stages' "
+                                          "barriers; too few starve the engines"),
 }
 
 

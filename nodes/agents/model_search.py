@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mart.nodes.agents.job_model import KNOBS, ROLLOUT_KNOBS, SHARED_KNOBS, TRAIN_KNOBS, JobModel
+from mart.state.agents import split_knob
 from mart.state.models import config_hash
 from mart.state.search_space import ParamSpec, SearchSpace
 
@@ -31,6 +32,7 @@ MNS_GRID = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 MNBT_GRID = (2048, 4096, 8192, 16384, 32768)
 CAP_GRID = (1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
 POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ASYNC_GRID = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 @dataclass
@@ -67,6 +69,8 @@ def _grid_values(name: str, spec: ParamSpec, model: JobModel, base_value: Any) -
         grid = CAP_GRID
     elif name in ("lp_micro", "ref_micro", "ppo_micro"):
         grid = POW2
+    elif name == "async":
+        grid = ASYNC_GRID
     else:
         return [float(base_value)]
     vals = sorted({float(v) for v in grid if lo <= v <= hi})
@@ -103,10 +107,7 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     tried = tried or set()
     full_inc = {**base, **incumbent}
     k_inc = model.knobs(full_inc)
-    specs: dict[str, ParamSpec] = {}
-    for name, (key, _) in KNOBS.items():
-        if key in space and space[key].stage == stage:
-            specs[name] = space[key]
+    specs = _model_specs(space, stage)
     gap = model.base_gap_gb()
     target = limit - gap
 
@@ -198,20 +199,37 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     return _score(model, space, base, limit, [c for _, c, _ in top] + extra, incumbent, tried, check, n_out, specs)
 
 
+def agent_copies(space: SearchSpace, key: str) -> list[str]:
+    """The catalogue keys of one model knob: the key itself, or every agent's ``agents.<i>.<key>`` in a
+    multi-agent job whose agents each carry their own copy (empty when the catalogue has neither)."""
+    if key in space:
+        return [key]
+    return [spec.key for spec in space.params if split_knob(spec.key)[1] == key]
+
+
+def _model_specs(space: SearchSpace, stage: str) -> dict[str, ParamSpec]:
+    specs: dict[str, ParamSpec] = {}
+    for name, (key, _) in KNOBS.items():
+        keys = agent_copies(space, key)
+        if keys and all(space[k].stage == stage for k in keys):
+            specs[name] = space[keys[0]]
+    return specs
+
+
 def knobs_to_overrides(space: SearchSpace, base: dict[str, Any], knobs: dict[str, float],
                        specs: dict[str, ParamSpec]) -> dict[str, Any]:
     out = {}
     for name, v in knobs.items():
         if name not in specs:
             continue
-        key = KNOBS[name][0]
-        value = _value_for_key(specs[name], name, v, base.get(key, specs[name].default))
         if name in ("lp_micro", "ref_micro", "ppo_micro") and bool(knobs.get("dyn", 0) > 0.5):
             continue  # ignored with dynamic bsz: keep the base value
         if name == "tok_cap" and not bool(knobs.get("dyn", 0) > 0.5):
             continue
-        if base.get(key, specs[name].default) != value:
-            out[key] = value
+        for key in agent_copies(space, KNOBS[name][0]):  # a per-agent system knob moves for every agent
+            value = _value_for_key(specs[name], name, v, base.get(key, specs[name].default))
+            if base.get(key, specs[name].default) != value:
+                out[key] = value
     return out
 
 

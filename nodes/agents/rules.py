@@ -46,6 +46,11 @@ def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:
             out.append(("down", choices[i - 1]))
         return out
     assert spec.low is not None and spec.high is not None
+    if spec.key == names.NUM_ROUNDS and value is not None:  # one round more or less, not twice as many
+        return [(d, v) for d, v in (("up", int(value) + 1), ("down", int(value) - 1)) if spec.low <= v <= spec.high]
+    if spec.key.endswith("async_num_tasks") and value == 0:  # 0 = synchronous: doubling stays at 0
+        # MARTI's published async figures use 512 workers (chain 612.6 s -> 498.4 s)
+        return [("up", int(min(spec.high, max(spec.low, 512))))]
     if value is None:  # a null default (verl's micro batches): start from a small concrete value
         return [("up", spec.validate(max(spec.low, min(spec.high, 4 if spec.kind == "int" else spec.low))))]
     v = float(value)
@@ -72,6 +77,38 @@ def _direction_matches(direction: str, faster: Any) -> bool | None:
     if isinstance(faster, bool):
         return (direction == "up") == faster
     return direction == faster
+
+
+def _learning_prior(key: str, direction: str, unstable: set[str], collapsed: bool) -> tuple[float, str]:
+    """The stage-2 prior of moving one learning knob (matched on the key's suffix, so a per-agent key
+    ``agents.<i>.<verl key>`` has its verl key's prior)."""
+    # priors: GRPO on small models usually gains from a larger lr and more rollouts per prompt
+    score, why = 0.2, ""
+    if key.endswith("optim.lr"):
+        score = 0.8 if direction == "up" else 0.3
+        why = "a larger step size learns faster on a short horizon" if direction == "up" else "a smaller step size is safer"
+        if unstable:
+            score = 1.0 if direction == "down" else 0.05
+            why = f"instability seen ({', '.join(sorted(unstable))}): lower the learning rate"
+    elif key.endswith("rollout.n"):
+        score = 0.5 if direction == "up" else 0.15
+        why = "more rollouts per prompt give better group baselines" if direction == "up" else "fewer rollouts, cheaper steps"
+    elif key.endswith("entropy_coeff"):
+        score = 0.7 if collapsed and direction == "up" else 0.15
+        why = "entropy collapsed: an entropy bonus keeps exploring" if collapsed else "entropy regularisation"
+    elif key.endswith("rollout.temperature"):
+        score = 0.5 if collapsed and direction == "up" else 0.2 if direction == "down" else 0.1
+        why = "sampling temperature shapes exploration"
+    elif key.endswith("clip_ratio_high"):
+        score = 0.45 if direction == "up" else 0.1
+        why = "clip-higher (DAPO) lets low-probability tokens grow, against entropy collapse"
+    elif key.endswith("clip_ratio_low"):
+        score = 0.1
+        why = "lower clip bound"
+    elif "kl" in key:
+        score = 0.6 if unstable and direction == "up" else 0.2 if direction == "down" else 0.1
+        why = "a KL penalty keeps the policy near the reference" if direction == "up" else "less KL regularisation lets the policy move"
+    return score, why
 
 
 class RulesProposer(Proposer):
@@ -113,6 +150,27 @@ class RulesProposer(Proposer):
                     predicted_memory_gb=pred, expected_gain=round(score, 4),
                 )
                 scored.append((score, rng.random(), cand))
+        if ctx.stage in ("learning", "system"):  # a multi-agent job: the same move for every agent in one trial
+            for overrides, rest, direction, moved in team_moves(ctx, start, current, fb):
+                if config_hash(ctx.full_config(overrides)) in tried:
+                    continue
+                if ctx.search_space.check_constraints(ctx.full_config(overrides)):
+                    continue
+                if ctx.stage == "learning":
+                    score, why = self._team_score(ctx, rest, direction, moved, current)
+                else:  # a step waits for the slowest agent: a system knob speeds it up when every agent moves
+                    first = next(iter(moved))
+                    score, why = self._system_score(ctx, ctx.search_space[first], direction, current.get(first),
+                                                    moved[first], fb)
+                    why = f"all {len(moved)} agents' {rest} the same way. {why}"
+                if score <= 0:
+                    continue
+                cand = Candidate(
+                    candidate_id="", stage=ctx.stage, overrides=overrides, source="rules", rationale=why,
+                    predicted_memory_gb=ctx.predict_memory(ctx.full_config(overrides)),
+                    expected_gain=round(score, 4),
+                )
+                scored.append((score, rng.random(), cand))
         scored.sort(key=lambda t: (-t[0], t[1]))
         out = []
         seen = set()
@@ -131,6 +189,10 @@ class RulesProposer(Proposer):
                fb: FeedbackRules) -> tuple[float, str]:
         if ctx.stage == "system":
             score, why = self._system_score(ctx, spec, direction, old, new, fb)
+            agent = names.knob_agent(spec.key)
+            if agent is not None and is_multi_agent(ctx):
+                score *= 0.5  # the other agents' phases still hold the step: the team move comes first
+                why += f" Agent {agent} alone; the others still hold the step."
         else:
             score, why = self._learning_score(ctx, spec, direction, old, new)
         if spec.key in fb.focus:
@@ -196,36 +258,40 @@ class RulesProposer(Proposer):
                                                                       if t.stage == "learning"}}
         unstable = rules & {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"}
         collapsed = "entropy_collapse" in rules
-        # priors: GRPO on small models usually gains from a larger lr and more rollouts per prompt
-        score, why = 0.2, ""
-        if key.endswith("optim.lr"):
-            score = 0.8 if direction == "up" else 0.3
-            why = "a larger step size learns faster on a short horizon" if direction == "up" else "a smaller step size is safer"
-            if unstable:
-                score = 1.0 if direction == "down" else 0.05
-                why = f"instability seen ({', '.join(sorted(unstable))}): lower the learning rate"
-        elif key.endswith("rollout.n"):
-            score = 0.5 if direction == "up" else 0.15
-            why = "more rollouts per prompt give better group baselines" if direction == "up" else "fewer rollouts, cheaper steps"
-        elif key.endswith("entropy_coeff"):
-            score = 0.7 if collapsed and direction == "up" else 0.15
-            why = "entropy collapsed: an entropy bonus keeps exploring" if collapsed else "entropy regularisation"
-        elif key.endswith("rollout.temperature"):
-            score = 0.5 if collapsed and direction == "up" else 0.2 if direction == "down" else 0.1
-            why = "sampling temperature shapes exploration"
-        elif key.endswith("clip_ratio_high"):
-            score = 0.45 if direction == "up" else 0.1
-            why = "clip-higher (DAPO) lets low-probability tokens grow, against entropy collapse"
-        elif key.endswith("clip_ratio_low"):
-            score = 0.1
-            why = "lower clip bound"
-        elif "kl" in key:
-            score = 0.6 if unstable and direction == "up" else 0.2 if direction == "down" else 0.1
-            why = "a KL penalty keeps the policy near the reference" if direction == "up" else "less KL regularisation lets the policy move"
-        score, why = multi_agent_move(ctx, key, direction, score, why)
+        score, why = _learning_prior(key, direction, unstable, collapsed)
+        score, why = multi_agent_move(ctx, key, direction, score, why, new=new)
         m = self._momentum(ctx, key, direction)
         score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
         why = f"{key}: {old!r} -> {new!r}. {why}."
+        if m > 0:
+            why += " Moving it this way already paid off."
+        return max(score, 0.0), why
+
+    def _team_score(self, ctx, rest: str, direction: str, moved: dict[str, Any], current: dict[str, Any]
+                    ) -> tuple[float, str]:
+        """A team move: the single-agent prior of ``rest``, read on the team's own health (a finding about one
+        agent is answered by that agent's knobs first), and the momentum of every moved agent's key."""
+        trials = {t.trial_id for t in ctx.history if t.stage == ctx.stage}
+        team_rules = {e.rule for e in ctx.health_events if e.trial_id in trials and e.agent is None}
+        score, why = _learning_prior(rest, direction, team_rules & _UNSTABLE, "entropy_collapse" in team_rules)
+        f = agent_findings(ctx)
+        sick = sorted(set(f.health) | f.copying)
+        if sick:
+            score *= 0.3
+            why += f" (the findings are about agent(s) {', '.join(map(str, sick))}: their own knobs come first)"
+        ms = [self._momentum(ctx, key, direction) for key in moved]
+        m = sum(ms) / len(ms)
+        score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
+        # every agent at once is a large move: past 4x (or 1/4) the base value, each further doubling halves the
+        # prior, so other team moves (shaping, rounds) get their trial before a step that risks the whole team
+        far = max(_doublings(ctx.base_config.get(k, ctx.search_space[k].default), v) for k, v in moved.items())
+        if far > 2:
+            score *= 0.5 ** (far - 2)
+            why += f" (each agent's value {2 ** far:g}x from the base: a large step for the whole team)"
+        olds = sorted({repr(current.get(k)) for k in moved})
+        news = sorted({repr(v) for v in moved.values()})
+        why = (f"all {len(moved)} agents' {rest}: {'/'.join(olds)} -> {'/'.join(news)}. {why}; one trial moves "
+               "every agent (one agent's step alone is worth a fraction of the team's gain, often within the noise).")
         if m > 0:
             why += " Moving it this way already paid off."
         return max(score, 0.0), why
@@ -297,11 +363,102 @@ def _agent_remedy(rest: str, direction: str, rules: set[str], copying: bool) -> 
     return None
 
 
-def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, why: str) -> tuple[float, str]:
-    """Re-score a stage-2 move with the multi-agent findings (unchanged for a single-agent job)."""
+def is_multi_agent(ctx: AgentContext) -> bool:
+    """Two or more agents own knobs of this stage (``agents.<i>.<key>``)."""
+    return len(names.agents_in_config(s.key for s in ctx.search_space.stage_params(ctx.stage))) >= 2
+
+
+def team_moves(ctx: AgentContext, start: dict[str, Any], current: dict[str, Any], fb: FeedbackRules
+               ) -> list[tuple[dict[str, Any], str, str, dict[str, Any]]]:
+    """Coordinated moves of a multi-agent job: for each per-agent knob (``agents.<i>.<rest>``) that two or
+    more agents own, every agent's value moved the same way (x2 / /2, +-step, flip) in one config.
+    Returns (overrides, rest, direction, {key: new value}); empty for a single-agent job."""
+    groups: dict[str, list[ParamSpec]] = {}
+    for spec in ctx.search_space.stage_params(ctx.stage):
+        agent, rest = names.split_knob(spec.key)
+        if agent is not None:
+            groups.setdefault(rest, []).append(spec)
+    out = []
+    for rest, specs in groups.items():
+        if len(specs) < 2:
+            continue
+        for direction in ("up", "down"):
+            moved = {}
+            for spec in specs:
+                new = dict(_moves(spec, current.get(spec.key, spec.default))).get(direction)
+                if new is not None and fb.allows(spec.key, direction):
+                    moved[spec.key] = new
+            if len(moved) < 2:
+                continue
+            overrides = {**start, **moved}
+            for key, value in moved.items():
+                if ctx.base_config.get(key, ctx.search_space[key].default) == value:
+                    overrides.pop(key)  # back to the base value: not an override
+            out.append((overrides, rest, direction, moved))
+    return out
+
+
+def _doublings(base: Any, value: Any) -> float:
+    """|log2(value / base)| for positive numbers (0 otherwise)."""
+    try:
+        b, v = float(base), float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return abs(math.log2(v / b)) if b > 0 and v > 0 else 0.0
+
+
+def _shaping_on(config: dict[str, Any]) -> bool:
+    mode = config.get(names.SHAPING_MODE)
+    if mode is not None and str(mode).lower() in ("none", "off", "false"):
+        return False
+    alpha = config.get(names.SHAPING_ALPHA)
+    return not (alpha is not None and float(alpha) == 0.0)
+
+
+def _team_knob_prior(ctx: AgentContext, key: str, direction: str, score: float, why: str, new: Any
+                     ) -> tuple[float, str]:
+    """Priors of a multi-agent job without a finding about the knob's agent: the team's reward shaping and
+    rounds (MARTI's ablation: shaping is worth a large part of the multi-agent gain; more debate rounds
+    let answers converge, Du et al. 2023), and a healthy agent's own knob waits for the team move."""
+    agent, _ = names.split_knob(key)
+    if agent is not None:
+        # the team's trials count as this agent's momentum too: past 4x its base value a lone step is as
+        # large as a team step there, and halves the same way
+        far = _doublings(ctx.base_config.get(key, ctx.search_space[key].default if key in ctx.search_space else None), new)
+        return score * 0.4 * 0.5 ** max(0.0, far - 2), (
+            f"{why} (agent {agent} alone: the same move for all agents comes first)")
+    current = ctx.full_config(ctx.best_overrides)
+    on = _shaping_on(current)
+    if key == names.SHAPING_MODE:
+        if not on and _shaping_on({**current, key: new}):
+            return 0.82, ("reward shaping is off: MARTI's ablation loses most of the multi-agent gain without it "
+                          "(45.6 -> 36.6 on its Qwen2.5-3B debate); each agent's reward gains its own margin")
+        if on and _shaping_on({**current, key: new}):
+            return 0.3, "another shaping mode changes how each agent's margin over its history counts"
+        return 0.05, "turning reward shaping off loses the per-agent credit"
+    if key == names.SHAPING_ALPHA:
+        if names.SHAPING_MODE in current and str(current[names.SHAPING_MODE]).lower() in ("none", "off", "false"):
+            return 0.02, "alpha does nothing while shaping is off"
+        if not on and direction == "up":
+            return 0.82, "shaping alpha 0 turns shaping off: a positive alpha gives each agent its own margin"
+        return 0.35, f"a {'larger' if direction == 'up' else 'smaller'} shaping alpha weighs each agent's margin"
+    if key == names.HISTORY_SCOPE:
+        return (0.2 if on else 0.02), "the history scope sets each agent's reference Q"
+    if key == names.NUM_ROUNDS:
+        if direction == "up":
+            return 0.5, "another debate round lets agents correct each other's answers"
+        return 0.2, "fewer rounds cost less generation"
+    return score, why
+
+
+def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, why: str, new: Any = None
+                     ) -> tuple[float, str]:
+    """Re-score a stage-2 move with the multi-agent findings and priors (unchanged for a single-agent job)."""
+    if not is_multi_agent(ctx):
+        return score, why
     f = agent_findings(ctx)
     if not f:
-        return score, why
+        return _team_knob_prior(ctx, key, direction, score, why, new)
     agent, rest = names.split_knob(key)
     if agent is not None:
         own = f.health.get(agent, set())
@@ -316,7 +473,7 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
         if sick:  # the finding is about another agent: this one is healthy, leave its knobs for later
             who = ", ".join(map(str, sick))
             return score * 0.3, f"{why} (agent {agent} is healthy; the findings are about agent(s) {who})"
-        return score, why
+        return _team_knob_prior(ctx, key, direction, score, why, new)
     if f.concentrated and key in names.SHAPING_KNOBS:
         # MARTI's R~ = R + alpha * Delta, Delta against the agent's own history Q: which way a change evens
         # the shares depends on the agents' histories, so the re-shaping moves are trials, not a known direction
@@ -332,7 +489,7 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
         if direction == "down":
             return 0.85, "debate rounds changed no answer: fewer rounds cost less generation for the same answers"
         return 0.05, "more rounds would change nothing either"
-    return score, why
+    return _team_knob_prior(ctx, key, direction, score, why, new)
 
 
 def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None) -> list[Candidate]:

@@ -101,13 +101,22 @@ def test_stale_rounds_cut_rounds():
     assert changed(cands[0]) == {NUM_ROUNDS} and cands[0].overrides[NUM_ROUNDS] == 1
 
 
-def test_without_findings_the_single_agent_priors_stand():
-    calm = RulesProposer().propose(ctx())
-    assert all(SHAPING_ALPHA not in c.overrides and NUM_ROUNDS not in c.overrides for c in calm)
+def test_without_findings_the_same_move_goes_to_every_agent():
+    calm = RulesProposer().propose(ctx(k=6))
+    first = calm[0]
+    # one trial moves the learning rate of all three agents, the same way
+    assert changed(first) == {lr(0), lr(1), lr(2)}
+    assert all(first.overrides[lr(i)] == 2 * SPACE[lr(i)].default for i in range(3))
+    assert "all 3 agents" in first.rationale
+    # a lone agent's move ranks below the team's and below a round more (one round, not twice as many)
+    lone = [c for c in calm if len(changed(c)) == 1 and changed(c) <= {lr(0), lr(1), lr(2)}]
+    rounds = next(c for c in calm if changed(c) == {NUM_ROUNDS})
+    assert rounds.overrides[NUM_ROUNDS] == 3
+    assert all(c.expected_gain < rounds.expected_gain < first.expected_gain for c in lone)
     # findings from another stage's trials do not count
     other = event("kl_blowup", agent=1, trial="s1")
     assert not agent_findings(ctx([other]))
-    assert [c.overrides for c in RulesProposer().propose(ctx([other]))] == [c.overrides for c in calm]
+    assert [c.overrides for c in RulesProposer().propose(ctx([other], k=6))] == [c.overrides for c in calm]
 
 
 def test_prompts_list_per_agent_findings_and_pathologies():
