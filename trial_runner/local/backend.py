@@ -20,20 +20,23 @@ micro 64 without checkpointing 0.080 GB and long padded responses 0.11+ GB (over
 
 TEAM_MIN_TRAIN_BATCH_SIZE = 4
 """The fewest prompts per step a multi-agent job defaults to (a GRPO group per prompt and turn)."""
+TEAM_STEP_ANSWERS = 2
+"""A team step generates and trains at most this many times a single-agent step's answers by default."""
 
 
 def team_workload_defaults(workflow: str, agents: int, rounds: int) -> dict[str, int]:
-    """A multi-agent job's default prompts per step (and PPO mini batch): a team step generates and trains
-    about as many answers as a single-agent step (16 prompts x rollout.n), so the default session's budgets
-    (trials x horizon steps) cost a team about what they cost one agent. Each prompt makes agents x rounds
-    answers in a debate and agents in a chain; the batch is the largest power of two within 16 / answers,
-    at least ``TEAM_MIN_TRAIN_BATCH_SIZE``: debate 2x2 -> 4, debate 3x2 -> 4, chain of 2 -> 8, of 3 -> 4.
-    Measured (``mart tune --backend local --backend-option workflow=debate --approve auto``, notes in
-    docs/backends.md): at the earlier team default of 8 prompts a debate step took 2.3 s against ~1 s for a
-    single agent on a loaded 2-core box, and the default session 11+ minutes."""
+    """A multi-agent job's default prompts per step (and PPO mini batch). Each prompt makes agents x rounds
+    answers in a debate and agents in a chain; the batch is the largest power of two that keeps a step at
+    most ``TEAM_STEP_ANSWERS`` x a single-agent step's answers (16 prompts x rollout.n), at least
+    ``TEAM_MIN_TRAIN_BATCH_SIZE``: debate 2x2 -> 8, debate 3x2 -> 4, chain of 2 -> 16, of 3 -> 8. So the
+    session's budgets (trials x horizon steps) cost a team at most about twice what they cost one agent.
+    Why not equal (debate 2x2 at 4 prompts): measured, the per-step rewards of 4 prompts are noisy enough
+    that reward_collapse stopped all three stage-2 confirm trials of a default debate session (all on the
+    same hard prompts at steps 22-24), while at 8 prompts no trial was stopped (docs/backends.md)."""
     answers = agents * (rounds if workflow == "debate" else 1)
     single = int(DEFAULTS["data.train_batch_size"])
-    batch = max(TEAM_MIN_TRAIN_BATCH_SIZE, 1 << max(0, (single // answers).bit_length() - 1))
+    fit = TEAM_STEP_ANSWERS * single // answers
+    batch = max(TEAM_MIN_TRAIN_BATCH_SIZE, 1 << max(0, fit.bit_length() - 1))
     mini = min(int(DEFAULTS["actor_rollout_ref.actor.ppo_mini_batch_size"]), batch)
     return {"data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": mini}
 
