@@ -176,8 +176,12 @@ def reward_collapse(trial_id: str, records: list[StepRecord], cfg: HealthConfig)
     best = max(v for _, v in s[: -1])
     if best <= 0:
         return None
-    limit = cfg.reward_collapse_ratio * best
-    n = _persisting(s, lambda v: v < limit, cfg.window)
+    # a collapse is a fall below the best reached before: the low first steps of a rising reward are not one
+    fell, top = [], -math.inf
+    for step, v in s:
+        fell.append((step, float(top > 0 and v < cfg.reward_collapse_ratio * top)))
+        top = max(top, v)
+    n = _persisting(fell, lambda f: f > 0, cfg.window)
     if n:
         return _event(trial_id, s[-1][0], "reward_collapse", n, cfg.window,
                       f"reward {s[-1][1]:.3g} < {cfg.reward_collapse_ratio:g} x best {best:.3g}", s[-1][1])

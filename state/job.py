@@ -116,15 +116,28 @@ class JobDescription(BaseModel):
     gpus_per_node: int = Field(1, gt=0)
     workload: Workload
     engine: str = Field("vllm", description="rollout engine: vllm (memory-share semantics) or hf (plain generate)")
+    agents: int = Field(1, gt=0, description="trained policies of the job: 1, or a multi-agent team (MARTI-style)")
+    agents_per_device: int | None = Field(
+        None, gt=0, description="policy copies resident on each device, each with its own weights, gradients, "
+        "optimizer state and reference; None = every agent shares every device (the local workload: one process); "
+        "1 = each agent owns its devices (the shape above is one agent's)")
 
     @property
     def n_gpus(self) -> int:
         return self.nnodes * self.gpus_per_node
 
+    @property
+    def resident_policies(self) -> int:
+        """Policy copies whose static memory sits on each device. The agents of a team run their phases one
+        after another, so activations, KV cache and logits peak for one agent at a time."""
+        return self.agents_per_device or self.agents
+
     @model_validator(mode="after")
     def _check(self) -> "JobDescription":
         if self.engine not in ("vllm", "hf"):
             raise ValueError(f"engine must be 'vllm' or 'hf', got {self.engine!r}")
+        if self.agents_per_device is not None and self.agents_per_device > self.agents:
+            raise ValueError(f"agents_per_device ({self.agents_per_device}) exceeds agents ({self.agents})")
         return self
 
 

@@ -227,6 +227,7 @@ class JobModel:
         self.gated = m.gated_mlp
         self.C = hw.memory_gb
         self.N = job.n_gpus
+        self.copies = job.resident_policies  # policy copies on each device (a colocated multi-agent team)
         self.cpu = hw.cpu or job.engine != "vllm"
         self.flops = hw.bf16_flops or (CPU_FLOPS if hw.cpu else DEFAULT_FLOPS)
         self.hbm = (hw.hbm_bandwidth or (CPU_FLOPS / 4 if hw.cpu else DEFAULT_HBM)) * HBM_EFF
@@ -278,9 +279,19 @@ class JobModel:
     def _resident_gb(self, k: dict, w: Workload) -> dict[str, np.ndarray]:
         """Per-GPU FSDP shards (ZeRO-3): fp32 params 4 B, grads 4 B, Adam moments 8 B; ref bf16 2 B."""
         shard = self.P / self.N / GIB
-        return {"params": 4 * shard * (1 - k["param_off"]), "params_all": 4 * shard + 0 * k["param_off"],
-                "grads": 4 * shard, "optim": 8 * shard * (1 - k["opt_off"]), "optim_all": 8 * shard + 0 * k["opt_off"],
-                "ref": 2 * shard * (1 - k["ref_off"]) * w.uses_ref}
+        res = {"params": 4 * shard * (1 - k["param_off"]), "params_all": 4 * shard + 0 * k["param_off"],
+               "grads": 4 * shard, "optim": 8 * shard * (1 - k["opt_off"]), "optim_all": 8 * shard + 0 * k["opt_off"],
+               "ref": 2 * shard * (1 - k["ref_off"]) * w.uses_ref}
+        if self.copies > 1:
+            # the other agents of a team on this device: their static memory sits there in every phase
+            # (gradients kept between steps, the reference in fp32 on a CPU); activations, logits and KV
+            # cache peak for one agent at a time, since the agents run their phases one after another
+            ref_bytes = 4.0 if self.cpu else 2.0
+            others = (self.copies - 1) * shard * (4 * (1 - k["param_off"]) + 4 + 8 * (1 - k["opt_off"])
+                                                  + ref_bytes * (1 - k["ref_off"]) * w.uses_ref)
+            res["params"] = res["params"] + others
+            res["params_all"] = res["params_all"] + others
+        return res
 
     def _rollout(self, k: dict, w: Workload) -> dict[str, np.ndarray]:
         res = self._resident_gb(k, w)
@@ -684,7 +695,8 @@ class JobModel:
         self.cal.act_scale, self.cal.mem_bias = best[1], best[2]
 
     def _biases(self, rows: list, act_scale: tuple[float, float]) -> dict[str, float]:
-        noise = 0.1 + 0.002 * self.C
+        # measurement noise of a peak: ~0.1 GB on a GPU, a few percent of an emulated CPU device's capacity
+        noise = min(0.1, 0.05 * self.C) + 0.002 * self.C
         bias = {p: 0.02 * self.C for p in MEM_PHASES}
         preds = []
         for raw, measured, oom in rows:

@@ -127,3 +127,14 @@ def test_grad_norm_reference_is_the_early_median():
     assert "grad_norm_explosion" in rules(evaluate("learning", "t", stream(6, **spiky), cfg), "stop")
     calm = {**HEALTHY, "grad": lambda s: {1: 1.0, 2: 3.0}.get(s, 15.0)}
     assert "grad_norm_explosion" not in rules(evaluate("learning", "t", stream(6, **calm), cfg))
+
+
+def test_a_rising_reward_is_no_collapse_from_its_later_best():
+    """Seen in a debate session's per-agent stream: three early steps at 0.2 and a best of 0.55 later were
+    read as a collapse (the run of low values came before the best), stopping every stage-2 trial."""
+    cfg = HealthConfig(window=3)
+    rising = {**HEALTHY, "reward": lambda s: 0.2 if s <= 3 else 0.5 + 0.05 * (s % 2)}
+    assert "reward_collapse" not in rules(evaluate("learning", "t", stream(12, **rising), cfg))
+    # the same start, then a real fall below half the best: a collapse
+    fall = {**HEALTHY, "reward": lambda s: 0.2 if s <= 3 else 0.55 if s <= 8 else 0.1}
+    assert "reward_collapse" in rules(evaluate("learning", "t", stream(12, **fall), cfg), "stop")

@@ -18,11 +18,27 @@ checkpointing with max_num_seqs 128, or dynamic batches of 2048 tokens) ~0.067 G
 micro 64 without checkpointing 0.080 GB and long padded responses 0.11+ GB (over: oom)."""
 
 
-TEAM_TRAIN_BATCH_SIZE = 8
-"""A multi-agent job's default prompts per step (single-agent: 16): a 2-agent 2-round debate generates and
-trains 4 answers per episode, so half the prompts keep its step near twice a single-agent step's cost
-(measured on the default model on a loaded 2-core box: ~7 s a step at 16 prompts, 3-4 s at 8, against ~1.5 s
-single-agent at 16)."""
+TEAM_MIN_TRAIN_BATCH_SIZE = 4
+"""The fewest prompts per step a multi-agent job defaults to (a GRPO group per prompt and turn)."""
+TEAM_STEP_ANSWERS = 2
+"""A team step generates and trains at most this many times a single-agent step's answers by default."""
+
+
+def team_workload_defaults(workflow: str, agents: int, rounds: int) -> dict[str, int]:
+    """A multi-agent job's default prompts per step (and PPO mini batch). Each prompt makes agents x rounds
+    answers in a debate and agents in a chain; the batch is the largest power of two that keeps a step at
+    most ``TEAM_STEP_ANSWERS`` x a single-agent step's answers (16 prompts x rollout.n), at least
+    ``TEAM_MIN_TRAIN_BATCH_SIZE``: debate 2x2 -> 8, debate 3x2 -> 4, chain of 2 -> 16, of 3 -> 8. So the
+    session's budgets (trials x horizon steps) cost a team at most about twice what they cost one agent.
+    Why not equal (debate 2x2 at 4 prompts): measured, the per-step rewards of 4 prompts are noisy enough
+    that reward_collapse stopped all three stage-2 confirm trials of a default debate session (all on the
+    same hard prompts at steps 22-24), while at 8 prompts no trial was stopped (docs/backends.md)."""
+    answers = agents * (rounds if workflow == "debate" else 1)
+    single = int(DEFAULTS["data.train_batch_size"])
+    fit = TEAM_STEP_ANSWERS * single // answers
+    batch = max(TEAM_MIN_TRAIN_BATCH_SIZE, 1 << max(0, fit.bit_length() - 1))
+    mini = min(int(DEFAULTS["actor_rollout_ref.actor.ppo_mini_batch_size"]), batch)
+    return {"data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": mini}
 
 
 class LocalBackend(Backend):
@@ -73,7 +89,12 @@ class LocalBackend(Backend):
             self._base.update({k: v for k, v in file_values.items() if k.startswith(("workflow.", "reward.", "agents."))})
             self._base["workflow.name"], self._base["workflow.num_agents"] = workflow, n
             if "data.train_batch_size" not in file_values:  # a debate step generates agents x rounds answers
-                self._base["data.train_batch_size"] = TEAM_TRAIN_BATCH_SIZE
+                sized = team_workload_defaults(workflow, n, int(self._base["workflow.num_rounds"]))
+                mini = file_values.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+                if mini is not None:  # the file's mini batch wins: the fewest whole mini batches >= the batch
+                    mini = int(mini)
+                    sized = {"data.train_batch_size": max(1, -(-sized["data.train_batch_size"] // mini)) * mini}
+                self._base.update(sized)
         errors = self.validate_config(self._base)
         if errors:
             raise ValueError(f"base config {base_config or '(defaults)'}: " + " ".join(errors))
@@ -112,7 +133,8 @@ class LocalBackend(Backend):
 
     def describe_job(self) -> JobDescription:
         """The tiny GPT's shape (GPT-2 MLP, 14-token vocabulary), the emulated device (a CPU: no vLLM;
-        its "capacity" is the emulated limit) and the workload of the base config."""
+        its "capacity" is the emulated limit) and the workload of the base config. A multi-agent job's
+        agents all live in the trial's one process: ``agents`` policy copies share the device."""
         from mart.state.job import Hardware, ModelShape, Workload
         from mart.trial_runner.local.task import VOCAB_SIZE
 
@@ -129,6 +151,7 @@ class LocalBackend(Backend):
                               max_response_length=int(c["data.max_response_length"]),
                               uses_reference=bool(c["actor_rollout_ref.actor.use_kl_loss"])),
             engine="hf",
+            agents=self.team[1] if self.team else 1,
         )
 
     def memory_capacity_gb(self) -> float | None:
