@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -239,3 +240,36 @@ def main() -> None:  # pragma: no cover - exercised by scripts/gpu_check.sh
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+class GpuBackendCapacity:
+    """``memory_capacity_gb`` and the GPU probe of a backend whose trials run on GPUs here or on a Ray cluster
+    (verl, MARTI). Expects ``name``, ``ray_address`` and ``_memory_capacity_gb`` on the backend."""
+
+    name: str
+    ray_address: str | None
+    _memory_capacity_gb: float | None
+    _gpus: list | None = None
+    _warned_no_capacity = False
+
+    def _probe(self) -> list:
+        if self._gpus is None:
+            self._gpus = probe()
+        return self._gpus
+
+    def memory_capacity_gb(self) -> float | None:
+        """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value.
+
+        None (the margin rule is off) is said out loud once: on a Ray cluster without ``--memory-capacity-gb``
+        the tuner sees no GPU.
+        """
+        if self.ray_address is None:
+            cap = memory_capacity_gb(self._probe())
+            if cap is not None:
+                return cap
+        if self._memory_capacity_gb is None and not self._warned_no_capacity:
+            self._warned_no_capacity = True
+            where = "the trials run on a Ray cluster" if self.ray_address else "no GPU is visible here"
+            warnings.warn(f"{self.name} backend: the memory margin rule is OFF: {where} and no "
+                          "--memory-capacity-gb was given (per-GPU memory in GB)", stacklevel=2)
+        return self._memory_capacity_gb

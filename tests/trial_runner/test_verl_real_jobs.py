@@ -254,14 +254,14 @@ def test_watchdog_first_step_limit_is_derived_from_measured_startups():
 def test_device_wide_peak_feeds_the_metrics_and_the_margin_rule(tmp_path):
     from mart.nodes.health_rules import HealthConfig, memory_margin
     from mart.state.objectives import DEVICE_MEMORY_KEY, peak_memory_gb
-    from mart.trial_runner.verl.runner import _DevicePeakTail
+    from mart.trial_runner.verl.runner import DevicePeakTail, FallbackMetricsTail
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "data": {"actor/perf/max_memory_allocated_gb": 20.0}}\n')
     peaks = tmp_path / "gpu_peaks.json"
     # GPU 0 had 5 GB of someone else's before launch; vLLM's KV cache makes the device peak far above torch's
     peaks.write_text(json.dumps({"peaks_gb": {"0": 75.0, "1": 60.0}, "before_gb": {"0": 5.0, "1": 0.5}}))
-    tail = _DevicePeakTail(metrics, tmp_path / "trial.log", peaks_path=peaks)
+    tail = DevicePeakTail(FallbackMetricsTail(metrics, tmp_path / "trial.log"), peaks)
     recs = tail.read_new()
     assert recs[0].data[DEVICE_MEMORY_KEY] == pytest.approx(70.0)
     assert peak_memory_gb(recs) == pytest.approx(70.0)  # not the torch figure (20)

@@ -17,6 +17,7 @@ from typing import Any
 
 from mart.state.search_space import ConfigError, SearchSpace
 from mart.trial_runner.base import Backend, TrialRunner
+from mart.trial_runner.gpu import GpuBackendCapacity
 from mart.trial_runner.marti.argv import split_config
 from mart.trial_runner.marti.prevalidate import check_argv
 from mart.trial_runner.marti.runner import RUN_FLAGS, MartiRayJobRunner, MartiRunner
@@ -25,7 +26,7 @@ from mart.trial_runner.verl.overrides import load_base_config
 from mart.trial_runner.verl.runner import WatchdogConfig
 
 
-class MartiBackend(Backend):
+class MartiBackend(GpuBackendCapacity, Backend):
     """MARTI on this machine (one node, MARTI starts its own Ray) or, with ``ray_address``, as Ray jobs.
 
     Args:
@@ -40,7 +41,6 @@ class MartiBackend(Backend):
 
     name = "marti"
     score_metric_prefix = "val-core/"
-    _warned_no_capacity = False
 
     def __init__(
         self,
@@ -130,28 +130,5 @@ class MartiBackend(Backend):
         if self.ray_address:
             return MartiRayJobRunner(self.ray_address, runner)
         return runner
-
-    def _probe(self) -> list:
-        if self._gpus is None:
-            from mart.trial_runner.gpu import probe
-
-            self._gpus = probe()
-        return self._gpus
-
-    def memory_capacity_gb(self) -> float | None:
-        """Per-GPU total from NVML when GPUs are here (and trials run here), else the configured value."""
-        if self.ray_address is None:
-            from mart.trial_runner.gpu import memory_capacity_gb
-
-            cap = memory_capacity_gb(self._probe())
-            if cap is not None:
-                return cap
-        if self._memory_capacity_gb is None and not self._warned_no_capacity:
-            self._warned_no_capacity = True
-            where = "the trials run on a Ray cluster" if self.ray_address else "no GPU is visible here"
-            warnings.warn(f"marti backend: the memory margin rule is OFF: {where} and no --memory-capacity-gb was "
-                          "given (per-GPU memory in GB)", stacklevel=2)
-        return self._memory_capacity_gb
-
 
 __all__ = ["MartiBackend"]

@@ -21,7 +21,6 @@ What differs for MARTI:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,7 +28,6 @@ from typing import Any
 
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
-from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import read_status
@@ -38,7 +36,7 @@ from mart.trial_runner.marti.logs import LogContext, MartiLogTail, MartiTextTail
 from mart.trial_runner.marti.space import agent_ids, agent_value, job_gpus, samples_per_agent_step
 from mart.trial_runner.metrics import write_record
 from mart.trial_runner.ray.runner import RayJobRunner
-from mart.trial_runner.verl.runner import VerlRunner, job_peak_gb
+from mart.trial_runner.verl.runner import DevicePeakTail, VerlRunner
 
 DEFAULT_ENTRYPOINT = ("python", "-m", "marti.cli.multi_agent_train_ppo_ray")
 CONTEXT_FILE = "marti_context.json"
@@ -56,27 +54,6 @@ def _is_run_key(key: str) -> bool:
         return True
     parts = key.split(".")
     return len(parts) == 3 and parts[0] == "agents" and parts[2] in RUN_AGENT_KEYS
-
-
-class _PeakTail:
-    """A MARTI log tail plus the supervisor's NVML peaks on the newest record (``DEVICE_MEMORY_KEY``)."""
-
-    def __init__(self, tail: MartiLogTail, peaks_path: Path) -> None:
-        self.tail = tail
-        self.peaks_path = peaks_path
-        self._reported: float | None = None
-
-    def read_new(self, final: bool = False) -> list[StepRecord]:
-        recs = self.tail.read_new(final=final)
-        if recs:
-            try:
-                peak = job_peak_gb(json.loads(self.peaks_path.read_text()))
-            except (OSError, ValueError):
-                peak = None
-            if peak is not None and (self._reported is None or peak > self._reported):
-                self._reported = peak
-                recs[-1] = StepRecord(step=recs[-1].step, data={**recs[-1].data, DEVICE_MEMORY_KEY: peak})
-        return recs
 
 
 class MartiRunner(VerlRunner):
@@ -172,13 +149,13 @@ class MartiRunner(VerlRunner):
 
     # ------------------------------------------------------------------------------------ following
 
-    def metrics(self, handle: TrialHandle) -> _PeakTail:
+    def metrics(self, handle: TrialHandle) -> DevicePeakTail:
         """MARTI's console lines of this attempt in trial.log, with the device-wide GPU peak so far."""
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
         ctx = LogContext.read(adir / CONTEXT_FILE)
         tail = MartiLogTail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)), ctx,
                             _horizon(handle))
-        return _PeakTail(tail, adir / "gpu_peaks.json")
+        return DevicePeakTail(tail, adir / "gpu_peaks.json")
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
         done = read_status(handle.trial_dir)

@@ -18,6 +18,7 @@ from mart.state.job import JobDescription
 from mart.state.models import config_hash
 from mart.state.search_space import ConfigError, SearchSpace
 from mart.trial_runner.base import Backend, TrialRunner
+from mart.trial_runner.gpu import GpuBackendCapacity
 from mart.trial_runner.verl.overrides import check_key, load_base_config
 from mart.trial_runner.verl.prevalidate import validate_many, verl_available
 from mart.trial_runner.verl.runner import FIXED_KEYS, VerlRunner, WatchdogConfig
@@ -31,7 +32,7 @@ GRPO_BASE: dict[str, Any] = {
 }
 
 
-class VerlBackend(Backend):
+class VerlBackend(GpuBackendCapacity, Backend):
     """verl on this machine (one node) or, with ``ray_address``, as Ray jobs on an existing cluster.
 
     Args:
@@ -56,7 +57,6 @@ class VerlBackend(Backend):
 
     name = "verl"
     score_metric_prefix = "val-core/"
-    _warned_no_capacity = False
 
     def __init__(
         self,
@@ -141,13 +141,6 @@ class VerlBackend(Backend):
 
     def search_space(self) -> SearchSpace:
         return SEARCH_SPACE
-
-    def _probe(self) -> list:
-        if self._gpus is None:
-            from mart.trial_runner.gpu import probe
-
-            self._gpus = probe()
-        return self._gpus
 
     def allowed_keys(self) -> frozenset[str]:
         """Keys that may reach verl's command line: catalogue knobs, the base config's keys, mart's own."""
@@ -261,26 +254,6 @@ class VerlBackend(Backend):
                               max_response_length=int(cfg_get(cfg, "data.max_response_length")),
                               uses_reference=uses_ref),
         )
-
-    def memory_capacity_gb(self) -> float | None:
-        """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value.
-
-        None (the margin rule is off) is said out loud once: on a Ray cluster without ``--memory-capacity-gb``
-        the tuner sees no GPU.
-        """
-        if self.ray_address is None:
-            from mart.trial_runner.gpu import memory_capacity_gb
-
-            cap = memory_capacity_gb(self._probe())
-            if cap is not None:
-                return cap
-        if self._memory_capacity_gb is None and not self._warned_no_capacity:
-            self._warned_no_capacity = True
-            where = "the trials run on a Ray cluster" if self.ray_address else "no GPU is visible here"
-            warnings.warn(f"verl backend: the memory margin rule is OFF: {where} and no --memory-capacity-gb was "
-                          "given (per-GPU memory in GB)", stacklevel=2)
-        return self._memory_capacity_gb
-
 
 def _int_or_none(value: Any) -> int | None:
     if isinstance(value, bool) or value is None:

@@ -185,16 +185,20 @@ class Progress:
         return None
 
 
-class _DevicePeakTail(FallbackMetricsTail):
-    """``FallbackMetricsTail`` plus the supervisor's NVML peaks (``gpu_peaks.json``, rewritten during the run)."""
+class DevicePeakTail:
+    """A metrics tail (verl's JSONL/console fallback, MARTI's log) plus the supervisor's NVML peaks
+    (``gpu_peaks.json``, rewritten during the run) on the newest record whenever the peak grew."""
 
-    def __init__(self, *args: Any, peaks_path: Path, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, tail: Any, peaks_path: Path) -> None:
+        self.tail = tail
         self.peaks_path = peaks_path
         self._reported: float | None = None
 
+    def __getattr__(self, name: str) -> Any:  # the wrapped tail's own state (e.g. which source it reads)
+        return getattr(self.tail, name)
+
     def read_new(self, final: bool = False) -> list[StepRecord]:
-        recs = super().read_new(final=final)
+        recs = self.tail.read_new(final=final)
         if recs:
             try:
                 peak = job_peak_gb(json.loads(self.peaks_path.read_text()))
@@ -210,7 +214,7 @@ class _DevicePeakTail(FallbackMetricsTail):
 class _Follow:
     """What this runner knows about one attempt it follows (rebuilt from disk after a restart)."""
 
-    tail: FallbackMetricsTail
+    tail: DevicePeakTail
     progress: Progress = field(default_factory=Progress)
     log_scan_offset: int = 0
     oom_reason: str | None = None
@@ -470,13 +474,13 @@ class VerlRunner(TrialRunner):
             self._follow[key] = st
         return st
 
-    def metrics(self, handle: TrialHandle) -> FallbackMetricsTail:
+    def metrics(self, handle: TrialHandle) -> DevicePeakTail:
         """verl's JSONL of this attempt (the console lines of trial.log when no JSONL file appears), with the
         device-wide GPU peak so far added to the newest record whenever it grew (``DEVICE_MEMORY_KEY``)."""
         path = handle.extra.get("metrics_path") or str(Path(handle.trial_dir) / METRICS_FILE)
         peaks = Path(handle.extra.get("attempt_dir", handle.trial_dir)) / "gpu_peaks.json"
-        return _DevicePeakTail(path, Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)),
-                               peaks_path=peaks)
+        return DevicePeakTail(FallbackMetricsTail(path, Path(handle.trial_dir) / LOG_FILE,
+                                                  int(handle.extra.get("log_offset", 0))), peaks)
 
     def _group(self, handle: TrialHandle) -> ProcessGroup | None:
         """The attempt's process group: the one launched here, else attached through the handle."""
