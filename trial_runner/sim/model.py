@@ -429,17 +429,9 @@ def ground_truth(scenario: str | Scenario, margin: float = 0.1, horizon: int = 6
     return dict(_ground_truth(sc, margin, horizon, top_k))
 
 
-@functools.lru_cache(maxsize=32)
-def _ground_truth(sc: Scenario, margin: float, horizon: int, top_k: int) -> dict[str, Any]:
-    cfg0 = base_config(sc)
-    limit = (1 - margin) * sc.gpu.memory_gb
-    k0 = S.knobs_from_config(cfg0)
-    wls = window_workloads(sc, cfg0, horizon)
-    n_gpus = sc.n_gpus
-    tokens = np.array([w.tokens for w in wls])
-
-    rgrid = _grid(ROLLOUT_GRID)
-    r_valid = _valid_mask(rgrid, ["mnbt", "chunked", "tp"], cfg0)
+def train_grid(k0: dict[str, Any], cfg0: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The training-side combinations the exhaustive optimum enumerates (static and dynamic batching), as
+    columns; knobs a side does not vary keep the base config's value (``k0``)."""
     static = _grid({**TRAIN_STATIC, **TRAIN_FLAGS, "dyn": [0]})
     dynamic = _grid({**TRAIN_DYNAMIC, **TRAIN_FLAGS, "dyn": [1]})
     tgrid = {}
@@ -452,6 +444,21 @@ def _ground_truth(sc: Scenario, margin: float, horizon: int, top_k: int) -> dict
     for cap_name, key in (("lp_tok_cap", S.R + "log_prob_max_token_len_per_gpu"),
                           ("ref_tok_cap", S.REF + "log_prob_max_token_len_per_gpu")):
         tgrid[cap_name] = tgrid["tok_cap"].copy() if cfg0.get(key) is None else np.full_like(tgrid["tok_cap"], k0[cap_name])
+    return tgrid
+
+
+@functools.lru_cache(maxsize=32)
+def _ground_truth(sc: Scenario, margin: float, horizon: int, top_k: int) -> dict[str, Any]:
+    cfg0 = base_config(sc)
+    limit = (1 - margin) * sc.gpu.memory_gb
+    k0 = S.knobs_from_config(cfg0)
+    wls = window_workloads(sc, cfg0, horizon)
+    n_gpus = sc.n_gpus
+    tokens = np.array([w.tokens for w in wls])
+
+    rgrid = _grid(ROLLOUT_GRID)
+    r_valid = _valid_mask(rgrid, ["mnbt", "chunked", "tp"], cfg0)
+    tgrid = train_grid(k0, cfg0)
     t_valid = _valid_mask(tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
     evaluated = 0
     best: dict[str, Any] = {"throughput": -1.0}

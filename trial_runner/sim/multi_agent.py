@@ -235,7 +235,7 @@ def search_space(sc: MultiAgentScenario) -> SearchSpace:
 def focus_space(space: SearchSpace) -> SearchSpace:
     """The focused space of a multi-agent catalogue: verl's FOCUS knobs (per agent where they are per
     agent) and the multi-agent knobs over ``MA_FOCUS`` ranges; the same constraints."""
-    from mart.trial_runner.verl.focus import FOCUS
+    from mart.trial_runner.verl.focus import FOCUS, narrowed
 
     params = []
     for p in space.params:
@@ -247,14 +247,7 @@ def focus_space(space: SearchSpace) -> SearchSpace:
             rng = MA_FOCUS[p.key]
         else:
             continue
-        if rng is not None and p.low is not None and p.high is not None:
-            lo, hi = max(float(p.low), rng[0]), min(float(p.high), rng[1])
-            if isinstance(p.default, (int, float)) and not isinstance(p.default, bool):
-                lo, hi = min(lo, p.default), max(hi, p.default)
-            if p.kind == "int":
-                lo, hi = int(lo), int(hi)
-            p = dataclasses.replace(p, low=lo, high=hi)
-        params.append(p)
+        params.append(narrowed(p, rng))
     return SearchSpace(backend=f"{space.backend}-focus", params=params, constraints=list(space.constraints))
 
 
@@ -818,17 +811,7 @@ def ground_truth(sc: MultiAgentScenario, margin: float, horizon: int, top_k: int
     tokens = np.array([p.tokens for p in plans])
     rgrid = M._grid(M.ROLLOUT_GRID)
     r_valid = _valid(space, rgrid, ["mnbt", "chunked", "tp"], cfg0)
-    static = M._grid({**M.TRAIN_STATIC, **M.TRAIN_FLAGS, "dyn": [0]})
-    dynamic = M._grid({**M.TRAIN_DYNAMIC, **M.TRAIN_FLAGS, "dyn": [1]})
-    tgrid = {}
-    for name in set(static) | set(dynamic):
-        a = static.get(name, np.full(len(static["dyn"]), k0[name]))
-        b = dynamic.get(name, np.full(len(dynamic["dyn"]), k0[name]))
-        tgrid[name] = np.concatenate([a, b])
-    tgrid["ref_micro"] = tgrid["lp_micro"].copy()
-    for cap_name, key in (("lp_tok_cap", S.R + "log_prob_max_token_len_per_gpu"),
-                          ("ref_tok_cap", S.REF + "log_prob_max_token_len_per_gpu")):
-        tgrid[cap_name] = tgrid["tok_cap"].copy() if cfg0.get(key) is None else np.full_like(tgrid["tok_cap"], k0[cap_name])
+    tgrid = M.train_grid(k0, cfg0)
     t_valid = _valid(space, tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
     best: dict[str, Any] = {"throughput": -1.0}
     evaluated = 0

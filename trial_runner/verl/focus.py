@@ -50,16 +50,20 @@ def focus_space(space: SearchSpace) -> SearchSpace:
     for key, rng in FOCUS.items():
         if key not in space:
             continue
-        p = space[key]
-        if rng is not None and p.low is not None and p.high is not None:
-            lo, hi = max(float(p.low), rng[0]), min(float(p.high), rng[1])
-            if isinstance(p.default, (int, float)) and not isinstance(p.default, bool):
-                lo, hi = min(lo, p.default), max(hi, p.default)
-            if p.kind == "int":
-                lo, hi = int(lo), int(hi)
-            p = dataclasses.replace(p, low=lo, high=hi)
-        params.append(p)
+        params.append(narrowed(space[key], rng))
     return SearchSpace(backend=f"{space.backend}-focus", params=params, constraints=list(space.constraints))
+
+
+def narrowed(p, rng: tuple[float, float] | None):
+    """``p`` with its range clipped to ``rng`` (None: unchanged), widened again to keep its default."""
+    if rng is None or p.low is None or p.high is None:
+        return p
+    lo, hi = max(float(p.low), rng[0]), min(float(p.high), rng[1])
+    if isinstance(p.default, (int, float)) and not isinstance(p.default, bool):
+        lo, hi = min(lo, p.default), max(hi, p.default)
+    if p.kind == "int":
+        lo, hi = int(lo), int(hi)
+    return dataclasses.replace(p, low=lo, high=hi)
 
 
 __all__ = ["FOCUS", "focus_space"]
