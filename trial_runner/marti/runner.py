@@ -157,18 +157,13 @@ class MartiRunner(VerlRunner):
                             _horizon(handle))
         return DevicePeakTail(tail, adir / "gpu_peaks.json")
 
-    def poll(self, handle: TrialHandle) -> TrialPoll:
-        done = read_status(handle.trial_dir)
-        if done is not None:
-            return done
-        st = self._state(handle)
-        self._update(handle, st)
+    def _ended_here(self, handle: TrialHandle, st: Any) -> TrialPoll | None:
         horizon = int(handle.extra.get("steps") or 0)
         if horizon and (st.progress.last_step or 0) >= horizon and self._leader(handle) is not None:
             self._kill(handle, self.kill_grace_s)
             return self._finish(handle, st, TrialStatus.COMPLETED,
                                 f"ended at the horizon (step {horizon}; MARTI has no step-limit flag)")
-        return super().poll(handle)
+        return None
 
     def _finish(self, handle: TrialHandle, st: Any, status: TrialStatus, reason: str | None) -> TrialPoll:
         # the run is over: its last step's record has no next boundary to wait for (a hang, a kill, a stop)

@@ -539,12 +539,19 @@ class VerlRunner(TrialRunner):
             if reason:
                 st.oom_reason, st.oom_seen_at = reason, time.time()
 
+    def _ended_here(self, handle: TrialHandle, st: _Follow) -> TrialPoll | None:
+        """A runner that must end a run itself (a trainer without a step-limit flag) does it here."""
+        return None
+
     def poll(self, handle: TrialHandle) -> TrialPoll:
         done = read_status(handle.trial_dir)
         if done is not None:
             return done
         st = self._state(handle)
         self._update(handle, st)
+        ended = self._ended_here(handle, st)
+        if ended is not None:
+            return ended
         if self._leader(handle) is not None:
             self._scan_log_for_oom(handle, st)
             if st.oom_seen_at and st.progress.last_progress_at and st.progress.last_progress_at > st.oom_seen_at + 1.0:
