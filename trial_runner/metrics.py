@@ -25,7 +25,12 @@ class MetricsTail:
         self.parse = parse or parse_line
 
     def read_new(self, final: bool = False) -> list[StepRecord]:
-        """New complete lines; with ``final`` (the writer has exited) also a last line without newline."""
+        """Records of the new complete lines; with ``final`` (the writer has exited) also of a last line
+        without newline."""
+        return [rec for line in self.read_lines(final) if (rec := self.parse(line)) is not None]
+
+    def read_lines(self, final: bool = False) -> list[str]:
+        """The new complete lines (decoded), once each; with ``final`` also a last line without newline."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -39,12 +44,7 @@ class MetricsTail:
         if end < 0:
             return []
         self.offset += min(end + 1, size)
-        records = []
-        for raw in chunk[: end + 1].splitlines():
-            rec = self.parse(raw.decode("utf-8", errors="replace"))
-            if rec is not None:
-                records.append(rec)
-        return records
+        return [raw.decode("utf-8", errors="replace") for raw in chunk[: end + 1].splitlines()]
 
 
 def write_record(f, step: int, data: dict[str, Any]) -> None:

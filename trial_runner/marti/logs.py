@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 from mart.state.metrics import StepRecord
+from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.verl.logs import classify_exit, find_oom, last_error_line, read_tail, strip_prefixes
 
 __all__ = ["LogContext", "MartiLogParser", "MartiLogTail", "MartiTextTail", "classify_exit", "find_oom",
@@ -339,31 +340,16 @@ class MartiTextTail:
         return out
 
 
-class MartiLogTail:
-    """Incremental reader of MARTI's lines in a log file from ``offset`` on (complete lines only)."""
+class MartiLogTail(MetricsTail):
+    """Incremental reader of MARTI's lines in a log file from ``offset`` on (complete lines only); the
+    parser is stateful (a step's record is complete at the next step's first line, or at ``final``)."""
 
     def __init__(self, path: str | os.PathLike, offset: int = 0, context: LogContext | None = None,
                  horizon: int | None = None) -> None:
-        self.path = Path(path)
-        self.offset = offset
+        super().__init__(path, offset)
         self.parser = MartiLogParser(context, horizon)
 
     def read_new(self, final: bool = False) -> list[StepRecord]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return self.parser.flush() if final else []
-        end = chunk.rfind(b"\n")
-        if final:
-            end = len(chunk) - 1
-        out: list[StepRecord] = []
-        if end >= 0:
-            self.offset += end + 1
-            for raw in chunk[: end + 1].splitlines():
-                out += self.parser.feed(raw.decode("utf-8", errors="replace"))
-        if final:
-            out += self.parser.flush()
-        return out
+        out = [rec for line in self.read_lines(final) for rec in self.parser.feed(line)]
+        return out + self.parser.flush() if final else out
 
