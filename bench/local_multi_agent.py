@@ -30,20 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from mart.trial_runner.local.config import TINY_CONFIG
+
 ROOT = Path(__file__).resolve().parent.parent
 VAL = "val-core/digit_sort/reward/mean@1"
 
-TINY = {  # the tests' tiny workload, with room for the debate prompts (block_size 40)
-    "local.model.n_layer": 2, "local.model.n_embd": 64, "local.model.n_head": 4, "local.model.block_size": 40,
-    "local.task.min_digits": 3, "local.task.max_digits": 6, "local.task.val_size": 128,
-    "local.base_model.warmup_steps": 100, "local.base_model.lr": 3e-3,
-    "data.max_prompt_length": 8, "data.max_response_length": 12, "data.train_batch_size": 8,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
-    "actor_rollout_ref.actor.optim.lr": 3e-4, "actor_rollout_ref.rollout.max_num_seqs": 64,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 64,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 64,
-    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
-}
+# the tests' tiny workload, with room for the debate prompts (block_size 40); validation at the default freq
+TINY = {**{k: v for k, v in TINY_CONFIG.items() if k != "trainer.test_freq"},
+        "local.model.block_size": 40, "local.task.val_size": 128}
 
 
 def run_trial(config: dict, steps: int, seed: int, out: Path) -> dict[int, dict]:

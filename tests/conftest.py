@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-# A local-workload config small enough for tests (a 2-layer, 64-wide model sorting 3-6 digits):
-# its base model trains in a few seconds, a step takes ~0.1 s, and GRPO still visibly learns.
-LOCAL_TINY_CONFIG = {
-    "local.model.n_layer": 2,
-    "local.model.n_embd": 64,
-    "local.model.n_head": 4,
-    "local.model.block_size": 24,
-    "local.task.min_digits": 3,
-    "local.task.max_digits": 6,
-    "local.task.val_size": 64,
-    "local.base_model.warmup_steps": 100,
-    "local.base_model.lr": 3e-3,
-    "data.max_prompt_length": 8,
-    "data.max_response_length": 12,
-    "data.train_batch_size": 8,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
-    "actor_rollout_ref.actor.optim.lr": 3e-4,
-    "actor_rollout_ref.rollout.max_num_seqs": 64,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 64,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 64,
-    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
-    "trainer.test_freq": 5,
-}
+from mart.trial_runner.local.config import TINY_CONFIG
+
+# the local workload's tiny config (a step takes ~0.1 s); one source with scripts/soak_kill.py and the bench
+LOCAL_TINY_CONFIG = TINY_CONFIG
 
 
 TOY_BACKEND = "tests.support.toy_backend:make_backend"
