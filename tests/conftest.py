@@ -36,3 +36,15 @@ def local_cache(_local_cache_root, monkeypatch) -> str:
 def local_tiny_config(local_cache) -> dict:
     """Overrides (flat verl keys) of a tiny local workload; uses the session's base-model cache."""
     return dict(LOCAL_TINY_CONFIG)
+
+
+#: environment variables the LLM agents read: a developer's own settings must not reach the tests
+LLM_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE", "MART_LLM_MODEL", "MART_LLM_STRUCTURED",
+           "MART_LLM_MAX_RETRIES", "MART_LLM_REPAIR_ROUNDS", "MART_LLM_STREAM", "MART_LLM_MAX_TOKENS")
+
+
+@pytest.fixture
+def clean_llm_env(monkeypatch):
+    """No LLM setting from the environment (use: ``pytestmark = [pytest.mark.usefixtures("clean_llm_env")]``)."""
+    for name in LLM_ENV:
+        monkeypatch.delenv(name, raising=False)

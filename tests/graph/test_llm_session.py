@@ -25,14 +25,8 @@ SECRET = "sk-session-secret-9f8e7d6c5b4a"
 REPO = REPO_ROOT
 TOY = "tests.support.toy_backend:make_backend"
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("clean_llm_env")]
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MART_LLM_MODEL", "MART_LLM_STRUCTURED",
-                 "MART_LLM_MAX_RETRIES", "MART_LLM_REPAIR_ROUNDS", "MART_LLM_STREAM", "OPENAI_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def toy_options(tmp_path, base_url: str, **kw) -> TuneOptions:

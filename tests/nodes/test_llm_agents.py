@@ -30,16 +30,10 @@ from tests.support.llm_helpers import (
 )
 from tests.support.openai_stub import OpenAIStub, PlausibleAgent, Reply
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_llm_env")]
 
 FAST_RETRY = {"retry-after-ms": "10"}
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MART_LLM_MODEL", "MART_LLM_STRUCTURED",
-                 "MART_LLM_MAX_RETRIES", "MART_LLM_REPAIR_ROUNDS", "MART_LLM_STREAM", "OPENAI_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

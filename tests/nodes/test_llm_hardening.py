@@ -11,14 +11,8 @@ from mart.nodes.agents.llm_client import DEFAULT_MAX_TOKENS, MAX_ANSWER_CHARS
 from tests.support.llm_helpers import SECRET, FallbackProposer, make_ctx, options
 from tests.support.openai_stub import OpenAIStub, PlausibleAgent, Reply
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_llm_env")]
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MART_LLM_MODEL", "MART_LLM_STRUCTURED",
-                 "MART_LLM_MAX_RETRIES", "MART_LLM_REPAIR_ROUNDS", "MART_LLM_STREAM", "MART_LLM_MAX_TOKENS"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

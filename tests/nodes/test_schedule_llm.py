@@ -19,18 +19,12 @@ from tests.nodes.test_schedule_agents import COLLAPSE, VERL_BASE, trajectory
 from tests.support.llm_helpers import SECRET, options, proposal
 from tests.support.openai_stub import OpenAIStub, PlausibleAgent, Reply
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_llm_env")]
 
 A = "actor_rollout_ref.actor."
 CLIP_HIGH, TEMP, N = A + "clip_ratio_high", "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.n"
 MAX_LEN = "data.max_response_length"
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MART_LLM_MODEL", "MART_LLM_STRUCTURED",
-                 "MART_LLM_MAX_RETRIES", "MART_LLM_REPAIR_ROUNDS", "MART_LLM_STREAM", "OPENAI_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
