@@ -7,8 +7,7 @@ Example::
 
     with open_run("20261130-154001-26f0", runs_dir="runs") as run:
         print(run.pending_review())                     # the review request (diff, rationale, critique)
-        run.graph.invoke(Command(resume={"action": "approve", "reviewer": "me"}), run.config,
-                         context=run.context)           # continues until the next review (or the end)
+        run.decide({"decisions": [{"type": "approve"}], "reviewer": "me"})   # continues until the next review
         for snap in run.graph.get_state_history(run.config):   # newest first
             print(snap.metadata["step"], snap.next)
 
@@ -28,7 +27,7 @@ from langgraph.types import Command
 
 from mart.graph.builder import compile_graph
 from mart.graph.services import build_services
-from mart.graph.session import graph_config, load_options, review_request
+from mart.graph.session import graph_config, load_options, resume_command, review_request
 from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunError, RunStore
@@ -78,11 +77,13 @@ class RunHandle:
 
     def decide(self, decision: ReviewDecision | dict[str, Any]) -> dict[str, Any] | None:
         """Answer the pending review and run to the next one; returns it, or None when the run ended."""
-        if self.pending_review() is None:
+        pending = self.pending_review()
+        if pending is None:
             raise RunError(f"run {self.run_id} has no pending review to answer")
         if isinstance(decision, dict):
             decision = ReviewDecision.model_validate({"channel": "api", **decision})
-        self.graph.invoke(Command(resume=decision), self.config, context=self.context, durability="sync")
+        self.graph.invoke(resume_command(pending["interrupt_id"], decision), self.config, context=self.context,
+                          durability="sync")
         return self.pending_review()
 
     def past_reviews(self) -> Iterator[Any]:
@@ -147,7 +148,8 @@ class _ReplayGuard:
                   if channel == RESUME_CHANNEL]
         if stored:
             answer = stored[0][0] if isinstance(stored[0], list) and stored[0] else stored[0]
-            what = getattr(answer, "action", None) or (answer.get("action") if isinstance(answer, dict) else None)
+            what = answer.describe() if isinstance(answer, ReviewDecision) else (
+                ReviewDecision.model_validate(answer).describe() if isinstance(answer, dict) else None)
             raise StaleResume(
                 f"this checkpoint's review was already answered ({what or 'an answer is stored'}); LangGraph would "
                 "replay that answer and ignore yours. Re-open the review with run.fork(snapshot), then answer it "

@@ -10,7 +10,6 @@ from langgraph.graph import START, StateGraph
 
 import mart.graph.services  # noqa: F401  (registers the services factory for context-less runs)
 from mart.nodes.critic import critic
-from mart.nodes.health_monitor import health_monitor
 from mart.nodes.human_review import human_review
 from mart.nodes.profiler import profiler
 from mart.nodes.proposer import proposer
@@ -28,16 +27,15 @@ def make_builder(*, context_schema: type | None = Services, input_schema: type =
     that have no JSON schema, and Studio passes no context (the nodes build services from the state)."""
     builder = StateGraph(TuningState, context_schema=context_schema, input_schema=input_schema)
     builder.add_node("start", start_session)  # first step: counters, ledger run row
-    builder.add_node("profiler", profiler)  # queue each stage's baseline, then profile it
-    builder.add_node("proposer", proposer)  # K candidates from profile, history, feedback
-    builder.add_node("critic", critic)  # constraints, memory model, duplicates; pick or send back
-    builder.add_node("human_review", human_review)  # interrupt: approve / edit / reject with feedback
-    builder.add_node("launch_trial", launch_trial)  # tool: idempotent launch (ledger first)
-    builder.add_node("watch_trial", watch_trial)  # tool: new metrics -> ledger, progress
-    builder.add_node("health_monitor", health_monitor)  # rules on the stream; stop when persistent
-    builder.add_node("stop_trial", stop_trial)  # tool: SIGTERM / grace / SIGKILL
-    builder.add_node("collect_trial", collect_trial)  # tool: final status, objective, best
-    builder.add_node("stage_control", stage_control)  # budgets, stage 1 -> stage 2, finish
+    builder.add_node("stage_control", stage_control)  # the stage protocol: fill free slots, wait, next stage
+    builder.add_node("profiler", profiler)  # each stage's baseline -> its phase profile
+    builder.add_node("proposer", proposer)  # candidates for the free slots from profile, history, feedback
+    builder.add_node("critic", critic)  # constraints, memory model, duplicates; pick a batch or send back
+    builder.add_node("human_review", human_review)  # interrupt: approve / edit / reject / ask, per candidate
+    builder.add_node("launch_trial", launch_trial)  # tool: idempotent launch of the queued trials (ledger first)
+    builder.add_node("watch_trial", watch_trial)  # tool: every trial in flight -> ledger, progress, health monitor
+    builder.add_node("stop_trial", stop_trial)  # tool: SIGTERM / grace / SIGKILL of the sick or hung ones
+    builder.add_node("collect_trial", collect_trial)  # tool: final status, objective, the stage's best
     builder.add_node("finish", finish)  # summary
     builder.add_edge(START, "start")
     return builder

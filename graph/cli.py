@@ -363,9 +363,17 @@ def resume(
 def review(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
-    approve_: bool = typer.Option(False, "--approve", help="Approve the pending candidate."),
+    approve_: bool = typer.Option(False, "--approve", help="Approve the pending candidate(s)."),
     reject: Optional[str] = typer.Option(None, "--reject", help="Reject with this feedback for the proposer."),
     edit: list[str] = typer.Option([], "--edit", help="Edit KEY=VALUE (repeatable), then run it."),
+    ask: Optional[str] = typer.Option(None, "--ask", help="Ask the agents a question about the candidate(s); the "
+                                      "review stays pending and shows their answer."),
+    candidate: Optional[str] = typer.Option(
+        None, "--candidate", help="The candidate (id from `mart status`) the decision is about, when the review "
+        "covers several (one per free trial slot); default: all of them."),
+    others: Optional[str] = typer.Option(
+        None, "--others", help="With --candidate: what happens to the review's other candidates, approve or reject "
+        "(default: you must decide them too, so none is approved unseen)."),
     reviewer: Optional[str] = typer.Option(None, help="Who decides (default: your user name)."),
     review_no: Optional[int] = typer.Option(
         None, "--review", help="Answer only if review #N is the pending one (scripts: never approve a review unseen)."),
@@ -392,13 +400,17 @@ def review(
     from mart.graph.session import pending_review
     from mart.graph.session import resume as run_resume
     from mart.state.config_values import parse_assignments
-    from mart.state.models import ReviewDecision
+    from mart.state.models import CandidateDecision, ReviewDecision
     from mart.state.run_store import RunError, RunStore
     from mart.state.search_space import ConfigError
 
-    chosen = [approve_, reject is not None, bool(edit)]
+    chosen = [approve_, reject is not None, bool(edit), ask is not None]
     if sum(chosen) > 1:
-        _fail("give one of --approve, --reject or --edit")
+        _fail("give one of --approve, --reject, --edit or --ask")
+    if others is not None and others not in ("approve", "reject"):
+        _fail(f"--others: approve or reject, not {others!r}")
+    if others is not None and candidate is None:
+        _fail("--others goes with --candidate ID")
     who = reviewer or getpass.getuser()
     decision, channel = None, None
     out = sys.stderr if as_json else sys.stdout  # keep --json output clean
@@ -418,14 +430,27 @@ def review(
             _fail(f"run {store.run_id}: the pending review's interrupt is {request['interrupt_id']}, not "
                   f"{interrupt}; nothing changed")
         interrupt_id = request["interrupt_id"]
+        ids = [c.get("candidate_id") for c in request.get("candidates") or []]
+        if candidate is not None and candidate not in ids:
+            _fail(f"run {store.run_id}: review #{request.get('review_no')} has no candidate {candidate} "
+                  f"(its candidates: {', '.join(map(str, ids))}); nothing changed")
+        one = None
         if approve_:
-            decision = ReviewDecision(action="approve", reviewer=who, channel="cli")
+            one = CandidateDecision(type="approve", candidate_id=candidate)
         elif reject is not None:
-            decision = ReviewDecision(action="reject", feedback=reject, reviewer=who, channel="cli")
+            one = CandidateDecision(type="reject", candidate_id=candidate, message=reject)
         elif edit:
-            decision = ReviewDecision(action="edit", edits=parse_assignments(edit), reviewer=who, channel="cli")
+            one = CandidateDecision(type="edit", candidate_id=candidate, edits=parse_assignments(edit))
+        elif ask is not None:
+            one = CandidateDecision(type="respond", candidate_id=candidate, message=ask)
+            detach = True  # the review stays pending, with the agents' answer
+        if one is not None:
+            rest = [] if others is None else [CandidateDecision(type=others)]
+            decision = ReviewDecision(decisions=[one, *rest], reviewer=who, channel="cli")
+            if one.type != "respond":
+                decision.for_candidates(ids)  # every candidate decided, before anything is sent
         if decision is not None:  # say what is being decided: the applied answer is pinned to this review
-            out.write(format_request(request) + f"\n-> {decision.action} (interrupt {interrupt_id})\n")
+            out.write(format_request(request) + f"\n-> {decision.describe()} (interrupt {interrupt_id})\n")
             out.flush()
         else:  # interactive: ask now, answer exactly this review (unless someone else answers it first)
             tty = TTYReviewer(stdout=out)
@@ -482,11 +507,18 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
         req = i["pending_review"]
         table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
                       i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
-                      f"#{req['review_no']} {req['candidate_id']} ({len(req.get('diff') or [])} changes)" if req else "-",
+                      _review_cell(req) if req else "-",
                       f"mart review {i['run_id']}" if req else
                       f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
                       else "")
     _console().print(table)
+
+
+def _review_cell(req: dict) -> str:
+    cands = req.get("candidates") or []
+    if len(cands) == 1:
+        return f"#{req['review_no']} {cands[0].get('candidate_id')} ({len(cands[0].get('diff') or [])} changes)"
+    return f"#{req['review_no']} {len(cands)} candidates"
 
 
 @app.command()
@@ -522,9 +554,10 @@ def status(
                + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
                + (f", stage {info['stage']}" if info["stage"] else "")
                + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none"))
-    if info["running_trial"]:
-        t = info["running_trial"]
-        typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}): {t['steps_done']}/{t['horizon']} steps")
+    running = info.get("running_trials") or ([info["running_trial"]] if info.get("running_trial") else [])
+    for t in running:  # every trial in flight (several with --parallel)
+        slot = f", slot {t['slot'] + 1}" if t.get("slot") is not None and (info.get("slots") or 1) > 1 else ""
+        typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {t['steps_done']}/{t['horizon']} steps")
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:

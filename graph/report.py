@@ -157,6 +157,59 @@ def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
     return True
 
 
+def _timeline(data: RunData) -> list[dict[str, Any]]:
+    """Trials with a start and an end, in seconds from the first start (the ledger's wall clock)."""
+    rows = [t for t in data.trials if t.get("started_at") and t.get("ended_at")]
+    if not rows:
+        return []
+    t0 = min(float(t["started_at"]) for t in rows)
+    return [{**t, "t_start": float(t["started_at"]) - t0, "t_end": float(t["ended_at"]) - t0} for t in rows]
+
+
+_STATUS_COLOR = {"completed": "C2", "stopped": "C1", "oom": "C3", "failed": "C3"}
+
+
+def _plot_gantt(data: RunData, ax: Any) -> bool:
+    """One bar per trial on its slot's row: when it ran, coloured by how it ended."""
+    rows = _timeline(data)
+    if len(rows) < 2:
+        return False
+    for t in rows:
+        slot = int(t.get("slot") or 0)
+        ax.barh(slot, t["t_end"] - t["t_start"], left=t["t_start"], height=0.7,
+                color=_STATUS_COLOR.get(t["status"], "0.6"), edgecolor="white", alpha=0.85 if t["stage"] == "system" else 0.6)
+        ax.text(t["t_start"], slot, f" {t['trial_id']}", va="center", fontsize=6, clip_on=True)
+    slots = sorted({int(t.get("slot") or 0) for t in rows})
+    ax.set_yticks(slots, [f"slot {s}" for s in slots])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first trial started")
+    ax.set_title("trials on a time axis (green completed, orange stopped, red failed/OOM; pale: later stages)")
+    return True
+
+
+def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
+    """Best-so-far against wall clock: the stage's best eligible objective as its trials end."""
+    limit = data.memory_limit_gb() if stage == "system" else None
+    rows = sorted((t for t in _timeline(data) if t["stage"] == stage), key=lambda t: t["t_end"])
+    xs, ys, cur = [], [], None
+    for t in rows:
+        v = _objective(t)
+        ok = t["status"] == "completed" and v is not None and not t.get("early_stopped")
+        if ok and limit is not None and (t["peak_memory_gb"] or 0) > limit:
+            ok = False
+        if ok:
+            cur = v if cur is None else max(cur, v)
+        xs.append(t["t_end"])
+        ys.append(cur)
+    if not xs:
+        return False
+    ax.step(xs, [y if y is not None else math.nan for y in ys], where="post", color="C0", lw=2)
+    ax.plot(xs, [y if y is not None else math.nan for y in ys], "o", color="C0", ms=3)
+    ax.set_title(f"{stage} stage: best {label} against wall clock")
+    ax.set_xlabel("seconds since the first trial started")
+    return True
+
+
 def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Path | None:
     import matplotlib
 
@@ -187,6 +240,21 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
         return a or b
 
     figs["best_so_far"] = _figure(out_dir / "best_so_far.png", best)
+
+    def gantt(fig: Any) -> bool:
+        return _plot_gantt(data, fig.subplots(1, 1))
+
+    slots = {int(t.get("slot") or 0) for t in data.trials}
+    if len(slots) > 1:  # several trials ran side by side: when they ran, and what the wall clock bought
+        figs["timeline"] = _figure(out_dir / "timeline.png", gantt, size=(10.0, 1.2 + 0.45 * len(slots)))
+
+        def best_time(fig: Any) -> bool:
+            axes = fig.subplots(1, 2)
+            a = _plot_best_vs_time(data, axes[0], "system", "throughput")
+            b = _plot_best_vs_time(data, axes[1], "learning", "validation score")
+            return a or b
+
+        figs["best_vs_time"] = _figure(out_dir / "best_vs_time.png", best_time)
 
     def phases(fig: Any) -> bool:
         if not system:
@@ -452,7 +520,8 @@ def render_html(data: RunData) -> str:
              f"{html.escape(str(data.options.get('backend', '?')))} · {len(data.trials)} trials</p>"]
     if headline(data):
         parts.append(_table_html(["", "baseline → best"], [[a, b] for a, b in headline(data)]))
-    sections = [("Best so far", "best_so_far"), ("Phase breakdown of system trials", "phases"),
+    sections = [("Best so far", "best_so_far"), ("Trials in parallel slots", "timeline"),
+                ("Best so far against wall clock", "best_vs_time"), ("Phase breakdown of system trials", "phases"),
                 ("Peak memory against the limit", "memory"), ("Predicted against measured", "calibration"),
                 ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves"),
                 ("Schedule tree (stage 3)", "schedule_tree")]

@@ -25,6 +25,7 @@ from mart.nodes.progress import (
     HealthNotice,
     ProgressEvent,
     Proposed,
+    SessionNote,
     TrialDone,
     TrialFailed,
     TrialLaunched,
@@ -104,14 +105,26 @@ def review_request(snap) -> dict[str, Any] | None:
     return {**intr.value, "interrupt_id": intr.id}
 
 
+#: LangGraph's strict resume mode (langgraph >= 1.2.20; the SDK's ``strict_resume``): a resume naming an interrupt
+#: that is no longer pending is refused with ``UnknownInterruptError`` before anything is written. The key is
+#: private in LangGraph; tests/graph/test_review_protocol.py proves it against the installed version.
+STRICT_RESUME = "__pregel_strict_resume"
+
+
 def graph_config(run_id: str) -> dict[str, Any]:
     # Never put secrets in `configurable`: LangGraph copies some of it into checkpoint metadata.
-    return {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
+    return {"configurable": {"thread_id": run_id, STRICT_RESUME: True}, "recursion_limit": 100_000}
+
+
+def resume_command(interrupt_id: str, decision: ReviewDecision) -> Command:
+    """The answer to one review, addressed to its interrupt: a stale answer is refused by LangGraph itself."""
+    return Command(resume={interrupt_id: decision.model_dump(mode="json")})
 
 
 def _fmt_launched(e: TrialLaunched) -> tuple[str, str | None]:
     what = ", ".join(e.changes) if e.changes else e.kind
-    return f"[bold]▶ {e.trial_id}[/]: {what} ({e.stage} stage, {e.horizon} steps)", None
+    slot = f", slot {e.slot + 1}/{e.slots}" if e.slots > 1 else ""
+    return f"[bold]▶ {e.trial_id}[/]: {what} ({e.stage} stage, {e.horizon} steps{slot})", None
 
 
 def _fmt_reattached(e: TrialReattached) -> tuple[str, str | None]:
@@ -123,7 +136,7 @@ def _fmt_failed(e: TrialFailed) -> tuple[str, str | None]:
 
 
 def _fmt_step(e: TrialStep) -> tuple[str, str | None]:
-    parts = [f"  step {e.step:>3}"]
+    parts = [f"  {e.trial_id} step {e.step:>3}"]
     for value, fmt in ((e.throughput, "{:.0f} tok/s"), (e.memory_gb, "{:.2f} GB"), (e.reward, "reward {:.3f}"),
                        (e.entropy, "entropy {:.3f}"), (e.val_score, "val {:.3f}")):
         if value is not None:
@@ -154,18 +167,24 @@ def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
 
 
 def _fmt_proposed(e: Proposed) -> tuple[str, str | None]:
-    return f"[cyan]proposer[/] round {e.round}: {len(e.candidates)} candidates", None
+    slots = f" for {e.slots} free slots" if e.slots > 1 else ""
+    return f"[cyan]proposer[/] round {e.round}: {len(e.candidates)} candidates{slots}", None
+
+
+def _fmt_note(e: SessionNote) -> tuple[str, str | None]:
+    return f"[yellow]note[/]: {e.message}", None
 
 
 def _fmt_critique(e: CritiqueDone) -> tuple[str, str | None]:
-    return (f"[cyan]critic[/] picked {e.pick}" if e.pick else f"[cyan]critic[/] {e.feedback}"), None
+    picks = e.picks or ([e.pick] if e.pick else [])
+    return (f"[cyan]critic[/] picked {', '.join(picks)}" if picks else f"[cyan]critic[/] {e.feedback}"), None
 
 
 #: one formatter per kind of progress event: (rich markup, style)
 FORMATTERS: dict[type, Callable[[Any], tuple[str, str | None]]] = {
     TrialLaunched: _fmt_launched, TrialReattached: _fmt_reattached, TrialFailed: _fmt_failed,
     TrialStep: _fmt_step, HealthNotice: _fmt_health, TrialStopped: _fmt_stopped, TrialDone: _fmt_done,
-    Proposed: _fmt_proposed, CritiqueDone: _fmt_critique,
+    Proposed: _fmt_proposed, CritiqueDone: _fmt_critique, SessionNote: _fmt_note,
 }
 
 
@@ -256,7 +275,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
                                            f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
-            inp = Command(resume=decision.model_dump(mode="json"))
+            inp = resume_command(request["interrupt_id"], decision)
     except KeyboardInterrupt as e:
         ledger.upsert_run(store.run_id, status="paused", pid=None)
         e.run_id = store.run_id  # the CLI's hint names the run to resume
@@ -406,6 +425,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
             reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
             progress = ConsoleProgress(options.quiet)
             snap = state_snapshot(store)
+            check_graph_version(store, snap)
             if interrupt_id is not None and (not snap.interrupts or snap.interrupts[0].id != interrupt_id):
                 raise StaleReview(f"run {store.run_id}: review {interrupt_id} is no longer pending "
                                   "(already decided, or asked again)")
@@ -413,7 +433,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 if not snap.interrupts:
                     raise RunError(f"run {store.run_id} has no pending review to answer")
                 validate_decision(store, options, snap, decision)
-                first: Any = Command(resume=decision.model_dump(mode="json"))
+                first: Any = resume_command(snap.interrupts[0].id, decision)
             elif snap.interrupts:
                 reviewer.bind(store)
                 request = review_request(snap)
@@ -421,7 +441,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 if answer is None:
                     store.ledger.upsert_run(store.run_id, status="paused", pid=None)
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}
-                first = Command(resume=answer.model_dump(mode="json"))
+                first = resume_command(request["interrupt_id"], answer)
             elif not snap.values:
                 # killed between creating the run and its first checkpoint: nothing ran yet, start it now
                 first = {"options": options.model_dump(mode="json"), "run_id": store.run_id,
@@ -435,18 +455,33 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
         store.close()
 
 
+def check_graph_version(store: RunStore, snap) -> None:
+    """Refuse a run whose checkpoints another shape of the graph wrote (a mart before parallel trials): its state
+    would be misread. Its ledger stays readable (``mart trials``, ``report``, ``export``)."""
+    from mart.state.graph_state import GRAPH_VERSION
+
+    version = (snap.values or {}).get("graph_version")
+    if snap.values and version != GRAPH_VERSION:
+        raise RunError(f"run {store.run_id} was started by an older mart (graph version {version or 1}, this one "
+                       f"is {GRAPH_VERSION}): it cannot be continued here; its trials and results stay readable with "
+                       f"`mart trials`, `mart report` and `mart export`")
+
+
 def validate_decision(store: RunStore, options: TuneOptions, snap, decision: ReviewDecision) -> None:
-    """Refuse an invalid edit before it reaches the graph (ConfigError names the key and rule)."""
-    if decision.action != "edit":
+    """Refuse a decision the review node would refuse, before it reaches the graph (``ConfigError`` /
+    ``ValueError`` naming the candidate, the key and the rule): an unknown or undecided candidate, an invalid
+    edit."""
+    batch = snap.values.get("batch")
+    picks = list(batch.picks) if batch is not None else []
+    if not any(d.type == "edit" for d in decision.decisions):
+        decision.for_candidates([c.candidate_id for c in picks])
         return
-    from mart.nodes.human_review import apply_decision
-    from mart.nodes.stage_control import knob_stage
+    from mart.nodes.human_review import check_decision
+    from mart.nodes.stages import get as stage_policy
     from mart.trial_runner.registry import load_backend
 
     values = snap.values
-    request = snap.interrupts[0].value
     backend = load_backend(options.backend, **backend_options(options))
-    space = backend.search_space()
     stage = values["stage"]
     base = {**backend.base_config(), **options.start_overrides}
     if stage != "system":
@@ -456,9 +491,7 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
         row = store.ledger.trial(parent) if parent else None
         if row is not None:
             base = dict(row.get("config") or base)
-    cand = values["selected"]
-    assert cand.candidate_id == request["candidate_id"]
-    apply_decision(decision, cand, space, knob_stage(stage), base)
+    check_decision(decision, picks, backend.search_space(), stage_policy(stage).knob_stage, base)
 
 
 def pending_review(store: RunStore) -> dict[str, Any] | None:
@@ -496,7 +529,7 @@ def run_status(store: RunStore) -> dict[str, Any]:
         status = "paused"
         waiting_for = "review" if snap.interrupts else "resume"
     trials = store.ledger.trials()
-    running = next((t for t in trials if t["status"] == "running"), None)
+    running = _running_rows(store, trials)
     return {
         "run_id": store.run_id,
         "run_dir": str(store.run_dir),
@@ -506,17 +539,23 @@ def run_status(store: RunStore) -> dict[str, Any]:
         "stage": values.get("stage"),
         "next": list(snap.next),
         "trials_done": values.get("trials_done") or {},
-        "running_trial": None if running is None else {
-            "trial_id": running["trial_id"], "stage": running["stage"], "kind": running["kind"],
-            "steps_done": len(store.ledger.metric_records(running["trial_id"])),
-            "horizon": running.get("horizon"),
-        },
+        "running_trial": running[0] if running else None,
+        "running_trials": running,
+        "slots": (values.get("options") or {}).get("parallel", 1),
         "pending_review": review_request(snap),
         "summary": row.get("summary"),
         "error": row.get("error"),
         "updated_at": row.get("updated_at"),
         "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
     }
+
+
+def _running_rows(store: RunStore, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every trial the ledger has in flight: id, stage, kind, slot, steps so far, horizon, when it started."""
+    return [{"trial_id": t["trial_id"], "stage": t["stage"], "kind": t["kind"], "slot": t.get("slot"),
+             "steps_done": len(store.ledger.metric_records(t["trial_id"])), "horizon": t.get("horizon"),
+             "started_at": t.get("started_at")}
+            for t in trials if t["status"] == "running"]
 
 
 def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:
@@ -526,15 +565,12 @@ def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:
     for t in trials:
         if t["status"] not in ("running", "pending"):
             done[t["stage"]] = done.get(t["stage"], 0) + 1
-    running = next((t for t in trials if t["status"] == "running"), None)
+    running = _running_rows(store, trials)
     return {
         "run_id": store.run_id, "run_dir": str(store.run_dir), "status": row.get("status") or "created",
         "waiting_for": None, "driver_pid": None, "stage": trials[-1]["stage"] if trials else None, "next": [],
         "trials_done": done,
-        "running_trial": None if running is None else {
-            "trial_id": running["trial_id"], "stage": running["stage"], "kind": running["kind"],
-            "steps_done": len(store.ledger.metric_records(running["trial_id"])), "horizon": running.get("horizon"),
-        },
+        "running_trial": running[0] if running else None, "running_trials": running,
         "pending_review": None, "summary": row.get("summary"), "error": row.get("error"),
         "updated_at": row.get("updated_at"),
         "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),

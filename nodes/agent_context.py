@@ -4,21 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from mart.nodes import stages
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.job_model import JobModel, observation_from_records
 from mart.nodes.agents.memory_model import MemoryModel
-from mart.nodes.stage_control import stage_base_config, stage_horizon
+from mart.nodes.stages import StageView
+from mart.state.graph_state import running_trials
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import throughput_window
-
-OBJECTIVES = {
-    "system": "maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
-              "memory stays within (1 - margin) x capacity",
-    "learning": "maximise the final validation score with the system config fixed; unhealthy trials are stopped early",
-    "schedule": "maximise the validation score at the end of training (the last segment's end) by changing learning "
-                "knobs for the next segment, from the checkpoint at its start; branches from the same checkpoint "
-                "compete, the unchanged continuation among them; unhealthy branches are stopped early",
-}
 
 VERL_PERF_GUIDE = (
     "verl perf-guide order: rollout memory share (gpu_memory_utilization) and max_num_seqs/max_num_batched_tokens "
@@ -48,9 +41,10 @@ def build_job_model(state: dict[str, Any], services, history: list[TrialRecord])
     if job is None:
         return None
     stage = state["stage"]
-    model = JobModel(job, stage_base_config(state, services, "system"))
+    system = stages.get("system")
+    model = JobModel(job, system.base_config(StageView(state, services)))
     preds = services.ledger.predictions(services.run_id)
-    window = throughput_window(stage_horizon(services.options, "system"))
+    window = throughput_window(system.horizon(services.options))
     obs = []
     for t in history:
         if t.stage != "system" and stage == "system":
@@ -64,10 +58,14 @@ def build_job_model(state: dict[str, Any], services, history: list[TrialRecord])
     return model.fit(obs)
 
 
-def build_agent_context(state: dict[str, Any], services) -> AgentContext:
+def build_agent_context(state: dict[str, Any], services, slots: int = 1) -> AgentContext:
+    """What the agents see at a decision point that fills ``slots`` free trial slots (the trials still in flight
+    are ``pending``: never proposed again, and spread away from by a batch)."""
     stage = state["stage"]
+    policy = stages.get(stage)
     space = services.backend.search_space()
     history = [trial_from_row(r) for r in services.ledger.trials() if r.get("status") != "running"]
+    pending = [r.record for r in running_trials(state, stage)] + StageView(state, services).queued(stage)
     job_model = build_job_model(state, services, history)
     model = MemoryModel.fit(
         [t for t in history if t.stage == "system"] if stage == "system" else history,
@@ -81,15 +79,15 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
     diagnosis = segment = None
     if stage == "schedule":
         from mart.nodes.agents.schedule import diagnose
-        from mart.nodes.schedule_stage import diagnosis_input
+        from mart.nodes.stages.schedule import diagnosis_input
 
         records, events, segment = diagnosis_input(state, services)
         diagnosis = diagnose(records, [e.rule for e in events]) if segment is not None else None
     return AgentContext(
         stage=stage,
-        objective=OBJECTIVES[stage],
+        objective=policy.objective,
         search_space=space,
-        base_config=stage_base_config(state, services, stage),
+        base_config=policy.base_config(StageView(state, services)),
         best_overrides=dict((state.get("best_overrides") or {}).get(stage, {})),
         profile=(state.get("profiles") or {}).get(stage),
         history=history,
@@ -97,7 +95,10 @@ def build_agent_context(state: dict[str, Any], services) -> AgentContext:
         feedback=list(state.get("feedback") or []),
         memory_limit_gb=services.memory_limit_gb(),
         predict_memory=predict_memory,
-        num_candidates=services.options.num_candidates,
+        # a batch needs more to choose from: enough candidates for each slot (capped, for LLM prompts)
+        num_candidates=min(24, services.options.num_candidates * max(1, slots)),
+        slots=max(1, slots),
+        pending=pending,
         round=state.get("round", 0),
         seed=services.options.seed,
         backend=services.backend.name,

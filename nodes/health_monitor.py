@@ -1,46 +1,47 @@
-"""Health monitor node: applies the health rules to the active trial's metrics and decides its fate.
+"""The health monitor: applies the health rules to a running trial's metrics and decides whether it must stop.
 
-Stage 2: NaN, entropy collapse, KL blow-up, grad-norm explosion, reward collapse (stop when persistent),
-stagnation and response clipping (warnings unless persistent). Stage 1: NaN and the memory margin.
-A multi-agent job's agents each go through the same rules, and the event and the stop reason name the agent
-("agent 1: entropy ..."); its pathologies (copying, reward concentration, stale debate rounds) are warnings
-unless persistent and harmful. Baselines are never stopped (they define the reference), but their events are
-recorded.
+The watch tool (``mart.tools.watch``) calls ``assess`` for every trial in flight whenever new steps arrived, so a
+sick trial is stopped while the others run on. Stage 2: NaN, entropy collapse, KL blow-up, grad-norm explosion,
+reward collapse (stop when persistent), stagnation and response clipping (warnings unless persistent). Stage 1:
+NaN and the memory margin. A multi-agent job's agents each go through the same rules, and the event and the stop
+reason name the agent ("agent 1: entropy ..."); its pathologies (copying, reward concentration, stale debate
+rounds) are warnings unless persistent and harmful. Baselines are never stopped (they define the reference), but
+their events are recorded. The rules themselves are in ``mart.nodes.health_rules``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-from langgraph.runtime import Runtime
-from langgraph.types import Command
+from typing import Any
 
 from mart.nodes.health_rules import HealthConfig, evaluate
 from mart.nodes.progress import HealthNotice, emit
-from mart.nodes.runtime import Services, services_for
 from mart.state.agents import NUM_ROUNDS
-from mart.state.graph_state import TuningState
+from mart.state.models import HealthEvent, TrialRecord
 
 
-def health_monitor(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["watch_trial", "stop_trial", "collect_trial"]]:
-    services = services_for(state, runtime)
-    record = state["pending_trial"]
+def health_config(services: Any, record: TrialRecord) -> HealthConfig:
+    return HealthConfig(memory_limit_gb=services.memory_limit_gb() if record.stage == "system" else None,
+                        num_rounds=_int_or_none(record.config.get(NUM_ROUNDS)))
+
+
+def assess(services: Any, record: TrialRecord, *, final: bool = False) -> str | None:
+    """Evaluate the rules on the trial's stream so far (from the ledger), record its events, announce the new
+    ones, and return why it must stop (None: it runs on; a baseline, or a trial that has ``final``-ly ended,
+    is never stopped)."""
     records = services.ledger.metric_records(record.trial_id)
-    cfg = HealthConfig(memory_limit_gb=services.memory_limit_gb() if record.stage == "system" else None,
-                       num_rounds=_int_or_none(record.config.get(NUM_ROUNDS)))
-    events = evaluate(record.stage, record.trial_id, records, cfg)
+    events = evaluate(record.stage, record.trial_id, records, health_config(services, record))
+    known = {(e.scoped_rule, e.step, e.severity) for e in services.ledger.health_events(record.trial_id)}
     services.ledger.add_health_events(events)
     for ev in events:
-        emit(services, HealthNotice(trial_id=ev.trial_id, rule=ev.rule, severity=ev.severity, message=ev.message))
-    if state.get("trial_finished"):
-        return Command(goto="collect_trial")
-    stops = [e for e in events if e.severity == "stop"]
-    if stops and record.kind != "baseline":
-        return Command(goto="stop_trial", update={"stop_reason": f"health: {stops[0].rule}: {stops[0].message}"})
-    return Command(goto="watch_trial")
+        if (ev.scoped_rule, ev.step, ev.severity) not in known:
+            emit(services, HealthNotice(trial_id=ev.trial_id, rule=ev.rule, severity=ev.severity, message=ev.message))
+    stops: list[HealthEvent] = [e for e in events if e.severity == "stop"]
+    if final or not stops or record.kind == "baseline":
+        return None
+    return f"health: {stops[0].rule}: {stops[0].message}"
 
 
-def _int_or_none(value) -> int | None:
+def _int_or_none(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
     except (TypeError, ValueError):

@@ -1,7 +1,8 @@
-"""Profiler: runs each stage's baseline and builds its phase-wise profile.
+"""Profiler: builds each stage's phase-wise profile from its baseline trial.
 
-The node runs twice per stage: first it queues the baseline trial (run by the trial tool nodes),
-then, once that trial is collected, it reads its metrics from the ledger and builds the ``Profile``.
+Every stage runs its baseline alone first (``StagePolicy.baseline_plan``); once the trial tools collected it,
+stage control sends it here, and the profile (phase shares, throughput, memory headroom, lengths) is what the
+agents propose from.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from mart.nodes import stages
 from mart.nodes.runtime import Services, services_for
-from mart.nodes.stage_control import stage_base_config, stage_horizon
 from mart.state.graph_state import TuningState
 from mart.state.metrics import StepRecord, last_value, mean_over_steps
 from mart.state.models import PhaseProfile, Profile, Stage, TrialRecord
@@ -67,22 +68,14 @@ def _or0(v: float) -> float:
     return 0.0 if v is None or math.isnan(v) else float(v)
 
 
-def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["launch_trial", "proposer", "stage_control"]]:
+def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stage_control"]]:
+    """Builds the stage's profile from its finished baseline (the stage ran the baseline alone first)."""
     services = services_for(state, runtime)
     stage: Stage = state["stage"]
-    if stage in (state.get("profiles") or {}):
-        return Command(goto="proposer")
-    baseline: TrialRecord | None = (state.get("baseline") or {}).get(stage)
-    if baseline is None:
-        # Queue the stage's baseline: the base config as it is (stage 2: stage 1's best system config).
-        seq = state.get("trial_seq", 0) + 1
-        record = TrialRecord(
-            trial_id=f"{stage[:3]}-{seq:02d}-baseline", stage=stage, kind="baseline",
-            config=stage_base_config(state, services, stage),
-        )
-        return Command(goto="launch_trial", update={"pending_trial": record})
+    policy = stages.get(stage)
+    baseline: TrialRecord = (state.get("baseline") or {})[stage]
     records = services.ledger.metric_records(baseline.trial_id)
-    profile = build_profile(baseline, records, stage_horizon(services.options, stage), services.memory_limit_gb(),
+    profile = build_profile(baseline, records, policy.horizon(services.options), services.memory_limit_gb(),
                             services.backend.score_metric_prefix)
     services.ledger.set_profile(services.run_id, stage, baseline.trial_id, profile)
     update: dict[str, Any] = {"profiles": {**(state.get("profiles") or {}), stage: profile}}
@@ -90,10 +83,9 @@ def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal[
         # A baseline that produced no objective (crash, OOM) leaves nothing to compare against.
         reason = f"baseline trial {baseline.trial_id} ended {baseline.status.value}: {baseline.reason or 'no objective'}"
         update["exhausted"] = {**(state.get("exhausted") or {}), stage: reason}
-        return Command(goto="stage_control", update=update)
     # An infeasible baseline (OOM, over the margin) does not end the stage: the job model knows the peak
     # reached at least the capacity and proposes memory-reducing bundles first. The baseline counts against
-    # the stage's budget, so stage control decides whether a candidate follows (--system-trials 1: none).
+    # the stage's budget, so the stage decides whether a candidate follows (--system-trials 1: none).
     return Command(goto="stage_control", update=update)
 
 

@@ -31,6 +31,10 @@ class TrialLaunched(_Event):
     horizon: int
     changes: list[str] = []
     """What the trial changes against the stage's current best, e.g. ``micro_batch 16→32``."""
+    slot: int = 0
+    """The trial slot it runs in (0 .. slots-1)."""
+    slots: int = 1
+    """How many trials the session runs at once."""
 
 
 class TrialReattached(_Event):
@@ -104,23 +108,34 @@ class Proposed(_Event):
     stage: Stage
     round: int
     candidates: list[ProposedCandidate]
+    slots: int = 1
+    """How many trials this decision point may start (free slots)."""
 
 
 class CritiqueDone(_Event):
     event: Literal["critique"] = "critique"
     pick: str | None = None
+    picks: list[str] = Field(default_factory=list)
+    """A batch's picks (``pick`` first)."""
     feedback: str = ""
     accepted: list[str] = Field(default_factory=list)
+
+
+class SessionNote(_Event):
+    """Something about the session as a whole (e.g. fewer trial slots than asked for, and why)."""
+
+    event: Literal["note"] = "note"
+    message: str
 
 
 #: every kind of progress event, discriminated by its ``event`` field
 ProgressEvent = Annotated[
     Union[TrialLaunched, TrialReattached, TrialFailed, TrialStep, HealthNotice, TrialStopped, TrialDone, Proposed,
-          CritiqueDone],
+          CritiqueDone, SessionNote],
     Field(discriminator="event"),
 ]
 EVENT_TYPES: tuple[type[_Event], ...] = (TrialLaunched, TrialReattached, TrialFailed, TrialStep, HealthNotice,
-                                         TrialStopped, TrialDone, Proposed, CritiqueDone)
+                                         TrialStopped, TrialDone, Proposed, CritiqueDone, SessionNote)
 _ADAPTER: TypeAdapter[ProgressEvent] = TypeAdapter(ProgressEvent)
 
 
@@ -144,6 +159,6 @@ def emit(services: Any, event: ProgressEvent) -> None:
             _log.warning("progress output failed (%s: %s); the session goes on", type(e).__name__, e)
 
 
-__all__ = ["EVENT_TYPES", "CritiqueDone", "HealthNotice", "ProgressEvent", "Proposed", "ProposedCandidate",
+__all__ = ["EVENT_TYPES", "CritiqueDone", "HealthNotice", "ProgressEvent", "Proposed", "ProposedCandidate", "SessionNote",
            "TrialDone", "TrialFailed", "TrialLaunched", "TrialReattached", "TrialStep", "TrialStopped", "emit",
            "parse_event"]

@@ -67,6 +67,36 @@ class Services:
     def memory_limit_gb(self) -> float | None:
         return memory_limit_gb(self.memory_capacity_gb(), self.options.memory_margin)
 
+    def watchdog(self):
+        """The progress watchdog's limits for this session's trials (``mart.trial_runner.watchdog``)."""
+        from mart.trial_runner.watchdog import WatchdogConfig
+
+        return WatchdogConfig(enabled=not getattr(self.runner, "watches_progress", False),
+                              stall_timeout_s=self.options.stall_timeout_s,
+                              first_step_timeout_s=self.options.first_step_timeout_s)
+
+    def trial_slots(self) -> int:
+        """How many trials run at once: ``--parallel``, at most what the backend holds (``Backend.max_parallel_trials``)."""
+        if not hasattr(self, "_slots"):
+            try:
+                cap = self.backend.max_parallel_trials()
+            except Exception:  # noqa: BLE001 - a backend that cannot tell holds what the user asked for
+                cap = None
+            self._slots = max(1, min(self.options.parallel, cap) if cap else self.options.parallel)
+        return self._slots
+
+    def slots_note(self) -> str | None:
+        """Why the session runs fewer trials at once than ``--parallel`` asked for (None: it runs as many)."""
+        slots = self.trial_slots()
+        if slots >= self.options.parallel:
+            return None
+        try:
+            why = self.backend.parallel_limit_reason()
+        except Exception:  # noqa: BLE001
+            why = "the backend's limit"
+        return (f"--parallel {self.options.parallel}: the {self.backend.name} backend runs {slots} trial(s) at once "
+                f"({why}); the other trials wait for a free slot")
+
     def close(self) -> None:
         self.runner.close()
 

@@ -1,4 +1,4 @@
-"""The tuning graph's state: small on purpose (ids, stage, budgets, current candidate, summaries).
+"""The tuning graph's state: small on purpose (ids, stage, counters, the trials in flight, summaries).
 
 Metric streams, logs and full histories live in the ledger; SqliteSaver stores every channel in every
 checkpoint, so a field that grows here costs its size at every step. All fields are replaced wholesale
@@ -9,17 +9,30 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import BaseModel, Field
 from typing_extensions import TypedDict  # pydantic (Studio's schema endpoint) needs it on Python < 3.12
 
 from mart.state.models import Candidate, Critique, Profile, Stage, TrialRecord
-from mart.state.trials import TrialHandle
+from mart.state.trials import RunningTrial
+
+#: the shape of this state; a checkpoint of another shape (an older mart) is refused on resume, not misread
+GRAPH_VERSION = 2
+
+
+class Batch(BaseModel):
+    """One decision point: the candidates proposed for the free trial slots, the critic's verdicts and picks."""
+
+    want: int = Field(1, ge=1, description="how many trials the batch may start (the free slots)")
+    candidates: list[Candidate] = Field(default_factory=list)
+    critiques: list[Critique] = Field(default_factory=list)
+    picks: list[Candidate] = Field(default_factory=list, description="the candidates the critic picked, to review")
 
 
 class InputState(TypedDict, total=False):
     """What a caller provides to start a session (the CLI, the Python API, or LangGraph Studio)."""
 
     options: dict[str, Any]
-    """``graph.context.TuneOptions`` as a dict: backend, budgets, horizons, margin, approval, agents, seed."""
+    """``TuneOptions`` as a dict: backend, budgets, horizons, margin, approval, agents, seed, parallel."""
     run_id: str
     """Id of the run (the run directory's name). Studio runs get one on their first step."""
     run_dir: str
@@ -29,16 +42,26 @@ class InputState(TypedDict, total=False):
 class TuningState(InputState, total=False):
     """Full state of a tuning session."""
 
+    graph_version: int
+    """``GRAPH_VERSION`` of the mart that started the session."""
     stage: Stage
-    """The stage being tuned: ``system`` (throughput), ``learning`` (validation score), ``schedule`` (per-segment
-    learning knobs; see ``mart.nodes.schedule_stage``)."""
+    """The stage being tuned (``mart.nodes.stages``): ``system`` (throughput), ``learning`` (validation score),
+    ``schedule`` (per-segment learning knobs)."""
     status: Literal["running", "completed", "failed"]
     started_at: float
     """Wall-clock start of the session (for the optional wall-clock budget)."""
     trial_seq: int
-    """Number of trials launched so far in the run (gives each trial its sequence number)."""
+    """Number of trials queued so far in the run (gives each trial its sequence number)."""
     trials_done: dict[str, int]
-    """Finished trials per stage, the baseline included (budgets count these)."""
+    """Finished trials per stage, the baseline included."""
+    running: dict[str, RunningTrial]
+    """The trials in flight (at most ``TuneOptions.parallel``), by trial id: record, handle, slot."""
+    queue: list[TrialRecord]
+    """Trials decided (approved, or started by the stage without review) and not launched yet."""
+    batch: Batch | None
+    """The current decision point: candidates, critiques and the picks awaiting review."""
+    waiting: dict[str, str]
+    """Per stage, why no proposal is made until a running trial finishes (nothing new to try right now)."""
     profiles: dict[str, Profile]
     """Phase-wise profile of each stage's baseline."""
     baseline: dict[str, TrialRecord]
@@ -47,40 +70,24 @@ class TuningState(InputState, total=False):
     """The best feasible trial of each stage so far (starts as the baseline)."""
     best_overrides: dict[str, dict[str, Any]]
     """Overrides of each stage's best trial relative to that stage's base config."""
-    candidates: list[Candidate]
-    """The current proposal round's candidates."""
-    critiques: list[Critique]
-    """The critic's verdicts on ``candidates``."""
-    selected: Candidate | None
-    """The candidate the critic picked, awaiting review."""
     feedback: list[str]
-    """Reviewer feedback and critic reasons for the proposer's next round (cleared when a trial runs)."""
+    """Reviewer feedback and critic reasons for the proposer's next round (cleared when a trial finishes)."""
     round: int
-    """Proposal rounds since the last trial (bounded by ``max_revision_rounds`` for critic send-backs)."""
+    """Proposal rounds at this decision point (bounded by ``max_revision_rounds`` for critic send-backs)."""
     reviews: int
     """Review decisions taken so far (gives each review a stable id)."""
-    pending_trial: TrialRecord | None
-    """The trial to launch or being run (baseline or approved candidate)."""
-    active: TrialHandle | None
-    """The running trial's handle (re-attached after a restart); read it with ``active_handle``."""
-    trial_finished: bool
-    stop_reason: str | None
-    """Set by the health monitor when the active trial must be stopped."""
     exhausted: dict[str, str]
+    """Stages that ended before their budget, with the reason (nothing new to try, critic gave up)."""
     selection: dict[str, Any]
     """Per stage, how the winner was chosen under noise: mean, spread and runs of each contender, the noise."""
-    """Stages that ended before their budget, with the reason (nothing new to try, critic gave up)."""
     schedule: dict[str, Any]
     """Schedule stage: ``expanding`` (the node whose branches run now), ``expanded`` (ids), ``notes``, and at the
     end ``result`` (segments, scores, the tree as compact rows). The tree itself is in the ledger."""
-    last_trial: TrialRecord | None
     summary: dict[str, Any] | None
-    """The session's final summary (see ``mart.nodes.stage_control.build_summary``)."""
+    """The session's final summary (``mart.nodes.stages.summary.build_summary``)."""
 
 
-def active_handle(state: TuningState) -> TrialHandle | None:
-    """The running trial's handle. Checkpoints written before handles were kept as models hold a dict."""
-    value = state.get("active")
-    if value is None or isinstance(value, TrialHandle):
-        return value
-    return TrialHandle.model_validate(value)
+def running_trials(state: dict[str, Any], stage: str | None = None) -> list[RunningTrial]:
+    """The trials in flight, in launch order (sequence), of one stage or all."""
+    out = [RunningTrial.model_validate(r) if isinstance(r, dict) else r for r in (state.get("running") or {}).values()]
+    return [r for r in out if stage is None or r.record.stage == stage]

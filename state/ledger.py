@@ -30,7 +30,9 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
                 # the trial tree (null: started from the base model)
                 "parent_trial": str, "parent_checkpoint": str, "parent_step": int,
                 # re-evaluations under noise: the trial's own seed, the trial whose config it repeats
-                "seed": int, "confirms": str}, "trial_id"),
+                "seed": int, "confirms": str,
+                # parallel trials: the slot it held, when it was queued, the token its launch was recorded under
+                "slot": int, "queued_at": float, "launch_token": str}, "trial_id"),
     "metrics": ({"trial_id": str, "step": int, "key": str, "value": float}, ("trial_id", "step", "key")),
     "proposals": ({"candidate_id": str, "run_id": str, "stage": str, "round": int, "overrides": str,
                    "rationale": str, "source": str, "predicted_memory_gb": float, "expected_gain": float,
@@ -38,7 +40,13 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "critiques": ({"candidate_id": str, "run_id": str, "accepted": int, "picked": int, "reasons": str,
                    "predicted_memory_gb": float, "risk": str, "score": float, "created_at": float}, "candidate_id"),
     "reviews": ({"review_id": str, "run_id": str, "candidate_id": str, "action": str, "edits": str,
-                 "feedback": str, "reviewer": str, "channel": str, "created_at": float}, "review_id"),
+                 "feedback": str, "reviewer": str, "channel": str, "created_at": float,
+                 # one review can decide several candidates (one per free trial slot): its number groups them
+                 "review_no": int}, "review_id"),
+    # the agents' answers to a reviewer's questions (decision type "respond"), kept so a resumed review node
+    # shows the same answer instead of asking the agents again
+    "review_answers": ({"answer_id": str, "run_id": str, "question": str, "answer": str, "created_at": float},
+                       "answer_id"),
     "health_events": ({"event_id": str, "trial_id": str, "step": int, "rule": str, "severity": str,
                        "message": str, "value": float, "created_at": float, "agent": int}, "event_id"),
     "stage_results": ({"run_id": str, "stage": str, "baseline_trial": str, "best_trial": str,
@@ -223,21 +231,34 @@ class Ledger:
                "where t.run_id = ? group by p.source")
         return {src: n for src, n in self.db.execute(sql, [run_id]).fetchall()}
 
-    def add_critiques(self, run_id: str, critiques: list[Critique], pick: str | None) -> None:
+    def add_critiques(self, run_id: str, critiques: list[Critique], picks: str | list[str] | None) -> None:
+        """The critic's verdicts; ``picks``: the candidate (or, for a batch, candidates) it chose."""
         now = time.time()
+        chosen = set([picks] if isinstance(picks, str) else picks or [])
         self.db["critiques"].upsert_all([
             {"candidate_id": c.candidate_id, "run_id": run_id, "accepted": int(c.accepted),
-             "picked": int(c.candidate_id == pick), "reasons": _json(c.reasons),
+             "picked": int(c.candidate_id in chosen), "reasons": _json(c.reasons),
              "predicted_memory_gb": _num(c.predicted_memory_gb), "risk": c.risk, "score": _num(c.score),
              "created_at": now} for c in critiques
         ], pk="candidate_id")
 
-    def add_review(self, run_id: str, review_id: str, candidate_id: str, decision: ReviewDecision) -> None:
+    def add_review(self, run_id: str, review_id: str, candidate_id: str, decision: ReviewDecision, *,
+                   review_no: int | None = None) -> None:
+        """One candidate's decision (``decision`` holds that one, ``decisions[0]``)."""
+        d = decision.decisions[0]
         self.db["reviews"].upsert({
-            "review_id": review_id, "run_id": run_id, "candidate_id": candidate_id, "action": decision.action,
-            "edits": _json(decision.edits), "feedback": decision.feedback, "reviewer": decision.reviewer,
-            "channel": decision.channel, "created_at": time.time(),
-        }, pk="review_id")
+            "review_id": review_id, "run_id": run_id, "candidate_id": candidate_id, "action": d.type,
+            "edits": _json(d.edits), "feedback": d.message, "reviewer": decision.reviewer,
+            "channel": decision.channel, "created_at": time.time(), "review_no": review_no,
+        }, pk="review_id", alter=True)
+
+    def review_answer(self, answer_id: str) -> str | None:
+        rows = list(self.db["review_answers"].rows_where("answer_id = ?", [answer_id]))
+        return rows[0]["answer"] if rows else None
+
+    def set_review_answer(self, run_id: str, answer_id: str, question: str, answer: str) -> None:
+        self.db["review_answers"].upsert({"answer_id": answer_id, "run_id": run_id, "question": question,
+                                          "answer": answer, "created_at": time.time()}, pk="answer_id")
 
     def rejected_overrides(self, run_id: str, stage: str) -> list[dict[str, Any]]:
         """Overrides of the candidates a reviewer rejected in ``stage``."""

@@ -11,11 +11,16 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 Stage = Literal["system", "learning", "schedule"]
 #: the stages in the order a session runs them (`TuneOptions.stages` keeps this order)
 STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
+
+
+def knob_stage(stage: str) -> Stage:
+    """The catalogue stage whose knobs ``stage`` changes (a schedule changes learning knobs per segment)."""
+    return "learning" if stage == "schedule" else stage  # type: ignore[return-value]
 
 
 class TrialStatus(str, enum.Enum):
@@ -91,15 +96,108 @@ class Critique(BaseModel):
     score: float = Field(0.0, description="ranking score; higher is better")
 
 
-class ReviewDecision(BaseModel):
-    """The human reviewer's answer to a review interrupt (validated as the interrupt's response schema)."""
+DecisionType = Literal["approve", "edit", "reject", "respond"]
 
-    action: Literal["approve", "edit", "reject"]
-    edits: dict[str, Any] = Field(default_factory=dict, description="for edit: verl key -> new value")
-    feedback: str = Field("", description="for reject (or edit): free text that reaches the proposer")
+
+class CandidateDecision(BaseModel):
+    """The reviewer's decision on one candidate of a review (the decision types of LangChain's human-in-the-loop
+    middleware: approve, edit, reject, respond)."""
+
+    type: DecisionType
+    candidate_id: str | None = Field(
+        None, description="the candidate it decides; None: every candidate that no other decision names")
+    edits: dict[str, Any] = Field(default_factory=dict, description="edit: knob (edit name or verl key) -> new "
+                                  "value, applied to the candidate's overrides and checked against the catalogue")
+    message: str = Field("", description="reject: feedback for the proposer; respond: a question for the agents "
+                                         "(the review is asked again with their answer); edit: an optional note")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _langchain_edit(cls, data: Any) -> Any:
+        # LangChain's HITL edit decision carries the edited call as {"edited_action": {"name", "args"}}
+        if isinstance(data, dict) and "edited_action" in data and "edits" not in data:
+            data = dict(data)
+            edited = data.pop("edited_action") or {}
+            data["edits"] = dict(edited.get("args") or {}) if isinstance(edited, dict) else edited
+        return data
+
+
+class ReviewDecision(BaseModel):
+    """The human reviewer's answer to one review (validated as the interrupt's response schema).
+
+    One review covers the candidates proposed at one decision point (one per free trial slot): ``decisions``
+    names what happens to each. A decision without ``candidate_id`` covers every candidate no other decision
+    names, so ``{"decisions": [{"type": "approve"}]}`` approves them all. The older one-candidate form
+    ``{"action": "approve" | "edit" | "reject", "edits": {...}, "feedback": "..."}`` is read as one such
+    decision.
+    """
+
+    decisions: list[CandidateDecision] = Field(min_length=1)
     reviewer: str = Field("unknown", description="who decided: a user name, slack id, 'auto'")
     channel: str = Field("studio", description="where the answer came from: tty, cli, auto, slack, api; an "
                          "answer without one can only come through LangGraph Studio or its SDK")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_candidate_form(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "action" in data and "decisions" not in data:
+            data = dict(data)
+            one = {"type": data.pop("action"), "edits": data.pop("edits", None) or {},
+                   "message": data.pop("feedback", None) or ""}
+            if data.get("candidate_id") is not None:
+                one["candidate_id"] = data.pop("candidate_id")
+            data.pop("candidate_id", None)
+            data["decisions"] = [one]
+        return data
+
+    # the one-candidate view: what the decision does when it covers one candidate, or all of them alike
+    @property
+    def action(self) -> str:
+        """The decision type when every decision has the same one, else ``"mixed"``."""
+        types = {d.type for d in self.decisions}
+        return types.pop() if len(types) == 1 else "mixed"
+
+    @property
+    def edits(self) -> dict[str, Any]:
+        return next((dict(d.edits) for d in self.decisions if d.type == "edit"), {})
+
+    @property
+    def feedback(self) -> str:
+        return next((d.message for d in self.decisions if d.message), "")
+
+    @classmethod
+    def approve_all(cls, reviewer: str = "unknown", channel: str = "studio") -> "ReviewDecision":
+        return cls(decisions=[CandidateDecision(type="approve")], reviewer=reviewer, channel=channel)
+
+    def for_candidates(self, candidate_ids: list[str]) -> dict[str, CandidateDecision]:
+        """Each candidate's decision (``ValueError`` naming what is wrong: an unknown id, a candidate decided
+        twice or not at all)."""
+        named = [d for d in self.decisions if d.candidate_id is not None]
+        unknown = sorted({d.candidate_id for d in named} - set(candidate_ids))
+        if unknown:
+            raise ValueError(f"no candidate {', '.join(map(str, unknown))} in this review (its candidates: "
+                             f"{', '.join(candidate_ids)})")
+        seen = [d.candidate_id for d in named]
+        twice = sorted({c for c in seen if seen.count(c) > 1})
+        if twice:
+            raise ValueError(f"candidate {', '.join(map(str, twice))} decided twice")
+        rest = [d for d in self.decisions if d.candidate_id is None]
+        if len(rest) > 1:
+            raise ValueError("at most one decision without candidate_id (it covers the candidates no other names)")
+        out = {d.candidate_id: d for d in named}
+        missing = [c for c in candidate_ids if c not in out]
+        if missing and not rest:
+            raise ValueError(f"no decision for candidate {', '.join(missing)}: decide each, or add one decision "
+                             "without candidate_id for the rest")
+        for c in missing:
+            out[c] = rest[0].model_copy(update={"candidate_id": c})
+        return {c: out[c] for c in candidate_ids}
+
+    def describe(self) -> str:
+        """``approve`` / ``reject sys-02-r0-c1, approve the rest`` (for logs and channel messages)."""
+        parts = [f"{d.type}{' ' + d.candidate_id if d.candidate_id else (' the rest' if len(self.decisions) > 1 else '')}"
+                 for d in self.decisions]
+        return ", ".join(parts)
 
 
 class HealthEvent(BaseModel):
@@ -148,4 +246,5 @@ class TrialRecord(BaseModel):
         return self.throughput if stage == "system" else self.score  # learning, schedule: validation score
 
 
-STATE_TYPES = [TrialStatus, PhaseProfile, Profile, Candidate, Critique, ReviewDecision, HealthEvent, TrialRecord]
+STATE_TYPES = [TrialStatus, PhaseProfile, Profile, Candidate, Critique, CandidateDecision, ReviewDecision,
+               HealthEvent, TrialRecord]

@@ -50,6 +50,15 @@ class TuneOptions(BaseModel):
     schedule_horizon: int | None = Field(
         None, ge=2, description="Schedule stage: total training steps T of a schedule (default: --learning-horizon); "
         "segment i ends at step round(i x T / S).")
+    parallel: int = Field(
+        1, ge=1, le=256, description="Trials run at once (slots). Each proposal round fills the free slots with one "
+        "batch and one review; a slot that frees starts the next trial at once. 1 = one trial at a time.")
+    stall_timeout_s: float | None = Field(
+        None, gt=0, description="A trial with no new step for this many seconds is stopped as hung (or frozen); "
+        "default: max(300, 5 x its median step time). Every backend, the same rule.")
+    first_step_timeout_s: float | None = Field(
+        None, gt=0, description="A trial with no training step this many seconds after launch is stopped as hung "
+        "(model load, engine start, first step); default: 1 hour.")
     learning_confirm_trials: int = Field(
         3, ge=0, description="Stage 2: at most this many re-evaluations on a second seed, after the budget, of the "
         "configs whose score is within the measured noise of the winner's (0 = trust one run).")

@@ -8,9 +8,10 @@ from mart.state.models import STATE_TYPES
 
 
 def allowed_types() -> list[tuple[str, str]]:
-    from mart.state.trials import TrialHandle, TrialPoll
+    from mart.state.graph_state import Batch
+    from mart.state.trials import RunningTrial, TrialHandle, TrialPoll
 
-    types = [*STATE_TYPES, TrialHandle, TrialPoll]
+    types = [*STATE_TYPES, TrialHandle, TrialPoll, RunningTrial, Batch]
     return [(t.__module__, t.__qualname__) for t in types]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from mart.state.models import TrialStatus
+from mart.state.models import TrialRecord, TrialStatus
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
@@ -43,6 +43,9 @@ class TrialSpec(BaseModel):
     stage: str | None = Field(None, description="'system' (throughput: no validation) or 'learning'; None = a "
                                                 "standalone trial, run like a learning trial")
     save_steps: list[int] = Field(default_factory=list, description="global steps after which to save a checkpoint")
+    launch_token: str | None = Field(
+        None, description="a random token recorded in the ledger before the launch; a runner gives it to the trial "
+        "(``MART_LAUNCH_TOKEN`` in its environment) so a resumed tuner can find a trial whose handle it never saved")
     init_from: CheckpointRef | None = Field(
         None, description="start from this checkpoint (policy, optimizer, data position, global step) instead of the "
         "base model; ``steps`` stays the last global step, so the trial trains steps init_from.step+1..steps")
@@ -77,3 +80,13 @@ class TrialPoll(BaseModel):
     status: TrialStatus
     reason: str | None = None
     last_step: int | None = None
+
+
+class RunningTrial(BaseModel):
+    """A trial in flight: its record, its handle once launched, the slot it holds, and what the watcher found."""
+
+    record: TrialRecord
+    handle: TrialHandle | None = None
+    slot: int = Field(0, ge=0, description="which of the session's trial slots it holds (0 .. parallel-1)")
+    stop_reason: str | None = Field(None, description="set when the trial must be stopped (health, watchdog)")
+    finished: bool = Field(False, description="the trial has ended (or must be collected): collect it next")

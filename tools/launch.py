@@ -1,78 +1,107 @@
-"""Launch tool node: starts the pending trial once, recording it in the ledger *before* it starts.
+"""Launch tool node: starts the queued trials in the free slots, each recorded in the ledger *before* it starts.
 
-Idempotent: a graph resumed after a crash re-runs this node; a trial that already has a handle in the
-ledger is re-attached (running) or collected (finished), never launched a second time.
+Idempotent: a graph resumed after a crash re-runs this node. A trial whose handle the ledger holds is
+re-attached (running) or collected (finished), never launched a second time; one whose launch was recorded
+(``launch_token``) but whose handle never was (a kill inside the launch window) is adopted from the backend when
+it did start (``TrialRunner.adopt``), and launched only when it did not.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from mart.nodes import stages
 from mart.nodes.progress import TrialFailed, TrialLaunched, TrialReattached, emit
 from mart.nodes.runtime import Services, services_for
-from mart.nodes.schedule_stage import prepare_trial, start_config
-from mart.nodes.stage_control import overrides_of, stage_base_config, stage_horizon
-from mart.state.graph_state import TuningState
-from mart.state.models import TrialStatus
-from mart.state.trials import CheckpointRef, TrialHandle, TrialSpec
+from mart.nodes.stages import StageView
+from mart.state.graph_state import TuningState, running_trials
+from mart.state.models import TrialRecord, TrialStatus
+from mart.state.trials import CheckpointRef, RunningTrial, TrialHandle, TrialSpec
 
 
-def _changes(state: TuningState, services: Services, record) -> list[str]:
-    """The trial's config against the stage's current best, in the names a reviewer edits."""
-    if record.stage == "schedule":  # a branch: against its parent's config (the root: the start config)
-        parent = services.ledger.trial(record.parent_trial) if record.parent_trial else None
-        current = dict((parent or {}).get("config") or {}) or start_config(state, services)
+def _changes(view: StageView, record: TrialRecord) -> list[str]:
+    """The trial's config against what it starts from (the stage's current best; a schedule branch: its parent's
+    config), in the names a reviewer edits."""
+    policy = stages.get(record.stage)
+    if record.stage == "schedule":
+        parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
+        current = dict((parent or {}).get("config") or {}) or policy.start_config(view)  # type: ignore[attr-defined]
     else:
-        current = {**stage_base_config(state, services, record.stage),
-                   **(state.get("best_overrides") or {}).get(record.stage, {})}
-    space = services.backend.search_space()
+        current = {**policy.base_config(view), **(view.state.get("best_overrides") or {}).get(record.stage, {})}
+    space = view.services.backend.search_space()
     name = space.edit_name
     return [f"{name(k) if k in space else k} {current.get(k)!r}→{v!r}"
             for k, v in sorted(record.config.items()) if k in current and current[k] != v]
 
 
-def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["watch_trial", "collect_trial"]]:
-    services = services_for(state, runtime)
-    record = state["pending_trial"]
-    ledger = services.ledger
-    seq = state.get("trial_seq", 0) + 1
-    fresh = {"trial_seq": seq, "trial_finished": False, "stop_reason": None}
-    horizon = stage_horizon(services.options, record.stage)
-    if record.stage == "schedule":
-        # a segment-trial: its parent checkpoint, the step it ends at (a global step), where it saves
-        record, horizon = prepare_trial(state, services, record)
-        fresh["pending_trial"] = record
-    existing = ledger.trial(record.trial_id)
-    if existing and existing.get("handle"):
-        emit(services, TrialReattached(trial_id=record.trial_id))
-        return Command(goto="watch_trial", update={**fresh, "active": TrialHandle.model_validate(existing["handle"])})
-
-    trial_dir = services.store.trial_dir(record.trial_id)
-    ledger.upsert_trial(
-        record.model_copy(update={"status": TrialStatus.RUNNING}), run_id=services.run_id, seq=seq,
-        horizon=horizon, trial_dir=str(trial_dir), started_at=time.time(),
-        overrides=overrides_of(state, services, record),
-    )
-    spec = TrialSpec(
-        trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=str(trial_dir),
+def _spec(services: Services, record: TrialRecord, horizon: int, trial_dir: str, token: str | None) -> TrialSpec:
+    return TrialSpec(
+        trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=trial_dir,
         memory_capacity_gb=services.memory_capacity_gb(), stage=record.stage,
         seed=services.options.seed if record.seed is None else record.seed,
-        save_steps=record.save_steps,
+        save_steps=record.save_steps, launch_token=token,
         init_from=(CheckpointRef(path=record.parent_checkpoint, step=record.parent_step, trial_id=record.parent_trial)
                    if record.parent_checkpoint and record.parent_step else None),
     )
+
+
+def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stage_control"]]:
+    services = services_for(state, runtime)
+    view = StageView(state, services)
+    running = {r.record.trial_id: r for r in running_trials(state)}
+    free_slots = sorted(set(range(services.trial_slots())) - {r.slot for r in running.values()})
+    queue = view.queued()
+    seq = int(state.get("trial_seq", 0))
+    left: list[TrialRecord] = []
+    for record in queue:
+        if not free_slots:
+            left.append(record)  # waits for a free slot (stage control asks for no more than there are)
+            continue
+        slot = free_slots.pop(0)
+        seq += 1
+        policy = stages.get(record.stage)
+        # what the stage fills in at launch (a schedule branch: its parent checkpoint, the step it ends at)
+        record, horizon = policy.prepare(view, record)
+        running[record.trial_id] = _start(state, services, view, record, horizon, seq, slot)
+    update: dict[str, Any] = {"trial_seq": seq, "queue": left, "running": running}
+    return Command(goto="stage_control", update=update)
+
+
+def _start(state: TuningState, services: Services, view: StageView, record: TrialRecord, horizon: int, seq: int,
+           slot: int) -> RunningTrial:
+    ledger = services.ledger
+    existing = ledger.trial(record.trial_id)
+    if existing and existing.get("handle"):
+        emit(services, TrialReattached(trial_id=record.trial_id))
+        return RunningTrial(record=record, handle=TrialHandle.model_validate(existing["handle"]), slot=slot)
+    trial_dir = str(services.store.trial_dir(record.trial_id))
+    token = (existing or {}).get("launch_token")
+    if existing and token and existing.get("status") == TrialStatus.RUNNING.value:
+        # recorded, never handed back: it may have started just before a kill (the launch window)
+        adopted = services.runner.adopt(_spec(services, record, horizon, trial_dir, token))
+        if adopted is not None:
+            ledger.set_trial_fields(record.trial_id, handle=adopted.model_dump(mode="json"))
+            emit(services, TrialReattached(trial_id=record.trial_id))
+            return RunningTrial(record=record, handle=adopted, slot=slot)
+    token = secrets.token_hex(8)
+    ledger.upsert_trial(
+        record.model_copy(update={"status": TrialStatus.RUNNING}), run_id=services.run_id, seq=seq,
+        horizon=horizon, trial_dir=trial_dir, started_at=time.time(),
+        overrides=stages.get(record.stage).overrides_of(view, record), slot=slot, launch_token=token,
+    )
+    spec = _spec(services, record, horizon, trial_dir, token)
     try:
         handle: TrialHandle = services.runner.launch(spec)
     except Exception as e:  # a launch that fails is a failed trial, not a failed session
         ledger.set_trial_fields(record.trial_id, status=TrialStatus.FAILED.value, reason=f"launch failed: {e}")
         emit(services, TrialFailed(trial_id=record.trial_id, reason=str(e)))
-        return Command(goto="collect_trial", update={**fresh, "active": None, "trial_finished": True})
+        return RunningTrial(record=record, handle=None, slot=slot, finished=True)
     ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
     emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon,
-                                 changes=_changes(state, services, record)))
-    return Command(goto="watch_trial", update={**fresh, "active": handle})
-
+                                 changes=_changes(view, record), slot=slot, slots=services.trial_slots()))
+    return RunningTrial(record=record, handle=handle, slot=slot)

@@ -1,4 +1,4 @@
-"""Stop tool node: ends the active trial (SIGTERM, grace, SIGKILL or the backend's equivalent)."""
+"""Stop tool node: ends the trials the watcher marked (SIGTERM, grace, SIGKILL or the backend's equivalent)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from langgraph.types import Command
 
 from mart.nodes.progress import TrialStopped, emit
 from mart.nodes.runtime import Services, services_for
-from mart.state.graph_state import TuningState, active_handle
+from mart.state.graph_state import TuningState, running_trials
 
 
 def stop_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["collect_trial"]]:
     services = services_for(state, runtime)
-    handle = active_handle(state)
-    assert handle is not None, "stop_trial runs only while a trial is active"
-    reason = state.get("stop_reason") or "stopped by mart"
-    poll = services.runner.stop(handle, reason=reason)
-    emit(services, TrialStopped(trial_id=handle.trial_id, reason=reason, status=poll.status.value))
-    return Command(goto="collect_trial", update={"trial_finished": True})
+    running = {}
+    for rt in running_trials(state):
+        if rt.stop_reason and not rt.finished and rt.handle is not None:
+            poll = services.runner.stop(rt.handle, reason=rt.stop_reason)
+            emit(services, TrialStopped(trial_id=rt.record.trial_id, reason=rt.stop_reason, status=poll.status.value))
+            rt = rt.model_copy(update={"finished": True})
+        running[rt.record.trial_id] = rt
+    return Command(goto="collect_trial", update={"running": running})

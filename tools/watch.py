@@ -1,59 +1,108 @@
-"""Watch tool node: follows the active trial, copies its new metric lines into the ledger, reports progress.
+"""Watch tool node: follows every trial in flight until one of them ends or must be stopped.
 
-It returns after new steps arrived (so the health monitor sees them) or when the trial ended; the state
-it keeps is only the handle, so a resumed graph simply watches again.
+One loop inside one node: each pass reads every running trial's new metric lines into the ledger, reports
+them as progress, polls the trial, and, per trial, runs the health monitor on each ``watch_interval_s`` pass
+that brought new steps (``mart.nodes.health_monitor.assess``) and the progress watchdog (no new step for too
+long: hung, or frozen by SIGSTOP). It returns to the graph only when a trial finished or must be stopped, so the
+checkpoints a session writes grow with its decisions, not with its polls (a day-long trial adds none). The state
+it keeps is the trials' handles; the ledger's upserts make a resumed watch (a new node run) read again safely.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from mart.nodes.health_monitor import assess
 from mart.nodes.progress import TrialStep, emit
 from mart.nodes.runtime import Services, services_for
-from mart.state.graph_state import TuningState, active_handle
+from mart.state.graph_state import TuningState, running_trials
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialRecord
+from mart.state.trials import RunningTrial
+from mart.trial_runner.watchdog import Progress
 
-#: Upper bound of one watch pass without new steps, so a hung trial still reaches the health monitor.
-MAX_PASS_S = 30.0
+#: Longest sleep between two passes over the running trials.
+MAX_SLEEP_S = 0.25
 
 
-def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["health_monitor"]]:
+@dataclass
+class _Follow:
+    """One running trial as the loop follows it."""
+
+    trial: RunningTrial
+    tail: Any
+    known: set[int]
+    new_steps: int = 0
+    pass_started: float = field(default_factory=time.monotonic)
+    progress: Progress = field(default_factory=Progress)
+
+
+def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stop_trial", "collect_trial"]]:
     services = services_for(state, runtime)
-    handle = active_handle(state)
-    assert handle is not None, "watch_trial runs only while a trial is active"
-    record = state["pending_trial"]
+    trials = running_trials(state)
+    assert trials, "watch_trial runs only while a trial is in flight"
     ledger = services.ledger
-    tail = services.runner.metrics(handle)
-    known = {r.step for r in ledger.metric_records(handle.trial_id)}
-    started = time.monotonic()
+    runner = services.runner
     interval = services.options.watch_interval_s
-    new_steps = 0
-    finished = False
+    watchdog = services.watchdog()
+    follows: dict[str, _Follow] = {}
+    for rt in trials:
+        if rt.finished or rt.stop_reason or rt.handle is None:
+            return _leave(trials)
+        known = {r.step for r in ledger.metric_records(rt.record.trial_id)}
+        f = _Follow(trial=rt, tail=runner.metrics(rt.handle), known=known)
+        f.progress.observe(ledger.metric_records(rt.record.trial_id))
+        follows[rt.record.trial_id] = f
     while True:
-        records = tail.read_new()
-        fresh = [r for r in records if r.step not in known]
-        if records:
-            ledger.add_metrics(handle.trial_id, records)
-        for rec in fresh:
-            known.add(rec.step)
-            new_steps += 1
-            emit(services, _progress_event(record, rec))
-        poll = services.runner.poll(handle)
-        if poll.status.is_finished():
-            ledger.add_metrics(handle.trial_id, tail.read_new())  # lines written just before the end
-            finished = True
-            break
-        elapsed = time.monotonic() - started
-        if (new_steps and elapsed >= interval) or elapsed >= MAX_PASS_S:
-            break
-        time.sleep(min(0.25, interval))
-    return Command(goto="health_monitor", update={"trial_finished": finished})
+        changed = passed = False
+        for tid, f in follows.items():
+            rt, record = f.trial, f.trial.record
+            records = f.tail.read_new()
+            fresh = [r for r in records if r.step not in f.known]
+            if records:
+                ledger.add_metrics(tid, records)
+            f.progress.observe(fresh)
+            for rec in fresh:
+                f.known.add(rec.step)
+                f.new_steps += 1
+                emit(services, _progress_event(record, rec))
+            poll = runner.poll(rt.handle)
+            if poll.status.is_finished():
+                ledger.add_metrics(tid, f.tail.read_new())  # lines written just before the end
+                assess(services, record, final=True)
+                f.trial = rt.model_copy(update={"finished": True})
+                changed = True
+                continue
+            elapsed = time.monotonic() - f.pass_started
+            if f.new_steps and elapsed >= interval:
+                # the end of one watch pass for this trial: the health monitor looks at what it brought
+                reason = assess(services, record)
+                f.new_steps, f.pass_started, passed = 0, time.monotonic(), True
+                if reason:
+                    f.trial = rt.model_copy(update={"stop_reason": reason})
+                    changed = True
+                    continue
+            hung = f.progress.expired(watchdog, rt.handle.started_at)
+            if hung:
+                f.trial = rt.model_copy(update={"stop_reason": hung})
+                changed = True
+        if changed:
+            return _leave([f.trial for f in follows.values()])
+        if not passed:  # a trial whose pass just ended starts its next one at once (it reads what its poll revealed)
+            time.sleep(min(MAX_SLEEP_S, interval))
+
+
+def _leave(trials: list[RunningTrial]) -> Command:
+    """Stop the trials that must stop, then collect every one that ended."""
+    running = {rt.record.trial_id: rt for rt in trials}
+    to_stop = any(rt.stop_reason and not rt.finished for rt in trials)
+    return Command(goto="stop_trial" if to_stop else "collect_trial", update={"running": running})
 
 
 def _progress_event(record: TrialRecord, rec: StepRecord) -> TrialStep:

@@ -34,6 +34,9 @@ class TrialRunner(abc.ABC):
     """Launches trials and follows them through handles. Implementations: local, verl, ray, sim."""
 
     name: str = "base"
+    #: True when ``poll`` itself stops a trial that makes no progress (``mart.trial_runner.watchdog``); otherwise
+    #: the tuner's watch loop applies the same rule
+    watches_progress: bool = False
 
     @abc.abstractmethod
     def launch(self, spec: TrialSpec) -> TrialHandle:
@@ -46,6 +49,12 @@ class TrialRunner(abc.ABC):
     @abc.abstractmethod
     def stop(self, handle: TrialHandle, reason: str = "stopped by mart", grace_s: float = 5.0) -> TrialPoll:
         """Stop the trial (SIGTERM, grace, SIGKILL or the backend's equivalent) and return its final status."""
+
+    def adopt(self, spec: TrialSpec) -> TrialHandle | None:
+        """The trial ``spec`` describes, if an earlier tuner launched it (``spec.launch_token``) but died before it
+        saved the handle; None when it never started (the caller launches it then). Default: None, for runners
+        whose ``launch`` finds an existing trial itself (Ray jobs) or starts no process (the simulator)."""
+        return None
 
     def metrics(self, handle: TrialHandle) -> MetricsTail:
         """A tail reader over the trial's metric stream (complete lines only)."""
@@ -85,6 +94,16 @@ class Backend(abc.ABC):
     def memory_capacity_gb(self) -> float | None:
         """Memory per device the margin rule is computed against (GPU memory, or the emulated capacity)."""
         return None
+
+    def max_parallel_trials(self) -> int | None:
+        """How many trials this backend runs at once without them slowing each other down (None = no known
+        limit). ``mart tune --parallel N`` uses at most this many slots and says so; the rest of the budget
+        waits for a free slot. A cluster backend counts whole nodes (a trial's own resources)."""
+        return None
+
+    def parallel_limit_reason(self) -> str:
+        """Why ``max_parallel_trials`` is what it is, for the user (e.g. "16 GPUs, 8 per trial")."""
+        return "the backend's limit"
 
     def describe_job(self) -> JobDescription | None:
         """The job's model shape, hardware, cluster shape and workload, for the agents' performance model.

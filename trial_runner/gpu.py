@@ -257,6 +257,26 @@ class GpuBackendCapacity:
             self._gpus = probe()
         return self._gpus
 
+    def max_parallel_trials(self) -> int | None:
+        """Trials that fit at once: on this machine, the visible GPUs over the GPUs one trial uses (at least one
+        trial); on a Ray cluster, unknown here (Ray queues a job until its resources are free)."""
+        if self.ray_address is not None:
+            return None
+        per_trial = self._gpus_per_trial()
+        return max(1, len(self._probe()) // per_trial) if self._probe() else 1
+
+    def parallel_limit_reason(self) -> str:
+        n = len(self._probe())
+        return (f"{n} GPU(s) visible here, {self._gpus_per_trial()} per trial" if n else
+                "no GPU is visible here: one trial at a time")
+
+    def _gpus_per_trial(self) -> int:
+        base = self.base_config() if hasattr(self, "base_config") else {}
+        try:
+            return max(1, int(base.get("trainer.n_gpus_per_node", 1)) * int(base.get("trainer.nnodes", 1)))
+        except (TypeError, ValueError):
+            return 1
+
     def memory_capacity_gb(self) -> float | None:
         """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value.
 

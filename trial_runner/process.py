@@ -181,6 +181,30 @@ class ProcessGroup:
         return self.wait(kill_wait_s)
 
 
+#: the environment variable carrying a trial's launch token (``TrialSpec.launch_token``) into its processes
+LAUNCH_TOKEN_ENV = "MART_LAUNCH_TOKEN"
+
+
+def find_launched(token: str, *, settle_s: float = 2.0) -> ProcessGroup | None:
+    """The process group a launch with ``token`` started (its leader: the process carrying the token in its
+    environment that leads its own group), or None. A tuner killed between spawning a trial and saving its handle
+    finds it again here instead of starting a second one. ``settle_s``: how long to look again for a child that
+    was still being exec'd when the tuner died."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.environ().get(LAUNCH_TOKEN_ENV) != token:
+                    continue
+                if os.getpgid(proc.pid) == proc.pid and proc.status() != psutil.STATUS_ZOMBIE:
+                    return ProcessGroup(proc.pid, proc.create_time())
+            except (psutil.Error, OSError):
+                continue
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

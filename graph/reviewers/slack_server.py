@@ -56,10 +56,12 @@ from mart.graph.reviewers.slack import (
     esc,
     mark_decided,
     parse_button_value,
+    partial_decisions,
+    record_partial,
     slack_client,
 )
 from mart.state.config_values import parse_assignments, split_assignments
-from mart.state.models import ReviewDecision
+from mart.state.models import CandidateDecision, ReviewDecision
 from mart.trial_runner.registry import allowed_from_env
 
 SECRET_ENV = "SLACK_SIGNING_SECRET"
@@ -70,6 +72,7 @@ BODY_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 10
 MAX_CONNECTIONS = 100
 EVENTS_PATH = "/slack/events"
+RECORDED = "Recorded:"  # the start of the note a partial (one-candidate) decision gets
 
 log = logging.getLogger("mart.slack")
 
@@ -214,8 +217,8 @@ class SlackReviewService:
             self._ephemeral(channel, user, note)
             return
         if action["action_id"] == ACTION_APPROVE:
-            decision = ReviewDecision(action="approve", reviewer=_who(body), channel="slack")
-            note = self.decide(meta, decision, user, request)
+            note = self.take(meta, CandidateDecision(type="approve", candidate_id=meta.get("candidate")), user,
+                             request, _who(body))
             if note:
                 self._ephemeral(channel, user, note)
             return
@@ -236,8 +239,8 @@ class SlackReviewService:
             block = EDITS_BLOCK
             raw = ((values.get(EDITS_BLOCK) or {}).get(EDITS_INPUT) or {}).get("value") or ""
             try:
-                decision = ReviewDecision(action="edit", edits=parse_assignments(split_assignments(raw)), feedback=feedback,
-                                          reviewer=_who(body), channel="slack")
+                one = CandidateDecision(type="edit", candidate_id=meta.get("candidate"),
+                                        edits=parse_assignments(split_assignments(raw)), message=feedback)
             except ValueError as e:
                 ack(response_action="errors", errors={block: str(e)})
                 return
@@ -246,16 +249,46 @@ class SlackReviewService:
             if not feedback.strip():
                 ack(response_action="errors", errors={block: "Say what the proposer should do differently."})
                 return
-            decision = ReviewDecision(action="reject", feedback=feedback.strip(), reviewer=_who(body), channel="slack")
+            one = CandidateDecision(type="reject", candidate_id=meta.get("candidate"), message=feedback.strip())
         request, note = self.check(meta)
-        if note is None and decision.action == "edit":
-            note = self.validate(meta, decision)
         if note is None:
-            note = self.decide(meta, decision, user, request)
-        if note:
+            note = self.take(meta, one, user, request, _who(body), validate=one.type == "edit")
+        if note and not note.startswith(RECORDED):
             ack(response_action="errors", errors={block: note[:2000]})
             return
         ack()
+        if note:
+            self._ephemeral(meta.get("channel"), user, note)
+
+    def take(self, meta: dict[str, Any], one: CandidateDecision, user: str, request: dict[str, Any], who: str,
+             *, validate: bool = False) -> str | None:
+        """One click's decision: on a review of one candidate, or on all of them (``candidate_id`` None), it is the
+        answer; on one candidate of several it is kept (the ledger) until every candidate has one, then they go
+        together. A note to show the clicker, or None."""
+        ids = [c.get("candidate_id") for c in request.get("candidates") or []]
+        store = self._open_store(meta["run"])
+        try:
+            kept = partial_decisions(store.ledger, meta["interrupt"]) if len(ids) > 1 else []
+            named = [d for d in kept if d.candidate_id != one.candidate_id]
+            decision = ReviewDecision(decisions=[*named, one], reviewer=who, channel="slack")
+            if one.candidate_id is not None and len(ids) > 1:
+                missing = [c for c in ids if c not in {d.candidate_id for d in decision.decisions}]
+                if missing:
+                    if validate:
+                        bad = self.validate(meta, ReviewDecision(decisions=[one, CandidateDecision(type="reject")],
+                                                                 reviewer=who, channel="slack"))
+                        if bad:
+                            return bad
+                    record_partial(store.ledger, meta["interrupt"], one, user)
+                    return f"{RECORDED} {describe_decision(ReviewDecision(decisions=[one]))}; still to decide: " \
+                           f"{', '.join(missing)} (or use the buttons for all of them)"
+        finally:
+            store.close()
+        if validate or any(d.type == "edit" for d in decision.decisions):
+            bad = self.validate(meta, decision)
+            if bad:
+                return bad
+        return self.decide(meta, decision, user, request)
 
     # -- deciding ----------------------------------------------------------------------------------
     def decide(self, meta: dict[str, Any], decision: ReviewDecision, user: str, request: dict[str, Any]) -> str | None:
@@ -268,7 +301,7 @@ class SlackReviewService:
             if note:
                 return note
             self._busy[run] = user
-        log.info("run %s review #%s: %s by %s", run, request.get("review_no"), decision.action, user)
+        log.info("run %s review #%s: %s by %s", run, request.get("review_no"), decision.describe(), user)
         try:
             self.client.chat_update(channel=meta["channel"], ts=meta["ts"], blocks=decided_blocks(request, decision, user),
                                     text=f"mart review #{request.get('review_no')}: {describe_decision(decision)} by {user}")
@@ -301,7 +334,7 @@ class SlackReviewService:
             self._post(channel, f":boom: run `{run}` failed: {type(e).__name__}: {esc(e)}", meta.get("ts"))
         finally:
             if applied:
-                self._record(run, meta["interrupt"], user, decision.action)
+                self._record(run, meta["interrupt"], user, decision.describe())
             with self._guard:
                 self._busy.pop(run, None)
                 self._workers.discard(threading.current_thread())

@@ -57,6 +57,11 @@ class AgentContext:
     """Stage ``schedule``: the trajectory so far at the checkpoint the next segment starts from."""
     segment: tuple[int, int] | None = None
     """Stage ``schedule``: (from_step, to_step) of the segment being proposed."""
+    slots: int = 1
+    """How many trials this decision starts (free slots): the critic picks that many, spread apart."""
+    pending: list[TrialRecord] = field(default_factory=list)
+    """Trials of this stage still in flight (running or queued): no result yet, never proposed again, and the
+    batch keeps its distance from them (their outcome is taken as the model predicts it)."""
 
     def predict(self, config: dict[str, Any]) -> Any:
         """The job model's prediction for a full config (throughput, per-phase time and memory, peak,
@@ -72,12 +77,13 @@ class AgentContext:
         """Config hashes of every trial run so far in this stage, and of rejected candidates."""
         from mart.state.models import config_hash
 
+        in_flight = {config_hash(t.config) for t in self.pending}
         if self.stage == "schedule":  # siblings from the same checkpoint only (mart.nodes.agents.schedule)
             from mart.nodes.agents.schedule import tried_keys
 
-            return tried_keys(self)
+            return tried_keys(self) | in_flight
         keys = {config_hash(t.config) for t in self.history if t.stage == self.stage}
-        return keys | {config_hash(self.full_config(o)) for o in self.rejected}
+        return keys | {config_hash(self.full_config(o)) for o in self.rejected} | in_flight
 
     def config_errors(self, overrides: dict[str, Any]) -> list[str]:
         """Everything wrong with a candidate's full config, as the backend sees it."""
@@ -91,10 +97,12 @@ class AgentContext:
 
 
 class CriticVerdict(BaseModel):
-    """The critic's answer for one round."""
+    """The critic's answer for one round: one pick, or up to ``ctx.slots`` for a batch."""
 
     critiques: list[Critique]
     pick: str | None = Field(None, description="candidate_id chosen, or None to send the proposer back")
+    picks: list[str] = Field(default_factory=list, description="for a batch (``ctx.slots`` > 1): the candidate_ids "
+                             "chosen, best first (``pick`` first); empty = ``[pick]``")
     feedback: str = Field("", description="why none survived (reaches the proposer's next round)")
 
 
@@ -124,6 +132,27 @@ class Proposer(abc.ABC):
     @abc.abstractmethod
     def propose(self, ctx: AgentContext) -> list[Candidate]: ...
 
+    def answer(self, ctx: AgentContext, candidate: Candidate | None, question: str) -> str:
+        """A reviewer's question about a candidate (a ``respond`` decision). Default: what the proposal rests on
+        (its rationale, the model's forecast, the trials it is compared with); LLM strategies may ask the model."""
+        parts = []
+        if candidate is not None:
+            parts.append(f"{candidate.candidate_id} ({candidate.source}): {candidate.rationale or 'no rationale given'}")
+            if candidate.predicted_throughput is not None:
+                parts.append(f"the job model predicts {candidate.predicted_throughput:.0f} tok/s/GPU"
+                             + (f" ({candidate.expected_gain:+.1%} over the incumbent)" if candidate.expected_gain
+                                is not None else "")
+                             + (f" and a peak of {candidate.predicted_memory_gb:.2f} GB" if candidate.predicted_memory_gb
+                                is not None else ""))
+            elif candidate.expected_gain is not None:
+                parts.append(f"its expected gain score is {candidate.expected_gain:.3g}")
+        done = [t for t in ctx.history if t.stage == ctx.stage]
+        parts.append(f"{len(done)} trial(s) of this stage have finished, {len(ctx.pending)} still run")
+        if ctx.memory_limit_gb:
+            parts.append(f"the memory limit is {ctx.memory_limit_gb:.2f} GB")
+        return (f"You asked: {question.strip()!r}. The rules agents cannot discuss it; here is what the proposal "
+                "rests on: " + "; ".join(parts) + ".")
+
     def last_calls(self) -> list[AgentCallInfo]:
         """Calls made by the last ``propose`` (LLM strategies report tokens and fallbacks)."""
         return []
@@ -139,3 +168,10 @@ class Critic(abc.ABC):
 
     def last_calls(self) -> list[AgentCallInfo]:
         return []
+
+
+def verdict_picks(verdict: CriticVerdict) -> list[str]:
+    """The candidate ids a verdict picked, best first."""
+    if verdict.picks:
+        return list(dict.fromkeys(verdict.picks))
+    return [verdict.pick] if verdict.pick is not None else []

@@ -22,6 +22,7 @@ from typing import Any
 
 import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
+from mart.nodes.agents.batch import select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
 from mart.nodes.agents.model_search import Scored, search
@@ -612,7 +613,12 @@ class RulesCritic(Critic):
                                       predicted_memory_gb=pred, risk=risk, score=round(score, 4)))
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
         if ranked:
-            return CriticVerdict(critiques=critiques, pick=ranked[0].candidate_id)
+            # a batch (several free slots): spread away from each other and from the trials still running
+            by_id = {c.candidate_id: c for c in candidates}
+            picks = select_batch([(c.candidate_id, c.score, ctx.full_config(by_id[c.candidate_id].overrides))
+                                  for c in ranked], ctx.slots, [t.config for t in ctx.pending])
+            picks = picks or [ranked[0].candidate_id]
+            return CriticVerdict(critiques=critiques, pick=picks[0], picks=picks)
         return CriticVerdict(critiques=critiques, pick=None, feedback=rejection_summary(critiques))
 
 

@@ -157,3 +157,53 @@ def test_kill_minus_9_at_the_launch_node_then_resume(tmp_path):
         assert status == "completed" and steps == 5
     killed = next(r for r in rows if r[0] == trial_id)
     assert json.loads(killed[2]) == json.loads(handle_at_kill), "the launched trial was launched again"
+
+
+KILL_IN_THE_LAUNCH_WINDOW = """
+import os, signal, sys
+from mart.trial_runner import process
+from mart.graph.cli import app
+
+real = process.ProcessGroup.spawn.__func__
+
+def spawn_then_die(cls, argv, **kw):
+    group = real(cls, argv, **kw)  # the trainer is started, its handle is not saved anywhere yet
+    if "--steps" in argv and any(a.startswith("lea-") or "/lea-" in a for a in argv):
+        print("KILLED", group.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return group
+
+process.ProcessGroup.spawn = classmethod(spawn_then_die)
+app(sys.argv[1:])
+"""
+
+
+@pytest.mark.timeout(600)
+def test_kill_minus_9_inside_the_launch_window_adopts_the_started_trial(tmp_path, local_tiny_config):
+    # issue 26 item 9: the worker was spawned, the tuner died before the ledger held its handle; a resume must
+    # find that worker by the launch token recorded first, not start a second one
+    import psutil
+
+    runs = tmp_path / "runs"
+    sets = [a for k, v in local_tiny_config.items() for a in ("--set", f"{k}={v}")]
+    cmd = [sys.executable, "-c", KILL_IN_THE_LAUNCH_WINDOW, "tune", "--backend", "local", "--approve", "auto",
+           "--stages", "learning", "--learning-trials", "1", "--learning-horizon", "6", "--learning-confirm-trials",
+           "0", *sets, "--runs-dir", str(runs), "--quiet", "--json"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    died = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
+    pid = int(died.stdout.split("KILLED", 1)[1].split()[0])
+    run_dir = _run_dir(runs)
+    db = run_dir / "mart.sqlite"
+    [(trial_id, handle, token)] = _query(db, "select trial_id, handle, launch_token from trials")
+    assert handle is None and token, "the launch was recorded with its token before the spawn, not its handle"
+    assert psutil.pid_exists(pid)
+    out = subprocess.run([sys.executable, "-m", "mart.graph.cli", "resume", run_dir.name, "--runs-dir", str(runs),
+                          "--quiet", "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["status"] == "completed"
+    [(status, handle, trial_dir)] = _query(db, "select status, handle, trial_dir from trials")
+    assert status == "completed"
+    assert json.loads(handle)["pid"] == pid, "the trial was launched a second time instead of adopted"
+    log = (Path(trial_dir) / "trial.log").read_text().splitlines()
+    assert sum(line.startswith("local GRPO trial:") for line in log) == 1, log

@@ -16,6 +16,7 @@ import sys
 from mart.state.ledger import Ledger
 from mart.state.run_store import RunStore
 from tests.support.paths import REPO as REPO_ROOT
+from tests.support.reviews import only
 from tests.support.toy_backend import CKPT, MB
 
 REPO = REPO_ROOT
@@ -64,7 +65,7 @@ def test_detached_run_is_answered_review_by_review(tmp_path):
     assert second["status"] == "paused" and second["pending_review"]["review_no"] == 2
     trials = Ledger.open(store.run_dir).trials()
     assert [t["kind"] for t in trials] == ["baseline", "candidate"]  # the baseline did not run again
-    assert trials[1]["candidate_id"] == first["pending_review"]["candidate_id"]
+    assert trials[1]["candidate_id"] == only(first["pending_review"])["candidate_id"]
 
     # an invalid edit is refused and changes nothing
     bad = cli("review", run, "--runs-dir", runs, "--edit", f"{MB}=10000", "--detach")
@@ -77,7 +78,7 @@ def test_detached_run_is_answered_review_by_review(tmp_path):
     third = ok_json(mart("review", run, "--runs-dir", runs, "--detach", "--json", "--reviewer", "ann",
                          stdin="r\nkeep the micro batch as it is\n"))
     assert third["pending_review"]["review_no"] == 3
-    assert third["pending_review"]["candidate_id"] != second["pending_review"]["candidate_id"]
+    assert only(third["pending_review"])["candidate_id"] != only(second["pending_review"])["candidate_id"]
     assert len(Ledger.open(store.run_dir).trials()) == 2
 
     # a valid edit runs the edited config

@@ -20,6 +20,7 @@ from mart.state.run_store import NotAMartRun, RunLocked, RunNotFound, RunStore
 from mart.state.search_space import ConfigError
 from tests.support.oracles import assert_readme_shape, best_from_ledger
 from tests.support.paths import REPO as REPO_ROOT
+from tests.support.reviews import only
 from tests.support.toy_backend import CKPT, MB, SEQS
 
 TOY = "tests.support.toy_backend:make_backend"
@@ -92,6 +93,7 @@ def test_rejection_feedback_reaches_the_proposer(tmp_path):
     reviewer = Scripted([ReviewDecision(action="reject", feedback=feedback, reviewer="ann", channel="test")])
     tune(options(tmp_path, system_trials=2, learning_trials=0), reviewer=reviewer)
     first, second = reviewer.requests[0], reviewer.requests[1]
+    first, second = only(first), only(second)
     assert first["candidate_id"] != second["candidate_id"]
     changed = {d["key"] for d in second["diff"]}
     assert SEQS not in changed
@@ -109,11 +111,12 @@ def test_edit_with_out_of_range_value_is_refused_and_run_stays_paused(tmp_path):
     with pytest.raises(ConfigError, match="must lie in"):
         resume(run, tmp_path, decision=bad, quiet=True)
     with pytest.raises(ConfigError, match="not a tunable knob"):
-        resume(run, tmp_path, decision=bad.model_copy(update={"edits": {"trainer.foo": 1}}), quiet=True)
+        resume(run, tmp_path, decision=ReviewDecision(action="edit", edits={"trainer.foo": 1}, reviewer="bob",
+                                                      channel="cli"), quiet=True)
     store = RunStore.open(run, tmp_path)
     info = run_status(store)
     assert info["status"] == "paused" and info["waiting_for"] == "review"
-    assert info["pending_review"]["candidate_id"] == paused["pending_review"]["candidate_id"]
+    assert only(info["pending_review"])["candidate_id"] == only(paused["pending_review"])["candidate_id"]
     assert Ledger.open(store.run_dir).table_rows("reviews") == []
     # a valid edit runs the edited config
     good = ReviewDecision(action="edit", edits={CKPT: False}, reviewer="bob", channel="cli")
@@ -136,7 +139,7 @@ def test_detached_run_continues_review_by_review_without_repeating(tmp_path):
     assert second["pending_review"]["review_no"] == first["pending_review"]["review_no"] + 1
     trials = Ledger.open(store.run_dir).trials()
     assert len(trials) == 2
-    assert trials[1]["candidate_id"] == first["pending_review"]["candidate_id"]
+    assert trials[1]["candidate_id"] == only(first["pending_review"])["candidate_id"]
 
 
 def test_bad_run_references(tmp_path):
@@ -191,14 +194,16 @@ def test_state_round_trips_under_strict_msgpack(tmp_path):
         "store = RunStore.open(s['run_id'], o.runs_dir)\n"
         "g = compile_graph(store.checkpointer())\n"
         "v = g.get_state(graph_config(store.run_id)).values\n"
-        "active = [h.values['active'] for h in g.get_state_history(graph_config(store.run_id)) if h.values.get('active')]\n"
+        "running = [r for h in g.get_state_history(graph_config(store.run_id)) for r in (h.values.get('running') or {}).values()]\n"
         "print(json.dumps([type(v['baseline']['system']).__name__, type(v['profiles']['system']).__name__,"
-        " type(v['selected']).__name__, sorted({type(a).__name__ for a in active})]))\n"
+        " type(v['batch']).__name__, type(v['batch'].picks[0]).__name__, sorted({type(r).__name__ for r in running}),"
+        " sorted({type(r.handle).__name__ for r in running if r.handle})]))\n"
     )
     env = {**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["TrialRecord", "Profile", "Candidate", ["TrialHandle"]]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["TrialRecord", "Profile", "Batch", "Candidate",
+                                                               ["RunningTrial"], ["TrialHandle"]]
 
 
 def test_oom_and_margin_keep_best_feasible(tmp_path):
@@ -212,7 +217,7 @@ def test_vague_rejection_never_brings_the_same_candidate_back(tmp_path):
     no = ReviewDecision(action="reject", feedback="not convinced", reviewer="ann", channel="test")
     reviewer = Scripted([no, no, no])
     tune(options(tmp_path, system_trials=2, learning_trials=0), reviewer=reviewer)
-    shown = [json.dumps(r["overrides"], sort_keys=True) for r in reviewer.requests]
+    shown = [json.dumps(only(r)["overrides"], sort_keys=True) for r in reviewer.requests]
     assert len(shown) == 4 and len(set(shown)) == 4
 
 

@@ -22,6 +22,7 @@ from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunOutsideRunsDir, RunStore
 from tests.support.paths import REPO
+from tests.support.reviews import only
 
 TOY = "tests.support.toy_backend:make_backend"
 APPROVE = ReviewDecision(action="approve", reviewer="test", channel="test")
@@ -210,7 +211,7 @@ def test_review_approve_is_pinned_to_the_review_number(tmp_path):
     store.close()
     out = cli("review", run, "--runs-dir", str(tmp_path), "--approve", "--review", "1", "-q")
     assert out.exit_code == 0, out.stderr
-    assert before["candidate_id"] in out.stdout and "approve" in out.stdout
+    assert only(before)["candidate_id"] in out.stdout and "approve" in out.stdout
 
 
 # -- 7. secrets ---------------------------------------------------------------------------------------

@@ -66,12 +66,14 @@ def test_launch_node_run_twice_starts_one_process(tmp_path, launches):
     runtime = SimpleNamespace(context=services)
     backend = toy_backend.make_backend(stream=True)
     record = TrialRecord(trial_id="sys-00-baseline", stage="system", kind="baseline", config=backend.base_config())
-    state = {"pending_trial": record, "trial_seq": 0, "stage": "system", "run_id": store.run_id,
+    state = {"queue": [record], "running": {}, "trial_seq": 0, "stage": "system", "run_id": store.run_id,
              "run_dir": str(store.run_dir), "options": opts.model_dump(mode="json")}
     first = launch_trial(state, runtime)
     row = store.ledger.trial(record.trial_id)
     second = launch_trial(state, runtime)  # same input: the checkpoint never saw the first run's output
-    assert first.goto == second.goto == "watch_trial"
+    assert first.goto == second.goto == "stage_control"
+    assert first.update["queue"] == second.update["queue"] == []
+    assert first.update["running"][record.trial_id].handle == second.update["running"][record.trial_id].handle
     assert launches[record.trial_id] == 1
     assert _starts(row["trial_dir"]) == 1
     again = store.ledger.trial(record.trial_id)

@@ -70,7 +70,7 @@ def test_summary_and_knobs_group_per_agent_knobs_by_agent(capsys):
 
 
 def test_build_summary_splits_the_best_config_by_agent():
-    from mart.nodes.stage_control import config_by_agent
+    from mart.nodes.stages.system import config_by_agent
 
     assert config_by_agent({"a.b": 1}) is None
     assert config_by_agent({lr(1): 5e-4, "reward.shaping_alpha": 0.5}) == {

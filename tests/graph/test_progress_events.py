@@ -15,6 +15,7 @@ from mart.nodes.progress import (
     HealthNotice,
     Proposed,
     ProposedCandidate,
+    SessionNote,
     TrialDone,
     TrialFailed,
     TrialLaunched,
@@ -35,6 +36,7 @@ SAMPLES = [
     TrialDone(trial_id="sys-01-baseline", status="completed", throughput=1234.44, peak_memory_gb=1.5, eligible=True),
     Proposed(stage="system", round=0, candidates=[ProposedCandidate(id="sys-01-r0-c0", overrides={"a.b": 2})]),
     CritiqueDone(pick=None, feedback="all over the memory margin", accepted=[]),
+    SessionNote(message="--parallel 4: the local backend runs 2 trial(s) at once"),
 ]
 
 
@@ -53,7 +55,10 @@ def test_json_form_round_trips(event) -> None:
 def test_lines_say_what_happened() -> None:
     lines = {type(e): format_event(e) for e in SAMPLES}
     assert lines[TrialLaunched] == ("[bold]▶ sys-01-baseline[/]: baseline (system stage, 6 steps)", None)
-    assert lines[TrialStep] == ("  step   3  1234 tok/s  1.50 GB  reward 0.250", "dim")  # absent metrics left out
+    assert lines[TrialStep] == ("  sys-01-baseline step   3  1234 tok/s  1.50 GB  reward 0.250", "dim")  # absent metrics left out
+    assert lines[SessionNote] == ("[yellow]note[/]: --parallel 4: the local backend runs 2 trial(s) at once", None)
+    parallel = TrialLaunched(trial_id="sys-05-x", stage="system", kind="candidate", horizon=6, slot=2, slots=4)
+    assert format_event(parallel)[0].endswith("(system stage, 6 steps, slot 3/4)")
     assert lines[HealthNotice] == ("  health stop: entropy_collapse: entropy 0.01 < 0.05", "red")
     assert lines[TrialDone] == ("  ✓ sys-01-baseline: completed, 1,234 tok/s, peak 1.50 GB", None)
     assert lines[CritiqueDone] == ("[cyan]critic[/] all over the memory margin", None)

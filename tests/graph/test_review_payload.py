@@ -24,7 +24,8 @@ def test_review_payload_rounds_what_people_read_and_keeps_the_overrides_exact(tm
     out = tune(TuneOptions(backend="sim", backend_options={"clock": "poll"}, approve="none", runs_dir=str(tmp_path),
                            system_trials=3, learning_trials=0, system_horizon=4, watch_interval_s=0.01, quiet=True))
     request = out["pending_review"]
-    shown = [request["diff"], request["critique"], request["predicted_memory_gb"], request["memory_limit_gb"]]
+    [cand] = request["candidates"]
+    shown = [cand["diff"], cand["critique"], cand["predicted_memory_gb"], request["memory_limit_gb"]]
     floats = list(_floats(shown))
     assert floats, "the sim's review shows predicted memory and a limit"
     for x in floats:
@@ -33,7 +34,12 @@ def test_review_payload_rounds_what_people_read_and_keeps_the_overrides_exact(tm
     store = RunStore.open(tmp_path / out["run_id"], tmp_path)
     try:
         [(stored,)] = store.ledger.db.execute("select overrides from proposals where candidate_id = ?",
-                                              [request["candidate_id"]]).fetchall()
+                                              [cand["candidate_id"]]).fetchall()
     finally:
         store.close()
-    assert request["overrides"] == json.loads(stored)
+    assert cand["overrides"] == json.loads(stored)
+    # the same request in LangChain's human-in-the-loop shape: one action request per candidate
+    assert request["action_requests"] == [{"name": "run_trial", "args": {"candidate_id": cand["candidate_id"],
+                                                                        "overrides": cand["overrides"]},
+                                           "description": cand["rationale"]}]
+    assert request["review_configs"][0]["allowed_decisions"] == ["approve", "edit", "reject", "respond"]

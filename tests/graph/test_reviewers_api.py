@@ -12,6 +12,7 @@ from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunLocked, RunStore
 from tests.graph.test_graph_session import options
+from tests.support.reviews import only
 from tests.support.toy_backend import SEQS
 
 
@@ -64,16 +65,16 @@ def test_time_travel_redecides_a_past_review_on_a_fork(tmp_path, paused):
         # the documented recipe, with plain LangGraph calls
         past = next(s for s in h.graph.get_state_history(h.config)
                     if s.next == ("human_review",) and s.values.get("reviews") == 0)
-        assert past.interrupts[0].value["candidate_id"] == first["candidate_id"]
+        assert only(past.interrupts[0].value)["candidate_id"] == only(first)["candidate_id"]
         h.graph.update_state(past.config, None, as_node="__copy__")  # fork: a new head, no stored answer
         again = h.graph.invoke(None, h.config, context=h.context)["__interrupt__"][0].value
-        assert (again["review_no"], again["candidate_id"]) == (1, first["candidate_id"])
+        assert (again["review_no"], only(again)["candidate_id"]) == (1, only(first)["candidate_id"])
         feedback = "leave max_num_seqs alone"
         h.graph.invoke(Command(resume={"action": "reject", "feedback": feedback, "reviewer": "ann"}), h.config,
                        context=h.context)
         now = h.pending_review()
-        assert now["review_no"] == 2 and now["candidate_id"] != first["candidate_id"]
-        assert SEQS not in {d["key"] for d in now["diff"]}
+        assert now["review_no"] == 2 and only(now)["candidate_id"] != only(first)["candidate_id"]
+        assert SEQS not in {d["key"] for d in only(now)["diff"]}
         assert h.state().values["trials_done"] == {"system": 1}  # this branch ran no candidate yet
         history = list(h.graph.get_state_history(h.config))
         assert any(s.metadata.get("source") == "fork" for s in history)
@@ -81,7 +82,7 @@ def test_time_travel_redecides_a_past_review_on_a_fork(tmp_path, paused):
         # the helpers do the same
         assert [s.values["reviews"] for s in h.past_reviews()][-1] == 0
         oldest = list(h.past_reviews())[-1]
-        assert h.fork(oldest)["candidate_id"] == first["candidate_id"]
+        assert only(h.fork(oldest))["candidate_id"] == only(first)["candidate_id"]
         assert h.decide(ReviewDecision(action="approve", reviewer="ann"))["review_no"] == 2
 
 

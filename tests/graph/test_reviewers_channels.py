@@ -10,19 +10,26 @@ from mart.graph.reviewers import make_reviewer
 from mart.graph.reviewers.base import AutoReviewer, DetachReviewer, TTYReviewer
 from tests.support.toy_backend import MB
 
-REQUEST = {
-    "run_id": "r1", "review_no": 2, "stage": "system", "candidate_id": "sys-02-r0-c1", "source": "rules",
-    "diff": [{"key": MB, "current": 2, "proposed": 8}], "rationale": "update_actor dominates the step",
-    "critique": {"risk": "medium", "reasons": ["predicted peak 3.5 GB"]}, "predicted_memory_gb": 3.5,
-    "memory_limit_gb": 3.6, "trials_done": 1, "error": None,
-}
+CANDIDATE = {"candidate_id": "sys-02-r0-c1", "source": "rules", "diff": [{"key": MB, "current": 2, "proposed": 8}],
+             "rationale": "update_actor dominates the step", "overrides": {MB: 8},
+             "critique": {"risk": "medium", "reasons": ["predicted peak 3.5 GB"]}, "predicted_memory_gb": 3.5}
+REQUEST = {"run_id": "r1", "review_no": 2, "stage": "system", "candidates": [CANDIDATE], "memory_limit_gb": 3.6,
+           "trials_done": 1, "error": None}
+
+
+def _with(**cand):
+    return {**REQUEST, "candidates": [{**CANDIDATE, **cand}]}
 
 
 def test_auto_policies():
-    assert AutoReviewer("all").review({**REQUEST, "predicted_memory_gb": 99.0}).action == "approve"
+    assert AutoReviewer("all").review(_with(predicted_memory_gb=99.0)).action == "approve"
     assert AutoReviewer("margin").review(REQUEST).action == "approve"
-    over = AutoReviewer("margin").review({**REQUEST, "predicted_memory_gb": 3.7})
+    over = AutoReviewer("margin").review(_with(predicted_memory_gb=3.7))
     assert over.action == "reject" and "3.70 GB" in over.feedback and over.channel == "auto"
+    # a batch: only the candidate over the margin is rejected, the rest approved
+    batch = {**REQUEST, "candidates": [CANDIDATE, {**CANDIDATE, "candidate_id": "c2", "predicted_memory_gb": 4.0}]}
+    per = AutoReviewer("margin").review(batch).for_candidates(["sys-02-r0-c1", "c2"])
+    assert (per["sys-02-r0-c1"].type, per["c2"].type) == ("approve", "reject")
     with pytest.raises(ValueError, match="auto policy"):
         AutoReviewer("some")
 
@@ -50,6 +57,18 @@ def test_tty_reject_detach_and_eof():
     assert tty("d\n")[0].review(REQUEST) is None
     assert tty("")[0].review(REQUEST) is None  # stdin closed: leave the run paused
     assert tty("a\n")[0].review(REQUEST).action == "approve"
+
+
+def test_tty_decides_a_batch_all_at_once_or_each():
+    batch = {**REQUEST, "candidates": [CANDIDATE, {**CANDIDATE, "candidate_id": "c2"}]}
+    assert tty("A\n")[0].review(batch).for_candidates(["sys-02-r0-c1", "c2"])["c2"].type == "approve"
+    reviewer, out = tty("e\na\nr\nnot this one\n")
+    d = reviewer.review(batch)
+    per = d.for_candidates(["sys-02-r0-c1", "c2"])
+    assert (per["sys-02-r0-c1"].type, per["c2"].type, per["c2"].message) == ("approve", "reject", "not this one")
+    assert "2 candidates for 2 free trial slots" in out.getvalue() and "[2] Candidate c2" in out.getvalue()
+    q = tty("q\nwhy this one?\n")[0].review(batch)
+    assert q.action == "respond" and q.feedback == "why this one?"
 
 
 def test_factory():

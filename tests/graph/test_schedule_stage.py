@@ -20,6 +20,7 @@ from mart.state.schedule import path_to, pick_expansion, static_path
 from mart.state.trials import checkpoint_dir
 from tests.graph.test_graph_session import Scripted
 from tests.support.oracles import assert_readme_shape
+from tests.support.reviews import only
 
 
 def sim_options(tmp_path, **kw) -> TuneOptions:
@@ -101,6 +102,7 @@ def test_review_rejection_in_the_schedule_stage_re_proposes_with_the_feedback(tm
     first, second = reviewer.requests[0], reviewer.requests[1]
     assert first["stage"] == second["stage"] == "schedule"
     assert first["segment"] == second["segment"] == [4, 8] and first["parent_trial"] == second["parent_trial"]
+    first, second = only(first), only(second)
     assert first["candidate_id"] != second["candidate_id"]
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     [review] = [r for r in ledger.table_rows("reviews") if r["action"] == "reject"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from mart.graph.reviewers.slack import (
 )
 from mart.state.ledger import Ledger
 from tests.support.paths import REPO as REPO_ROOT
+from tests.support.reviews import only
 from tests.support.slack_stub import SlackStub
 from tests.support.toy_backend import CKPT, MB, SEQS
 
@@ -158,7 +160,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert msg1["authorized"] and msg1["params"]["channel"] == CHANNEL
     value = json.loads(next(b for b in msg1["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"])
     assert value["run"] == run and value["interrupt"] == paused["pending_review"]["interrupt_id"]
-    assert paused["pending_review"]["candidate_id"] in json.dumps(msg1["params"]["blocks"])
+    assert only(paused["pending_review"])["candidate_id"] in json.dumps(msg1["params"]["blocks"])
     assert [m["ts"] for m in posted_messages(Ledger.open(run_dir))] == [msg1["reply"]["ts"]]
     assert len(trials(run_dir)) == 1  # the baseline
     assert stub.of("auth.test"), "bolt checks the token at start"
@@ -190,7 +192,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert not any(b["type"] == "actions" for b in upd["params"]["blocks"])
     msg2 = stub.wait_for("chat.postMessage", TOP, count=2)[1]
     rows = trials(run_dir)
-    assert len(rows) == 2 and rows[1]["candidate_id"] == paused["pending_review"]["candidate_id"]
+    assert len(rows) == 2 and rows[1]["candidate_id"] == only(paused["pending_review"])["candidate_id"]
     [rev] = Ledger.open(run_dir).table_rows("reviews")
     assert rev["action"] == "approve" and rev["channel"] == "slack" and ALICE in rev["reviewer"]
 
@@ -221,7 +223,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     info = json.loads(mart("status", run, "--runs-dir", str(tmp_path), "--json", env=env).stdout)
     req3 = info["pending_review"]
     assert req3["review_no"] == 3 and req3["interrupt_id"] in json.dumps(msg3["params"]["blocks"])
-    changed = {d["key"] for d in req3["diff"]}
+    changed = {d["key"] for d in only(req3)["diff"]}
     assert MB in changed and SEQS not in changed  # the feedback reached the proposer
     assert len(trials(run_dir)) == 2  # a rejection runs nothing
 
@@ -285,7 +287,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
         assert TOKEN.encode() not in data and SECRET.encode() not in data
     for text in (out_, err_, out.stdout, out.stderr):
         assert TOKEN not in text and SECRET not in text
-    assert f"approve by {ALICE}" in err_  # the verbose log names decisions, not secrets
+    assert re.search(rf"review #\d+: approve \S+ by {ALICE}", err_)  # the verbose log names decisions, not secrets
 
 
 def test_tune_with_slack_needs_a_token_and_a_channel(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from mart.graph.session import resume, run_status, tune
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunStore
 from tests.graph.test_graph_session import options
+from tests.support.reviews import only
 from tests.support.slack_stub import SlackStub
 
 TOKEN = "xoxb-unit-test-token"
@@ -46,13 +47,13 @@ def test_review_is_posted_once_and_later_reviews_follow_the_run_channel(tmp_path
     blocks = msg["params"]["blocks"]
     text = json.dumps(blocks)
     req = first["pending_review"]
-    for d in req["diff"]:  # the diff against the current best, rationale, critique, memory
+    for d in only(req)["diff"]:  # the diff against the current best, rationale, critique, memory
         assert d["key"] in text
     assert "Rationale" in text and "Critic" in text and "Predicted peak memory" in text
     button = next(b for b in blocks if b["type"] == "actions")["elements"][0]
     assert button["action_id"] == ACTION_APPROVE
     assert parse_button_value(button["value"]) == {"run": req["run_id"], "interrupt": req["interrupt_id"],
-                                                  "candidate": req["candidate_id"], "review": 1}
+                                                  "candidate": only(req)["candidate_id"], "review": 1}
     store = RunStore.open(first["run_id"], tmp_path)
     [row] = posted_messages(store.ledger)
     assert (row["channel"], row["ts"]) == ("C0FIRST", msg["reply"]["ts"])

@@ -31,6 +31,7 @@ from langgraph_sdk import get_sync_client
 from mart.graph.builder import compile_graph
 from mart.state.ledger import Ledger
 from tests.support.paths import REPO as REPO_ROOT
+from tests.support.reviews import only
 
 REPO = REPO_ROOT
 pytestmark = pytest.mark.slow
@@ -121,7 +122,7 @@ def test_studio_runs_the_graph_to_the_review_and_resumes(studio, tmp_path):
                      command={"resume": {"action": "approve", "reviewer": "studio-user", "channel": "studio"}})
     state = client.threads.get_state(tid)
     trials = Ledger.open(run_dir).trials()
-    assert len(trials) == 2 and trials[1]["candidate_id"] == request["candidate_id"]
+    assert len(trials) == 2 and trials[1]["candidate_id"] == only(request)["candidate_id"]
     [review] = Ledger.open(run_dir).table_rows("reviews")
     assert (review["action"], review["reviewer"], review["channel"]) == ("approve", "studio-user", "studio")
     assert state["next"] == ["human_review"] and state["interrupts"][0]["value"]["review_no"] == 2

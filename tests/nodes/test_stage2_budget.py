@@ -1,17 +1,26 @@
-"""Stage 2's re-runs through stage_control on a real ledger: one at a time, the best hopeful first, then the
-defaults (their re-run counts in ``learning_confirm_trials``), reported in the selection."""
+"""Stage 2's re-runs through the learning stage's policy on a real ledger: one at a time (one free slot), the best
+hopeful first, then the defaults (their re-run counts in ``learning_confirm_trials``), reported in the selection."""
 
 from __future__ import annotations
 
 import random
 from types import SimpleNamespace
 
-from mart.nodes.stage_control import LR_KEY, learning_selection
+from mart.nodes.stages import StageView
+from mart.nodes.stages.learning import LR_KEY, LearningStage
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialRecord
 
 VAL = "val-core/task/reward/mean@1"
+
+
+def learning_selection(state, services, free: int = 1):
+    """The next re-run for ``free`` slots, or None and the state update naming the winner (stage control's two
+    calls of the policy once the candidate budget is spent)."""
+    stage, view = LearningStage(), StageView(state, services)
+    nxt = stage.reevaluations(view, free)
+    return (nxt[0], {}) if nxt else (None, stage.choice(view))
 
 
 class _Backend:

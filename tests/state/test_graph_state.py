@@ -1,29 +1,33 @@
-"""The running trial's handle lives in graph state as a ``TrialHandle`` (older checkpoints hold a dict)."""
+"""The trials in flight live in graph state as ``RunningTrial`` models (record, handle, slot), and every state type
+round-trips through the strict checkpoint serializer."""
 
 from __future__ import annotations
 
-import pytest
-
-from mart.state.graph_state import active_handle
+from mart.state.graph_state import Batch, running_trials
+from mart.state.models import Candidate, TrialRecord
 from mart.state.serde import make_serde
-from mart.state.trials import TrialHandle
+from mart.state.trials import RunningTrial, TrialHandle
 
 HANDLE = TrialHandle(trial_id="sys-02-abc", backend="local", trial_dir="/runs/r/trials/sys-02-abc", pid=4242,
                      pid_create_time=1_700_000_000.25, started_at=1_700_000_001.0, extra={"attempt": 2})
+RECORD = TrialRecord(trial_id="sys-02-abc", stage="system", config={"a": 1})
 
 
-def test_active_handle_is_the_model_and_reads_a_legacy_dict() -> None:
-    assert active_handle({"active": HANDLE}) is HANDLE
-    assert active_handle({"active": HANDLE.model_dump(mode="json")}) == HANDLE  # checkpoint of an older version
-    assert active_handle({"active": None}) is None and active_handle({}) is None
+def test_running_trials_reads_models_and_their_dict_form_in_launch_order() -> None:
+    other = RunningTrial(record=TrialRecord(trial_id="lea-03-x", stage="learning"), slot=1)
+    state = {"running": {"sys-02-abc": RunningTrial(record=RECORD, handle=HANDLE).model_dump(mode="json"),
+                         "lea-03-x": other}}
+    got = running_trials(state)
+    assert [r.record.trial_id for r in got] == ["sys-02-abc", "lea-03-x"]
+    assert got[0].handle == HANDLE and got[1].slot == 1
+    assert [r.record.trial_id for r in running_trials(state, "learning")] == ["lea-03-x"]
+    assert running_trials({}) == []
 
 
-def test_handle_round_trips_through_the_strict_checkpoint_serializer() -> None:
+def test_state_types_round_trip_through_the_strict_checkpoint_serializer() -> None:
     serde = make_serde()  # an explicit msgpack allow-list: any type not on it would come back as a dict
-    back = serde.loads_typed(serde.dumps_typed({"active": HANDLE}))
-    assert type(back["active"]) is TrialHandle and back["active"] == HANDLE
-
-
-def test_a_broken_legacy_handle_is_refused() -> None:
-    with pytest.raises(ValueError):
-        active_handle({"active": {"pid": 1}})  # no trial id, backend or directory
+    value = {"running": {"sys-02-abc": RunningTrial(record=RECORD, handle=HANDLE, slot=3)},
+             "batch": Batch(want=2, candidates=[Candidate(candidate_id="c", stage="system", overrides={"a": 2})])}
+    back = serde.loads_typed(serde.dumps_typed(value))
+    assert type(back["running"]["sys-02-abc"]) is RunningTrial and back["running"]["sys-02-abc"] == value["running"]["sys-02-abc"]
+    assert type(back["batch"]) is Batch and back["batch"] == value["batch"]

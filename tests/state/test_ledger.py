@@ -50,11 +50,14 @@ def test_proposals_critiques_reviews_upsert(tmp_path):
     decision = ReviewDecision(action="approve", reviewer="ann", channel="cli")
     for _ in range(2):  # the proposer, critic and review nodes re-run after a crash
         ledger.add_proposals("run", 0, cands)
-        ledger.add_critiques("run", crits, pick="c1")
+        ledger.add_critiques("run", crits, ["c1"])
         ledger.add_review("run", "review-001", "c1", decision)
     assert sorted(r["candidate_id"] for r in ledger.table_rows("proposals")) == ["c0", "c1", "c2"]
     assert [r["picked"] for r in sorted(ledger.table_rows("critiques"), key=lambda r: r["candidate_id"])] == [0, 1, 0]
     assert len(ledger.table_rows("reviews")) == 1
+    # a batch: several picks
+    ledger.add_critiques("run", crits, ["c0", "c2"])
+    assert [r["picked"] for r in sorted(ledger.table_rows("critiques"), key=lambda r: r["candidate_id"])] == [1, 0, 1]
 
 
 def test_trial_upserts_keep_launch_fields(tmp_path):

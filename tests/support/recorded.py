@@ -32,7 +32,9 @@ _SIM = dict(backend="sim", approve="auto", system_trials=6, learning_trials=4, s
 SESSIONS: dict[str, dict[str, Any]] = {
     "toy-default": dict(_TOY),
     "toy-seed3": dict(_TOY, seed=3, system_trials=6, learning_trials=5),
+    # the health monitor sees every step (a watch pass per step): its findings do not depend on machine load
     "toy-stream-early-stop": dict(_TOY, backend_options={"stream": True}, learning_trials=5, learning_horizon=8,
+                                  watch_interval_s=1e-6,
                                   _answers={"learning": [
                                       {"action": "edit", "edits": {"actor_rollout_ref.actor.optim.lr": 0.05}},
                                       {"action": "reject", "feedback": "smaller learning rate please"},

@@ -154,8 +154,9 @@ class ToyBackend(Backend):
 
     def __init__(self, memory_capacity_gb: float | None = None, stream: bool = False,
                  base_overrides: dict | None = None, memory_spike_gb: float = 0.0, kl_onset_step: int = 3,
-                 **unused) -> None:
+                 max_parallel: int | None = None, **unused) -> None:
         self.capacity = memory_capacity_gb or 4.0
+        self.max_parallel = max_parallel
         self.stream = stream
         self.memory_spike_gb = memory_spike_gb
         self.kl_onset_step = kl_onset_step
@@ -172,6 +173,12 @@ class ToyBackend(Backend):
 
     def memory_capacity_gb(self) -> float:
         return self.capacity
+
+    def max_parallel_trials(self) -> int | None:
+        return self.max_parallel
+
+    def parallel_limit_reason(self) -> str:
+        return f"the toy holds {self.max_parallel}"
 
 
 def make_backend(**options) -> ToyBackend:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,17 @@ class LocalBackend(Backend):
             engine="hf",
             agents=self.team[1] if self.team else 1,
         )
+
+    def max_parallel_trials(self) -> int | None:
+        """One trainer process per core (each runs one torch thread unless ``local.num_threads`` says more): more
+        at once would slow every trial, and stage 1 measures their speed. On a Ray cluster, Ray places them."""
+        if self.ray_address:
+            return None
+        threads = int(self._base.get("local.num_threads") or 0) or int(os.environ.get("MART_NUM_THREADS") or 1)
+        return max(1, (os.cpu_count() or 1) // max(1, threads))
+
+    def parallel_limit_reason(self) -> str:
+        return f"{os.cpu_count() or 1} CPU core(s) here, one trainer thread per trial"
 
     def memory_capacity_gb(self) -> float | None:
         """The emulated device memory. A multi-agent job keeps every agent's weights, AdamW state and

@@ -17,7 +17,7 @@ from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
 from mart.trial_runner.metrics import MetricsTail
-from mart.trial_runner.process import ProcessGroup
+from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup, find_launched
 
 CONFIG_FILE = "config.json"
 
@@ -78,12 +78,22 @@ class LocalRunner(TrialRunner):
         for stale in (STATUS_FILE, METRICS_FILE):  # a fresh trial: nothing left from an earlier one
             (trial_dir / stale).unlink(missing_ok=True)
         self._tails.pop(str(trial_dir), None)
-        env = trial_env(self.build_env(spec))
+        env = trial_env({**self.build_env(spec), **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
         with open(trial_dir / LOG_FILE, "wb") as log:
             group = ProcessGroup.spawn(self.build_command(spec), env=env, output=log)
         self._groups[group.pid] = group
         return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
                            pid_create_time=group.created)
+
+    def adopt(self, spec: TrialSpec) -> TrialHandle | None:
+        """The trainer an earlier tuner started for ``spec`` (found by its launch token), if it runs."""
+        if not spec.launch_token or not (Path(spec.trial_dir) / LOG_FILE).exists():
+            return None  # the launch never got as far as opening the trial's log: nothing was started
+        group = find_launched(spec.launch_token)
+        if group is None:
+            return None
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(spec.trial_dir), pid=group.pid,
+                           pid_create_time=group.created, extra={"adopted": True})
 
     # --- watching --------------------------------------------------------------------------------------
     def _reap(self) -> None:

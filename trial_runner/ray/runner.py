@@ -125,6 +125,11 @@ class RayJobRunner(TrialRunner):
 
     name = "ray"
 
+    @property
+    def watches_progress(self) -> bool:  # type: ignore[override]
+        """Ray jobs of a runner with a watchdog (verl, MARTI) are watched in ``poll``; others by the tuner."""
+        return getattr(self.inner, "watchdog", None) is not None
+
     def __init__(
         self,
         address: str,
@@ -278,7 +283,7 @@ class RayJobRunner(TrialRunner):
         return self.client.get_job_status(handle.job_id)
 
     def _progress(self, handle: TrialHandle, *, force: bool = False):
-        from mart.trial_runner.verl.runner import Progress
+        from mart.trial_runner.watchdog import Progress
 
         key = handle.job_id or handle.trial_id
         tail, progress = self._followed.get(key) or (self.metrics(handle), Progress())

@@ -10,6 +10,12 @@ Clocks:
     ``wall``: simulated seconds = wall seconds since launch x ``time_scale``.
     ``poll``: every poll advances to the next ``steps_per_poll`` metric lines (deterministic, no sleeping;
               the benchmark uses it so results do not depend on machine load).
+    ``virtual``: one simulated clock shared by the trials of a run (``<trials dir>/.sim_clock.json``), as a
+              discrete-event simulation: a poll reveals what is due at the clock's time, and once no running
+              trial has anything due, the clock jumps to the earliest next event of any of them. Trials run in
+              parallel finish in the order their simulated durations say (a fast config frees its slot first),
+              a new trial starts at the clock's time, and the clock's end is the session's simulated wall time.
+              Deterministic and load-independent, like ``poll``.
     In ``wall`` mode ``steps_per_poll`` (if set) caps how far one poll may advance.
 
 Files besides the trial contract (``metrics.jsonl``, ``status.json``, ``trial.log``):
@@ -44,6 +50,8 @@ PLAN_FILE = "sim_plan.json"
 STATE_FILE = "sim_state.json"
 CHECKPOINT_FILE = "learning_state.json"
 LOCK_FILE = ".sim.lock"
+CLOCK_FILE = ".sim_clock.json"
+CLOCKS = ("wall", "poll", "virtual")
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -70,8 +78,8 @@ class SimRunner(TrialRunner):
 
     def __init__(self, scenario: str | Scenario, seed: int = 0, time_scale: float = 2000.0, memory_capacity_gb: float | None = None,
                  clock: str = "wall", steps_per_poll: int | None = None) -> None:
-        if clock not in ("wall", "poll"):
-            raise ValueError(f"`clock` must be 'wall' or 'poll', but got {clock!r}.")
+        if clock not in CLOCKS:
+            raise ValueError(f"`clock` must be one of {', '.join(CLOCKS)}, but got {clock!r}.")
         if not time_scale > 0:
             raise ValueError(f"`time_scale` must be > 0 (simulated seconds per wall second), but got {time_scale!r}.")
         if steps_per_poll is not None and steps_per_poll < 1:
@@ -101,6 +109,7 @@ class SimRunner(TrialRunner):
         result = model.simulate(spec.config, self.sc, spec.steps, seed=seed, memory_capacity_gb=capacity,
                                 start=start, save_steps=spec.save_steps)
         started = time.time()
+        sim_start = register_virtual(trial_dir, spec.trial_id, result) if self.clock == "virtual" else 0.0
         meta = {
             "spec": spec.model_dump(),
             "scenario": self.scenario,
@@ -111,6 +120,7 @@ class SimRunner(TrialRunner):
             "steps_per_poll": self.steps_per_poll,
             "memory_capacity_gb": capacity,
             "started_at": started,
+            "sim_start": sim_start,
         }
         plan = {
             "events": [[e.t, e.step, e.data] for e in result.events],
@@ -174,7 +184,10 @@ class SimRunner(TrialRunner):
         events = plan["events"]
         written, polls = int(state["written"]), int(state["polls"]) + 1
         per_poll = meta.get("steps_per_poll")
-        if stop_reason is not None:
+        if meta["clock"] == "virtual":
+            # (start + t) - start can land a hair below t in floating point: an event due now is due
+            target = virtual_now(trial_dir) - float(meta.get("sim_start") or 0.0) + 1e-6
+        elif stop_reason is not None:
             target = state["sim_elapsed_s"] if meta["clock"] == "poll" else self._wall_target(meta, state)
             if per_poll and written < len(events):  # stopping never reveals more than the clock allows
                 target = min(target, events[min(written + per_poll, len(events)) - 1][0])
@@ -216,6 +229,9 @@ class SimRunner(TrialRunner):
             sim_t = min(target, plan["end_t"])
         _write_json(trial_dir / STATE_FILE,
                     self._usage(plan, written, sim_t, polls, final.status.value if final else None))
+        if meta["clock"] == "virtual":
+            due = None if final is not None else (events[written][0] if written < len(events) else plan["end_t"])
+            advance_virtual(trial_dir, meta["spec"]["trial_id"], None if due is None else float(meta["sim_start"]) + due)
         if final is None:
             return TrialPoll(status=TrialStatus.RUNNING, last_step=last_step)
         with open(trial_dir / LOG_FILE, "a") as log:
@@ -227,6 +243,59 @@ class SimRunner(TrialRunner):
     @staticmethod
     def _wall_target(meta: dict, state: dict) -> float:
         return (time.time() - float(meta["started_at"])) * float(meta["time_scale"])
+
+
+# -- the virtual clock shared by a run's trials ----------------------------------------------------------------
+@contextlib.contextmanager
+def _clock(trial_dir: Path) -> Iterator[dict[str, Any]]:
+    """The run's virtual clock, locked while it is read and written back."""
+    path = trial_dir.parent / CLOCK_FILE
+    with open(trial_dir.parent / (CLOCK_FILE + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            try:
+                clock = json.loads(path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                clock = {"now": 0.0, "due": {}}
+            yield clock
+            _write_json(path, clock)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def register_virtual(trial_dir: Path, trial_id: str, result: Any) -> float:
+    """Start a trial at the clock's time; returns that time (its simulated start)."""
+    with _clock(trial_dir) as clock:
+        start = float(clock["now"])
+        first = result.events[0].t if result.events else result.end_t
+        clock["due"][trial_id] = start + float(first)
+    return start
+
+
+def virtual_now(trial_dir: Path) -> float:
+    with _clock(trial_dir) as clock:
+        return float(clock["now"])
+
+
+def advance_virtual(trial_dir: Path, trial_id: str, due: float | None) -> None:
+    """Record when the trial next has something to show (None: it ended), then move the clock to the earliest
+    such time once nothing is due now."""
+    with _clock(trial_dir) as clock:
+        if due is None:
+            clock["due"].pop(trial_id, None)
+        else:
+            clock["due"][trial_id] = due
+        pending = list(clock["due"].values())
+        if pending and min(pending) > clock["now"]:
+            clock["now"] = min(pending)
+
+
+def virtual_clock(trials_dir: str | os.PathLike) -> dict[str, Any]:
+    """The virtual clock of a run's trials directory (``{}`` when the run used another clock)."""
+    try:
+        return json.loads((Path(trials_dir) / CLOCK_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -252,4 +321,4 @@ def sim_usage(trial_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
 
 
-__all__ = ["SimRunner", "read_checkpoint", "sim_usage"]
+__all__ = ["SimRunner", "read_checkpoint", "sim_usage", "virtual_clock"]

@@ -36,9 +36,10 @@ from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
-from mart.trial_runner.process import ProcessGroup
+from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup, find_launched
 from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
+from mart.trial_runner.watchdog import Progress, WatchdogConfig
 
 DEFAULT_ENTRYPOINT = ("python", "-m", "verl.trainer.main_ppo")
 
@@ -54,9 +55,6 @@ FIXED_KEYS = frozenset({
 
 #: verl loops over epochs and stops early, silently, when they run out: keep at least this many.
 MIN_TOTAL_EPOCHS = 1000
-#: first-step timeout before any start-up was measured, and the floor of the derived one (seconds).
-DEFAULT_FIRST_STEP_TIMEOUT_S = 3600.0
-DERIVED_FIRST_STEP_FLOOR_S = 600.0
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -93,96 +91,6 @@ def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | No
         if i and not tok.startswith("-") and not os.path.isabs(tok) and os.path.isfile(tok):
             argv[i] = os.path.abspath(tok)
     return argv
-
-
-@dataclass
-class WatchdogConfig:
-    """When a run that makes no progress is killed.
-
-    Before the first training step: ``first_step_timeout_s`` after launch (model load, vLLM start, the
-    step-0 validation and step 1); None = derived: ``max(600, 3 x`` the slowest start-up this runner has
-    measured``)``, or 1 h before any was measured. Afterwards: no new step within ``stall_timeout_s`` when
-    set, else ``max(min_step_timeout_s, k x expected)`` where ``expected`` is ``expected_step_s`` or, when
-    None, the median ``timing_s/step`` the run logged (else its mean time per step so far).
-    ``--backend-option stall_timeout_s=900 --backend-option first_step_timeout_s=5400`` set them for a session.
-    """
-
-    enabled: bool = True
-    first_step_timeout_s: float | None = None
-    k: float = 5.0
-    min_step_timeout_s: float = 300.0
-    expected_step_s: float | None = None
-    stall_timeout_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.k <= 0 or (self.first_step_timeout_s is not None and self.first_step_timeout_s <= 0)
-                or self.min_step_timeout_s < 0 or (self.stall_timeout_s is not None and self.stall_timeout_s <= 0)):
-            raise ValueError(f"watchdog: `k > 0`, `first_step_timeout_s > 0`, `stall_timeout_s > 0` and "
-                             f"`min_step_timeout_s >= 0` must hold, but got ({self.k=}, {self.first_step_timeout_s=}, "
-                             f"{self.stall_timeout_s=}, {self.min_step_timeout_s=}).")
-
-    def first_step_limit(self, measured_startups_s: Sequence[float] = ()) -> float:
-        """The first-step timeout: the configured one, else derived from start-ups measured so far."""
-        if self.first_step_timeout_s is not None:
-            return self.first_step_timeout_s
-        if measured_startups_s:
-            return max(DERIVED_FIRST_STEP_FLOOR_S, 3.0 * max(measured_startups_s))
-        return DEFAULT_FIRST_STEP_TIMEOUT_S
-
-
-@dataclass
-class Progress:
-    """Training progress of one run as seen by a poller, and the watchdog's verdict on it."""
-
-    last_step: int | None = None
-    first_train_seen_at: float | None = None
-    last_progress_at: float | None = None
-    step_times: list[float] = field(default_factory=list)
-
-    def observe(self, records: Iterable[StepRecord], now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        for r in records:
-            if self.last_step is None or r.step > self.last_step:
-                self.last_step = r.step
-                if r.step >= 1:  # step 0 is the pre-training validation, not training progress
-                    self.last_progress_at = now
-                    if self.first_train_seen_at is None:
-                        self.first_train_seen_at = now
-            t = r.get("timing_s/step")
-            if not math.isnan(t) and t > 0:
-                self.step_times.append(t)
-
-    def expired(self, wd: WatchdogConfig, started_at: float, now: float | None = None,
-                startups_s: Sequence[float] = ()) -> str | None:
-        """A reason when the run is hung by ``wd``'s rules, else None."""
-        if not wd.enabled:
-            return None
-        now = time.time() if now is None else now
-        if self.last_progress_at is None:
-            first = wd.first_step_limit(startups_s)
-            if now - started_at > first:
-                return (f"watchdog: no training step within {first:.0f} s of launch (last step {self.last_step}; "
-                        "set --backend-option first_step_timeout_s=SECONDS if start-up is that slow); killed as hung")
-            return None
-        if wd.stall_timeout_s is not None:
-            idle = now - self.last_progress_at
-            if idle > wd.stall_timeout_s:
-                return (f"watchdog: no new step for {idle:.1f} s after step {self.last_step} (stall_timeout_s "
-                        f"{wd.stall_timeout_s:g}); killed as hung")
-            return None
-        if wd.expected_step_s is not None:
-            expected = wd.expected_step_s
-        elif self.step_times:
-            expected = sorted(self.step_times)[len(self.step_times) // 2]
-        else:
-            n = max(1, self.last_step or 1)
-            expected = (self.last_progress_at - (self.first_train_seen_at or started_at)) / max(1, n - 1)
-        limit = max(wd.min_step_timeout_s, wd.k * expected)
-        idle = now - self.last_progress_at
-        if idle > limit:
-            return (f"watchdog: no new step for {idle:.1f} s after step {self.last_step} (limit {limit:.1f} s = "
-                    f"max({wd.min_step_timeout_s:g}, {wd.k:g} x expected {expected:.2f} s)); killed as hung")
-        return None
 
 
 class DevicePeakTail:
@@ -246,6 +154,7 @@ class VerlRunner(TrialRunner):
     """
 
     name = "verl"
+    watches_progress = True
 
     def __init__(
         self,
@@ -425,6 +334,26 @@ class VerlRunner(TrialRunner):
         )
         return handle if self._leader(handle) is not None else None
 
+    def adopt(self, spec: TrialSpec) -> TrialHandle | None:
+        """The attempt an earlier tuner started for ``spec``: from its ``launch.json``, or, when the tuner died
+        before writing the pid there, found by the launch token in the supervisor's environment."""
+        live = self._live_attempt(spec)
+        if live is not None or not spec.launch_token:
+            return live
+        group = find_launched(spec.launch_token)
+        if group is None:
+            return None
+        trial_dir = Path(spec.trial_dir).resolve()
+        nums = sorted(int(p.name.split("-", 1)[1]) for p in trial_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit())
+        k = nums[-1] if nums else 1
+        adir = trial_dir / f"attempt-{k}"
+        return TrialHandle(
+            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
+            pid_create_time=group.created, started_at=group.created,
+            extra={"attempt": k, "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
+                   "steps": spec.steps, "log_offset": 0, "reattached": True,
+                   "stop_at_horizon": self.total_steps(spec.steps) > spec.steps})
+
     def launch(self, spec: TrialSpec) -> TrialHandle:
         """Start the trial (or re-attach to its latest attempt if that is still running)."""
         live = self._live_attempt(spec)
@@ -449,7 +378,7 @@ class VerlRunner(TrialRunner):
             log_offset = log.tell()
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
-            env = trial_env(env_add)
+            env = trial_env({**env_add, **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
             group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=trial_dir, env=env, output=log)
         launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
         (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))

@@ -1,0 +1,216 @@
+"""The stage protocol: one policy object per stage of a session, and the view of the session it decides from.
+
+A stage answers five questions, whatever it tunes:
+
+* ``plan(view, free)``: what to start now in the ``free`` trial slots: trials of its own (a baseline, a
+  re-evaluation, an unchanged continuation), a number of candidates for the agents to propose (one review covers
+  them), a profile to build first, or nothing (wait for a running trial), or that it is done;
+* ``collected(view, record, eligible)``: how one of its finished trials updates it (the incumbent best);
+* ``conclude(view, note)``: how it picks its winner once nothing of it runs, and what it records;
+* ``summary(state, services)``: what it reports in the session's summary;
+* ``base_config`` / ``overrides_of`` / ``prepare`` / ``review_context``: what its candidates apply to, what a
+  trial changes, how a trial is launched, what a reviewer sees besides the candidate.
+
+Several trials may be in flight at once (``TuneOptions.parallel``): ``plan`` sees them (``view.running``) and
+never starts more than ``free``. Every decision is recomputed from the ledger and the small graph state, so a
+session resumed after a crash decides the same. Stage control (``mart.nodes.stage_control``) only runs this
+protocol; adding a stage is one module with a ``StagePolicy`` subclass plus its registration
+(``mart.nodes.stages.STAGES`` and its name in ``mart.state.models.STAGE_ORDER``).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mart.state.graph_state import running_trials
+from mart.state.models import Stage, TrialRecord, knob_stage
+from mart.state.trials import RunningTrial
+
+
+@dataclass
+class Plan:
+    """A stage's answer to "what now?" for the free slots (``launch`` + ``propose`` never exceed them)."""
+
+    launch: list[TrialRecord] = field(default_factory=list)
+    """Trials to start without a review: a baseline, a re-evaluation, an unchanged continuation."""
+    propose: int = 0
+    """Candidates to ask the agents for; one review covers them."""
+    profile: bool = False
+    """The baseline has finished: build the stage's phase profile before anything else."""
+    done: bool = False
+    """Nothing more to start: once nothing of the stage runs, it concludes."""
+    update: dict[str, Any] = field(default_factory=dict)
+    """State the stage keeps with this decision (e.g. the schedule's node being expanded)."""
+
+    @property
+    def waits(self) -> bool:
+        """Nothing to start now, and not done: wait for a running trial to finish."""
+        return not (self.launch or self.propose or self.profile or self.done)
+
+
+class StageView:
+    """What a policy decides from: the graph state, the services, and the trials in flight."""
+
+    def __init__(self, state: dict[str, Any], services: Any) -> None:
+        self.state = state
+        self.services = services
+        self.options = services.options
+        self.ledger = services.ledger
+
+    def running(self, stage: str | None = None) -> list[RunningTrial]:
+        """The trials in flight (launched), in launch order."""
+        return running_trials(self.state, stage)
+
+    def queued(self, stage: str | None = None) -> list[TrialRecord]:
+        """Trials decided but not launched yet."""
+        return [TrialRecord.model_validate(r) if isinstance(r, dict) else r for r in (self.state.get("queue") or [])
+                if stage is None or (r.stage if isinstance(r, TrialRecord) else r.get("stage")) == stage]
+
+    def rows(self, stage: str) -> list[dict[str, Any]]:
+        """The ledger's rows of the stage's trials (launched ones, running or finished), in launch order."""
+        return self.ledger.trials(stage)
+
+    def launched(self, stage: str, *, kinds: tuple[str, ...] | None = None) -> int:
+        """Trials of the stage started or decided so far (the ledger's, plus the queue), optionally of some kinds."""
+        ids = {r["trial_id"] for r in self.rows(stage) if kinds is None or r.get("kind") in kinds}
+        ids |= {r.trial_id for r in self.queued(stage) if kinds is None or r.kind in kinds}
+        return len(ids)
+
+    def in_flight(self, stage: str | None = None) -> int:
+        return len(self.running(stage)) + len(self.queued(stage))
+
+    def out_of_time(self) -> bool:
+        limit = self.options.wall_clock_s
+        return bool(limit) and time.time() - self.state.get("started_at", time.time()) > limit
+
+    def exhausted(self, stage: str) -> str | None:
+        return (self.state.get("exhausted") or {}).get(stage)
+
+    def waiting(self, stage: str) -> str | None:
+        return (self.state.get("waiting") or {}).get(stage)
+
+    def next_seq(self) -> int:
+        """The sequence number the next decided trial gets."""
+        return int(self.state.get("trial_seq", 0)) + len(self.state.get("queue") or []) + 1
+
+
+class StagePolicy(abc.ABC):
+    """One stage of a session (see the module docstring)."""
+
+    name: ClassVar[Stage]
+    objective: ClassVar[str]
+    """The stage's objective in words, for the agents."""
+
+    @property
+    def knob_stage(self) -> Stage:
+        """The catalogue stage whose knobs this stage's candidates change."""
+        return knob_stage(self.name)
+
+    # -- what its trials are ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def budget(self, options: Any) -> int:
+        """Trials the stage may start (its baseline included)."""
+
+    @abc.abstractmethod
+    def horizon(self, options: Any) -> int:
+        """Steps of one of its trials (the schedule stage: the last global step of a schedule)."""
+
+    def base_config(self, view: StageView) -> dict[str, Any]:
+        """The full config its candidates apply to: the backend's base with the session's ``--set`` values."""
+        base = dict(view.services.backend.base_config())
+        base.update(getattr(view.options, "start_overrides", None) or {})
+        return base
+
+    def overrides_of(self, view: StageView, record: TrialRecord) -> dict[str, Any]:
+        """The knobs a trial changes against the stage's base config."""
+        base = self.base_config(view)
+        return {k: v for k, v in record.config.items() if base.get(k, object()) != v}
+
+    def baseline_record(self, view: StageView) -> TrialRecord:
+        """The stage's first trial: its base config as it is."""
+        return TrialRecord(trial_id=f"{self.name[:3]}-{view.next_seq():02d}-baseline", stage=self.name,
+                           kind="baseline", config=self.base_config(view))
+
+    def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
+        """The record as launched (with anything the stage fills in) and its last step."""
+        return record, self.horizon(view.options)
+
+    # -- decisions --------------------------------------------------------------------------------
+    def enter(self, view: StageView) -> dict[str, Any]:
+        """State the stage starts with (beyond the session's per-stage counters)."""
+        return {}
+
+    def baseline_plan(self, view: StageView) -> Plan | None:
+        """The part every stage shares: run the baseline alone first, then profile it; None once both are done."""
+        baseline = (view.state.get("baseline") or {}).get(self.name)
+        if baseline is None:
+            if view.launched(self.name, kinds=("baseline",)) == 0:
+                return Plan(launch=[self.baseline_record(view)])
+            return Plan()  # the baseline runs: everything after it needs its profile
+        if self.name not in (view.state.get("profiles") or {}):
+            return Plan(profile=True)
+        return None
+
+    @abc.abstractmethod
+    def plan(self, view: StageView, free: int) -> Plan:
+        """What to start in the ``free`` slots now (see ``Plan``)."""
+
+    def collected(self, view: StageView, record: TrialRecord, eligible: bool) -> dict[str, Any]:
+        """The state update after one of its trials finished (``record``: its result). Default: the baseline
+        starts as the incumbent; an eligible candidate with a better objective replaces it."""
+        best = dict(view.state.get("best") or {})
+        best_overrides = dict(view.state.get("best_overrides") or {})
+        update: dict[str, Any] = {}
+        stage = self.name
+        if record.kind == "baseline":
+            update["baseline"] = {**(view.state.get("baseline") or {}), stage: record}
+            if eligible and record.objective(stage) is not None:
+                best[stage], best_overrides[stage] = record, {}
+        elif record.kind == "candidate" and eligible and record.objective(stage) is not None:
+            incumbent = best.get(stage)
+            if incumbent is None or incumbent.objective(stage) is None or \
+                    record.objective(stage) > incumbent.objective(stage):
+                best[stage], best_overrides[stage] = record, self.overrides_of(view, record)
+        return {**update, "best": best, "best_overrides": best_overrides}
+
+    def compared_to(self, view: StageView, record: TrialRecord) -> tuple[float | None, str]:
+        """What a finished trial's objective is compared with in progress output: the stage's best so far."""
+        best = (view.state.get("best") or {}).get(self.name)
+        return (best.objective(self.name) if best is not None else None), "best"
+
+    @abc.abstractmethod
+    def conclude(self, view: StageView, note: str | None) -> tuple[dict[str, Any], str | None]:
+        """Pick the winner once nothing of the stage runs and record it; returns the state update and, when the
+        session must not go on to later stages, why."""
+
+    def record_result(self, view: StageView, note: str | None) -> None:
+        """The stage's row in the ledger's ``stage_results`` (baseline and best)."""
+        state = view.state
+        base: TrialRecord | None = (state.get("baseline") or {}).get(self.name)
+        best: TrialRecord | None = (state.get("best") or {}).get(self.name)
+        if base is None:
+            return
+        view.ledger.set_stage_result(
+            view.services.run_id, self.name, baseline_trial=base.trial_id, best_trial=best.trial_id if best else None,
+            baseline_value=base.objective(self.name), best_value=best.objective(self.name) if best else None,
+            best_config=(state.get("best_overrides") or {}).get(self.name, {}), note=note or "",
+        )
+
+    # -- what people see --------------------------------------------------------------------------
+    def review_context(self, view: StageView) -> dict[str, Any]:
+        """Fields a review request of this stage carries besides its candidates."""
+        return {}
+
+    @abc.abstractmethod
+    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+        """The stage's part of the session summary (``{key: part}``) and its notes."""
+
+
+def give_up(view: StageView, stage: str, reason: str) -> dict[str, Any]:
+    """The agents found nothing (new) to propose: with trials of the stage in flight, wait for one of them to
+    finish and ask again (``waiting``); with none, the stage has nothing left to try (``exhausted``)."""
+    key = "waiting" if view.in_flight(stage) else "exhausted"
+    return {key: {**(view.state.get(key) or {}), stage: reason}, "batch": None}

@@ -1,0 +1,260 @@
+"""Stage 2, ``learning``: longer trials of learning knobs for validation score, the system config fixed.
+
+The baseline (stage 1's best system config) runs alone and is profiled; candidates fill the free slots while the
+budget lasts. Then selection under noise: within ``learning_confirm_trials`` re-runs on another seed (kind
+``confirm``; the defaults' re-run counts too), the highest single-run change that could still win is re-run,
+and the defaults are re-run as soon as a re-run change leads them. Re-runs start as soon as slots free up, beside
+candidates still running. A change replaces the defaults only with two seeds, a lead over them of more than 2
+standard errors of the difference (3 when a collapse was seen within two doublings of its lr), no collapse signal,
+and no collapse seen within one doubling of its lr; with weak evidence the smaller move from the defaults wins.
+The pure parts: ``mart.state.objectives`` (pooled_noise, collapse_signals, learning_choice, next_reevaluation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mart.nodes.stages._base import Plan, StagePolicy, StageView
+from mart.nodes.stages.system import _clean, baseline_notes, candidate_plan, config_by_agent
+from mart.state.models import TrialRecord
+from mart.state.objectives import (
+    RISK_AT_CLIFF,
+    RISK_BELOW_COLLAPSE,
+    Contender,
+    collapse_signals,
+    learning_choice,
+    move_size,
+    next_reevaluation,
+    noise_estimate,
+    pooled_noise,
+    replicate_noise,
+    validation_series,
+)
+
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
+CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
+FALLBACK_NOISE_SHARE = 0.02  # noise = 2% of the baseline score when no trial has enough validation points
+CLIFF_FACTOR = 2.0  # one doubling of the lr: the step the proposers take
+
+
+def learning_lrs(row: dict[str, Any]) -> dict[str, float]:
+    """The actor learning rate(s) of a trial's config: verl's key, or one per agent (``agents.<i>.<key>``)."""
+    out = {}
+    for k, v in (row.get("config") or {}).items():
+        if k == LR_KEY or k.endswith("." + LR_KEY):
+            try:
+                out[k] = float(v)
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+class LearningStage(StagePolicy):
+    name = "learning"
+    objective = "maximise the final validation score with the system config fixed; unhealthy trials are stopped early"
+
+    def budget(self, options: Any) -> int:
+        return options.learning_trials
+
+    def horizon(self, options: Any) -> int:
+        return options.learning_horizon
+
+    def base_config(self, view: StageView) -> dict[str, Any]:
+        """The backend's base and ``--set`` values, with stage 1's best system overrides fixed."""
+        base = super().base_config(view)
+        base.update((view.state.get("best_overrides") or {}).get("system", {}))
+        return base
+
+    # -- decisions --------------------------------------------------------------------------------
+    def plan(self, view: StageView, free: int) -> Plan:
+        first = self.baseline_plan(view)
+        if first is not None:
+            return first
+        candidates = candidate_plan(view, self.name, self.budget(view.options), free, kinds=("baseline", "candidate"))
+        if not candidates.done or view.out_of_time():
+            return candidates
+        # the budget is spent (or nothing new to try): re-runs on a second seed, as slots free up
+        if free <= 0:
+            return Plan()
+        records = self.reevaluations(view, free)
+        if records:
+            return Plan(launch=records)
+        return Plan() if view.running(self.name) else Plan(done=True)
+
+    def reevaluations(self, view: StageView, free: int) -> list[TrialRecord]:
+        """Up to ``free`` re-runs to start now, decided from the finished trials alone (a re-run in flight counts
+        as made), within ``learning_confirm_trials``."""
+        contenders, noise, dof, rows = self.evidence(view)
+        if not contenders:
+            return []
+        confirms = [r for r in rows.values() if r.get("kind") == "confirm"]
+        queued = [r for r in view.queued(self.name) if r.kind == "confirm"]
+        left = getattr(view.options, "learning_confirm_trials", 3) - len(confirms) - len(queued)
+        rerun = {r.get("confirms") for r in confirms} | {r.confirms for r in queued}
+        out = []
+        while left > 0 and len(out) < free:
+            c = next_reevaluation(contenders, noise, rerun, dof=dof)
+            if c is None:
+                break
+            rerun.add(c.key)
+            left -= 1
+            out.append(self._rerun(view, c.key, rows))
+        base = next((c for c in contenders if c.is_baseline), None)
+        if len(out) >= 2 and base is not None and base.key not in rerun and len(base.scores) == 1 and any(
+                c.mean > base.mean for c in contenders if c.key in {r.confirms for r in out}):
+            # one at a time, the defaults are re-run once a re-run change leads them; a batch cannot wait for that
+            # result, so the defaults' re-run goes with it whenever a change re-run in it could lead them
+            if left <= 0 or len(out) >= free:
+                out.pop()  # the least promising change's re-run makes room
+            out.append(self._rerun(view, base.key, rows))
+        return out
+
+    @staticmethod
+    def _rerun(view: StageView, key: str, rows: dict[str, dict[str, Any]]) -> TrialRecord:
+        # no candidate_id: the candidate was approved and ran once; `confirms` links the re-run to it
+        return TrialRecord(trial_id=f"{key}-s{CONFIRM_SEED_OFFSET + 1}", stage="learning", kind="confirm",
+                           config=rows[key]["config"], seed=view.options.seed + CONFIRM_SEED_OFFSET, confirms=key)
+
+    def evidence(self, view: StageView) -> tuple[list[Contender], float, float | None, dict[str, dict[str, Any]]]:
+        """Contenders (originals with their re-runs), the pooled noise and its degrees of freedom (None: a
+        fallback guess), and the ledger rows by trial id. Trials still running are no evidence yet."""
+        ledger = view.ledger
+        prefix = view.services.backend.score_metric_prefix
+        rows = {r["trial_id"]: r for r in ledger.trials("learning")}
+        events: dict[str, list[str]] = {}
+        for e in ledger.health_events():
+            events.setdefault(e.trial_id, []).append(e.rule)
+        used: list[tuple[str, dict[str, Any], bool, list]] = []
+        estimates: list[tuple[float, int]] = []
+        for tid, row in rows.items():
+            key = row.get("confirms") or tid
+            if key not in rows or rows[key].get("kind") not in ("baseline", "candidate") or row.get("status") == "running":
+                continue
+            usable = row.get("status") == "completed" and row.get("score") is not None
+            if not usable and row.get("kind") != "confirm":
+                continue  # an original that failed is no contender; a failed re-evaluation is evidence against it
+            records = ledger.metric_records(tid)
+            est = noise_estimate(validation_series(records, prefix))
+            if est is not None and usable and not events.get(tid):
+                estimates.append(est)
+            used.append((tid, row, usable, records))
+        pooled = pooled_noise(estimates)
+        noise = pooled[0] if pooled else None
+        baseline = (view.state.get("baseline") or {}).get("learning")
+        # per config: the original run first, then its re-evaluations (score or NaN, signals)
+        runs: dict[str, list[tuple[float, list[str]]]] = {}
+        for tid, row, usable, records in sorted(used, key=lambda u: (u[1].get("confirms") is not None, u[1].get("seq") or 0)):
+            signals = collapse_signals(records, events.get(tid, []), noise, prefix) if usable else []
+            if row.get("early_stopped") or not usable:
+                signals.append(f"run {tid} ended {row.get('status')}" + (" early" if row.get("early_stopped") else ""))
+            runs.setdefault(row.get("confirms") or tid, []).append((float(row["score"]) if usable else math.nan, signals))
+        # the seed-to-seed spread of configs re-run without a collapse signal measures the same noise directly
+        for rs in runs.values():
+            est = replicate_noise([s for s, _ in rs]) if all(not sig and not math.isnan(s) for s, sig in rs) else None
+            if est is not None:
+                estimates.append(est)
+        pooled = pooled_noise(estimates) or pooled
+        noise, dof = pooled if pooled else (None, None)
+        if noise is None:
+            noise = FALLBACK_NOISE_SHARE * abs(baseline.score or 0.0) if baseline is not None else 0.0
+        # the collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): one or
+        # two lucky seeds of a config near a collapse are no proof of safety. Against the lowest raised lr that
+        # collapsed (stopped by the health monitor, oom or failed) at or above its own: less than one doubling
+        # away = at the cliff edge (never replaces the defaults), less than two = below a collapse (needs a
+        # larger lead), further down = no risk inferred
+        collapsed = [(tid, learning_lrs(r)) for tid, r in rows.items()
+                     if r.get("early_stopped") or r.get("status") in ("oom", "failed")]
+        base_lrs = learning_lrs(rows.get(baseline.trial_id, {})) if baseline is not None else {}
+        stage_base = self.base_config(view)
+        contenders = []
+        for key, rs in runs.items():
+            scores = [s for s, _ in rs if not math.isnan(s)]
+            if not scores or math.isnan(rs[0][0]):
+                continue
+            c = Contender(key=key, scores=scores, signals=[x for _, sig in rs for x in sig],
+                          is_baseline=rows[key].get("kind") == "baseline")
+            c.first_signals = list(rs[0][1])
+            c.move = 0.0 if c.is_baseline else move_size(rows[key].get("overrides") or {}, stage_base)
+            # per lr knob it raised (one per agent in a multi-agent job): the nearest collapse at or above it
+            near = sorted((clrs[k] / lr, k, tid) for k, lr in learning_lrs(rows[key]).items()
+                          if k in base_lrs and lr > base_lrs[k]
+                          for tid, clrs in collapsed if tid != key and clrs.get(k, 0.0) >= lr)
+            if near and near[0][0] < CLIFF_FACTOR ** 2:
+                ratio, k, tid = near[0]
+                c.risk = RISK_AT_CLIFF if ratio < CLIFF_FACTOR else RISK_BELOW_COLLAPSE
+                c.risk_why = f"{k} {learning_lrs(rows[key])[k]:g} raised, and a trial at {ratio:.3g}x it collapsed ({tid})"
+            contenders.append(c)
+        return contenders, noise, dof, rows
+
+    def collected(self, view: StageView, record: TrialRecord, eligible: bool) -> dict[str, Any]:
+        if record.kind == "confirm":  # a re-evaluation: weighed with the trial it repeats at the end
+            return {}
+        return super().collected(view, record, eligible)
+
+    def conclude(self, view: StageView, note: str | None) -> tuple[dict[str, Any], str | None]:
+        """The final choice under noise (skipped when the wall-clock budget is spent: the best single run
+        stands), then the stage's ledger row."""
+        update: dict[str, Any] = {} if view.out_of_time() else self.choice(view)
+        merged = StageView({**view.state, **update}, view.services)
+        self.record_result(merged, note)
+        return update, None
+
+    def choice(self, view: StageView) -> dict[str, Any]:
+        """The state update naming the final learning winner (``selection``, and ``best`` when it changes)."""
+        contenders, noise, dof, rows = self.evidence(view)
+        if not contenders:
+            return {}
+        confirms = sorted((r for r in rows.values() if r.get("kind") == "confirm"), key=lambda r: r.get("seq") or 0)
+        winner, why = learning_choice(contenders, noise, dof=dof)
+        ranked = sorted(contenders, key=lambda c: -c.mean)
+        selection = {
+            "winner": winner.key, "mean": winner.mean, "spread": winner.spread, "runs": len(winner.scores),
+            "noise": noise, "noise_dof": None if dof is None else round(dof, 1),
+            "reevaluated": [r.get("confirms") for r in confirms],
+            "confirm_budget": getattr(view.options, "learning_confirm_trials", 3), "why": why,
+            "contenders": [{"trial_id": c.key, "mean": round(c.mean, 6), "runs": len(c.scores),
+                            "spread": None if c.spread is None else round(c.spread, 6), "move": round(c.move, 3),
+                            "signals": c.signals + ([c.risk_why] if c.risk_why else [])}
+                           for c in ranked],
+        }
+        update: dict[str, Any] = {"selection": {**(view.state.get("selection") or {}), "learning": selection}}
+        best = dict(view.state.get("best") or {})
+        incumbent = best.get("learning")
+        if incumbent is None or incumbent.trial_id != winner.key:
+            row = rows[winner.key]
+            best["learning"] = TrialRecord(
+                trial_id=winner.key, stage="learning", kind=row.get("kind") or "candidate",
+                candidate_id=row.get("candidate_id"), config=row.get("config") or {}, status=row.get("status"),
+                score=row.get("score"), steps_done=row.get("steps_done") or 0)
+            best_overrides = dict(view.state.get("best_overrides") or {})
+            best_overrides["learning"] = {} if winner.is_baseline else (row.get("overrides") or {})
+            update.update(best=best, best_overrides=best_overrides)
+        return update
+
+    # -- what people see --------------------------------------------------------------------------
+    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+        base, best = (state.get("baseline") or {}).get("learning"), (state.get("best") or {}).get("learning")
+        overrides = (state.get("best_overrides") or {}).get("learning", {})
+        sel = (state.get("selection") or {}).get("learning") or {}
+        b_score = base.score if base else None
+        t_score = best.score if best else None
+        if sel and best is not None and sel.get("winner") == best.trial_id:
+            t_score = sel["mean"]  # the mean over its runs (seeds), not its luckiest run
+            base_row = next((c for c in sel.get("contenders", []) if base and c["trial_id"] == base.trial_id), None)
+            b_score = base_row["mean"] if base_row else b_score
+        part = {
+            "baseline_score": _clean(b_score),
+            "best_score": _clean(t_score),
+            "score_gain": _clean(t_score - b_score) if t_score is not None and b_score is not None else None,
+            "best_config": overrides,
+            "best_config_by_agent": config_by_agent(overrides),
+            # selection under noise: the winner's score is a mean over `best_score_runs` seeds
+            "best_score_spread": _clean(sel.get("spread")),
+            "best_score_runs": sel.get("runs", 1 if best else 0),
+            "score_noise": _clean(sel.get("noise")),
+            "reevaluated": sel.get("reevaluated", []),
+            "contenders": sel.get("contenders", []),
+        }
+        notes = baseline_notes("learning", base, best, (state.get("exhausted") or {}).get("learning"), services)
+        return {"learning": part}, notes

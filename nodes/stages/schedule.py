@@ -1,0 +1,392 @@
+"""Stage 3, ``schedule``: a bounded best-first tree search over training trajectories (LLMZero, arXiv 2606.18388).
+
+Training of T steps is cut into S segments (``TuneOptions.schedule_boundaries``). A root trial runs segment 1
+with the stage's start config and saves a checkpoint at its end. Expanding a finished node runs K branches
+from its checkpoint for the next segment: the unchanged continuation, and K-1 transitions, each proposed (with a
+diagnosis of the trajectory so far), critiqued and reviewed like any candidate; with free slots they run side by
+side (the continuation first, the transitions as one batch and one review). The next node to expand is picked
+best-first (``mart.state.schedule.rank_frontier``) among the nodes the budget can still carry to the horizon, once
+nothing of the last expansion runs; the static path (root and its unchanged continuations) is always completed,
+as the reference; the budget counts segment-trials. The winner is the best complete path, with the close ones
+re-evaluated on a second seed when the budget allows.
+
+The tree lives in the ledger (``trials`` rows of stage ``schedule``: ``parent_trial``, ``parent_checkpoint``,
+``parent_step``, ``horizon`` = the segment's last global step); graph state keeps only the node being
+expanded and the ids already expanded, so a resumed session rebuilds the same tree.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from mart.nodes.stages._base import Plan, StagePolicy, StageView
+from mart.nodes.stages.learning import LearningStage
+from mart.state.models import TrialRecord
+from mart.state.objectives import collapse_signals, validation_noise, validation_series
+from mart.state.schedule import (
+    Node,
+    children,
+    path_to,
+    pick_schedule_winner,
+    rank_frontier,
+    recheck_plan,
+    static_path,
+    usable,
+)
+from mart.state.trials import checkpoint_dir
+
+STAGE = "schedule"
+RECHECK_RUNS = 2  # budget kept for re-evaluating close complete schedules, when the budget has room for it
+CONFIRM_SEED_OFFSET = 1
+FALLBACK_NOISE_SHARE = 0.02  # as stage 2: 2% of the root's score when no path has enough validation points
+
+
+def initial_state() -> dict[str, Any]:
+    return {"expanding": None, "expanded": [], "notes": []}
+
+
+def schedule_state(state: dict[str, Any]) -> dict[str, Any]:
+    return {**initial_state(), **(state.get("schedule") or {})}
+
+
+# --- the tree, from the ledger ----------------------------------------------------------------------------
+def tree_nodes(services: Any, *, with_signals: bool = True, prior_noise: float | None = None) -> tuple[list[Node], float]:
+    """The stage's nodes (one per segment-trial, re-evaluations and trials in flight included) and the measured
+    score noise: the median residual noise of the nodes' validation curves, else ``prior_noise`` (stage 2's,
+    measured over the same kind of trials), else 2% of the root's score."""
+    options = services.options
+    ledger = services.ledger
+    bounds = options.schedule_boundaries()
+    nodes: list[Node] = []
+    for r in ledger.trials(STAGE):
+        to = r.get("horizon")
+        nodes.append({
+            "id": r["trial_id"], "parent": r.get("parent_trial"), "confirms": r.get("confirms"),
+            "depth": bounds.index(to) + 1 if to in bounds else 0, "from_step": r.get("parent_step") or 0,
+            "to_step": to, "changes": r.get("overrides") or {}, "status": r.get("status"), "score": r.get("score"),
+            "early_stopped": bool(r.get("early_stopped")), "kind": r.get("kind"), "config": r.get("config") or {},
+            "trial_dir": r.get("trial_dir"), "candidate_id": r.get("candidate_id"), "reason": r.get("reason"),
+        })
+    if not with_signals:
+        return nodes, 0.0
+    prefix = services.backend.score_metric_prefix
+    rules: dict[str, list[str]] = {}
+    for e in ledger.health_events():
+        rules.setdefault(e.trial_id, []).append(e.rule)
+    cache: dict[str, list] = {}
+    noises = []
+    for n in nodes:
+        if usable(n):
+            n["_records"] = path_records(ledger, nodes, n["id"], cache)
+            v = validation_noise(validation_series(n["_records"], prefix))
+            if v is not None:
+                noises.append(v)
+    root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
+    if noises:
+        noise = statistics.median(noises)
+    elif prior_noise:
+        noise = float(prior_noise)
+    else:
+        noise = FALLBACK_NOISE_SHARE * abs((root or {}).get("score") or 0.0)
+    for n in nodes:
+        if "_records" in n:
+            fired = [r for p in path_to(nodes, n["id"]) for r in rules.get(p["id"], [])]
+            n["signals"] = collapse_signals(n.pop("_records"), fired, noise, prefix)
+    return nodes, noise
+
+
+def path_records(ledger: Any, nodes: list[Node], node_id: str, cache: dict[str, list] | None = None) -> list:
+    """The metric records of the trajectory root → ``node_id``: each node's steps after its parent's end (a
+    branch's first record repeats the parent's validation at the branch point)."""
+    cache = {} if cache is None else cache
+    out = []
+    start = -1
+    for n in path_to(nodes, node_id):
+        if n["id"] not in cache:
+            cache[n["id"]] = ledger.metric_records(n["id"])
+        out += [r for r in cache[n["id"]] if r.step > start]
+        start = n["to_step"] or start
+    return out
+
+
+def next_boundary(options: Any, step: int) -> int:
+    return next(b for b in options.schedule_boundaries() if b > step)
+
+
+def diagnosis_input(state: dict[str, Any], services: Any) -> tuple[list, list, tuple[int, int] | None]:
+    """The expanding node's path metric records, its health events, and the segment to propose for."""
+    expanding = schedule_state(state)["expanding"]
+    if not expanding:
+        return [], [], None
+    nodes, _ = tree_nodes(services, with_signals=False)
+    node = next((n for n in nodes if n["id"] == expanding), None)
+    if node is None:
+        return [], [], None
+    ids = {n["id"] for n in path_to(nodes, expanding)}
+    events = [e for e in services.ledger.health_events() if e.trial_id in ids]
+    step = int(node["to_step"])
+    return path_records(services.ledger, nodes, expanding), events, (step, next_boundary(services.options, step))
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 6)
+
+
+def _tree_row(n: Node) -> dict[str, Any]:
+    return {"trial_id": n["id"], "parent": n["parent"], "from_step": n["from_step"], "to_step": n["to_step"],
+            "changes": dict(n["changes"]), "status": n["status"], "score": _round(n["score"]),
+            "early_stopped": n["early_stopped"], "signals": list(n.get("signals") or []),
+            "confirms": n.get("confirms")}
+
+
+def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The schedule stage's part of the summary: the winning schedule's segments, its final score against the
+    static config's at equal total steps, and the tree (one row per segment-trial)."""
+    keys = ("segments", "final_score", "final_score_spread", "final_score_runs", "static_best_score", "gain",
+            "branches_run", "budget", "boundaries", "noise", "winner", "reevaluated", "tree")
+    return {k: result.get(k) for k in keys}
+
+
+class ScheduleStage(StagePolicy):
+    name = "schedule"
+    objective = ("maximise the validation score at the end of training (the last segment's end) by changing learning "
+                 "knobs for the next segment, from the checkpoint at its start; branches from the same checkpoint "
+                 "compete, the unchanged continuation among them; unhealthy branches are stopped early")
+
+    def budget(self, options: Any) -> int:
+        return options.schedule_trial_budget()
+
+    def horizon(self, options: Any) -> int:
+        return options.schedule_total_steps()  # a segment-trial's own last step: ``prepare``
+
+    def enter(self, view: StageView) -> dict[str, Any]:
+        return {"schedule": initial_state()}
+
+    # -- configs ----------------------------------------------------------------------------------
+    def start_config(self, view: StageView) -> dict[str, Any]:
+        """The schedule's segment-1 config: the learning stage's base with its winner's overrides when it ran."""
+        return {**LearningStage().base_config(view), **(view.state.get("best_overrides") or {}).get("learning", {})}
+
+    def base_config(self, view: StageView) -> dict[str, Any]:
+        """What the schedule's candidates apply to: the config of the node being expanded (the root's start config
+        before the first expansion)."""
+        expanding = schedule_state(view.state)["expanding"]
+        if expanding:
+            row = view.ledger.trial(expanding)
+            if row is not None:
+                return dict(row.get("config") or {})
+        return self.start_config(view)
+
+    def overrides_of(self, view: StageView, record: TrialRecord) -> dict[str, Any]:
+        """The knobs a schedule trial changes against its parent's config (the transition; {} = unchanged)."""
+        parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
+        ref = dict(parent.get("config") or {}) if parent else self.start_config(view)
+        return {k: v for k, v in record.config.items() if ref.get(k, object()) != v}
+
+    def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
+        """The trial with its place in the tree filled in, and its last global step.
+
+        The root runs segment 1; a proposed branch (built by the review node) starts from the checkpoint of the
+        node being expanded; records that already name their parent (static continuations, re-evaluations) keep it.
+        """
+        bounds = view.options.schedule_boundaries()
+        update: dict[str, Any] = {}
+        if record.kind == "baseline" and record.parent_trial is None:
+            to = bounds[0]
+        else:
+            if record.parent_trial is None:
+                parent = schedule_state(view.state)["expanding"]
+                row = view.ledger.trial(parent) or {}
+                step = int(row.get("horizon") or 0)
+                update.update(parent_trial=parent, parent_step=step,
+                              parent_checkpoint=checkpoint_dir(str(row.get("trial_dir")), step))
+            to = next_boundary(view.options, int(update.get("parent_step") or record.parent_step or 0))
+        if to < bounds[-1] and record.kind != "confirm":
+            update["save_steps"] = [to]  # the next boundary's branches start here
+        return (record.model_copy(update=update) if update else record), to
+
+    def child_record(self, view: StageView, parent: Node, *, kind: str = "candidate", confirms: str | None = None,
+                     seed: int | None = None, config: dict | None = None, suffix: str = "static") -> TrialRecord:
+        """A segment-trial from ``parent``'s checkpoint: the unchanged continuation, or a re-evaluation."""
+        step = int(parent["to_step"])
+        return TrialRecord(
+            trial_id=f"{confirms}-s{CONFIRM_SEED_OFFSET + 1}" if confirms else f"sch-{view.next_seq():02d}-{suffix}",
+            stage=STAGE, kind=kind, config=dict(config if config is not None else parent["config"]),
+            parent_trial=parent["id"], parent_step=step,
+            parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step), seed=seed, confirms=confirms,
+        )
+
+    # -- decisions --------------------------------------------------------------------------------
+    def plan(self, view: StageView, free: int) -> Plan:
+        """The next branch, the next expansion, the static path's completion, a re-evaluation, or the end."""
+        first = self.baseline_plan(view)
+        if first is not None:
+            return first
+        options = view.options
+        bounds = options.schedule_boundaries()
+        depth, k = len(bounds), options.schedule_branches
+        budget = options.schedule_trial_budget()
+        sched = schedule_state(view.state)
+        expanded: list[str] = list(sched["expanded"])
+        expanding: str | None = sched["expanding"]
+        notes: list[str] = list(sched["notes"])
+        exhausted = dict(view.state.get("exhausted") or {})
+        busy = bool(view.running(STAGE))
+        nodes, noise = tree_nodes(view.services, prior_noise=((view.state.get("selection") or {}).get("learning")
+                                                              or {}).get("noise"))
+        used = len(nodes) + len(view.queued(STAGE))
+
+        def keep(**extra: Any) -> dict[str, Any]:
+            return {"schedule": {**sched, "expanding": expanding, "expanded": expanded, "notes": notes, **extra},
+                    "exhausted": exhausted}
+
+        root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
+        if root is None or not usable(root) or view.out_of_time():
+            return Plan() if busy else Plan(done=True)
+        if free <= 0:
+            return Plan()
+
+        spine = static_path(nodes)
+        spine_open = usable(spine[-1]) and spine[-1]["depth"] < depth
+        spine_missing = depth - spine[-1]["depth"] if spine_open else 0
+        # one full expansion per boundary down a changed path, and the static path beside it
+        minimal = 1 + (depth - 1) * k + max(0, depth - 2)
+        search_budget = budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0)
+
+        def affordable(node: Node) -> int:
+            """How many more branches from ``node`` leave room to carry each to the horizon (one unchanged
+            continuation per later segment) and to complete the static path."""
+            return search_budget - used - (depth - node["depth"] - 1) - spine_missing
+
+        by_id = {n["id"]: n for n in nodes}
+        while True:
+            if expanding is not None:
+                parent = by_id[expanding]
+                kids = children(nodes, expanding)
+                if exhausted.get(STAGE):  # the agents found nothing (more) for this checkpoint: it is done
+                    notes.append(f"expansion of {expanding} ended after {len(kids)} branches: {exhausted.pop(STAGE)}")
+                    expanding = None
+                    continue
+                if not any(not c["changes"] for c in kids):
+                    extends_spine = expanding == spine[-1]["id"] and spine_open
+                    if used < budget and (extends_spine or affordable(parent) >= 1):
+                        return Plan(launch=[self.child_record(view, parent)], update=keep())
+                elif len(kids) < k and affordable(parent) >= 1:
+                    if view.waiting(STAGE):
+                        return Plan(update=keep())  # nothing new to try until a sibling finishes
+                    return Plan(propose=min(free, k - len(kids), affordable(parent)), update=keep())
+                if busy:  # the expansion's branches still run: the next expansion needs their results
+                    return Plan(update=keep())
+                expanding = None
+            if busy:
+                return Plan(update=keep())
+            # best first among the nodes whose expansion the budget still allows (deeper ones as it runs out)
+            nxt = next((n for n in rank_frontier(nodes, depth, noise, set(expanded))
+                        if (n["id"] == spine[-1]["id"] and spine_open and used < budget) or affordable(n) >= 1), None)
+            if nxt is None:
+                break
+            expanding = nxt["id"]
+            expanded.append(expanding)
+        # the static path to the horizon: the reference every schedule is compared with
+        if spine_open and used < budget:
+            return Plan(launch=[self.child_record(view, spine[-1])], update=keep())
+        rechecks = []
+        for leaf_id in recheck_plan(nodes, depth, noise):
+            if any(n.get("confirms") == leaf_id for n in nodes):
+                continue
+            if used + len(rechecks) >= budget or len(rechecks) >= free:
+                break
+            leaf = by_id[leaf_id]
+            parent = by_id[leaf["parent"]]
+            rechecks.append(self.child_record(view, parent, kind="confirm", confirms=leaf_id,
+                                              seed=options.seed + CONFIRM_SEED_OFFSET, config=leaf["config"]))
+        if rechecks:
+            return Plan(launch=rechecks, update=keep())
+        return Plan(done=True, update=keep())
+
+    def collected(self, view: StageView, record: TrialRecord, eligible: bool) -> dict[str, Any]:
+        # a branch is a node of the tree, whose winner is a complete path (``conclude``); only the root counts here
+        return super().collected(view, record, eligible) if record.kind == "baseline" else {}
+
+    def compared_to(self, view: StageView, record: TrialRecord) -> tuple[float | None, str]:
+        """A branch against the unchanged continuation from the same checkpoint."""
+        if not record.parent_trial:
+            return None, "unchanged"
+        same = [r for r in view.ledger.trials(STAGE) if r.get("parent_trial") == record.parent_trial
+                and not r.get("overrides") and not r.get("confirms") and r["trial_id"] != record.trial_id]
+        return (same[0].get("score") if same else None), "unchanged"
+
+    def conclude(self, view: StageView, note: str | None) -> tuple[dict[str, Any], str | None]:
+        """The winning complete schedule, its segments and the tree; ``note``: why the stage ended early."""
+        state, options = view.state, view.options
+        depth = len(options.schedule_boundaries())
+        sched = schedule_state(state)
+        nodes, noise = tree_nodes(view.services, prior_noise=((state.get("selection") or {}).get("learning")
+                                                              or {}).get("noise"))
+        notes = list(sched["notes"])
+        root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
+        if root is None or not usable(root):
+            why = "no root segment" if root is None else f"the root segment {root['id']} ended {root['status']}" + (
+                f" ({root['reason']})" if root.get("reason") else "")
+            notes.append(f"{why}: no schedule")
+        elif note:
+            notes.append(note)
+        winner, ranked = pick_schedule_winner(nodes, depth, noise) if nodes else (None, [])
+        by_id = {n["id"]: n for n in nodes}
+        base = LearningStage().base_config(view)
+        static = next((c for c in ranked if c.is_baseline), None)
+        result: dict[str, Any] = {
+            "segments": [], "final_score": None, "final_score_spread": None, "final_score_runs": 0,
+            "static_best_score": _round(static.mean) if static else None, "gain": None,
+            "branches_run": len(nodes), "budget": options.schedule_trial_budget(), "noise": _round(noise),
+            "boundaries": options.schedule_boundaries(), "winner": None,
+            "reevaluated": sorted({n["confirms"] for n in nodes if n.get("confirms")}),
+            "tree": [_tree_row(n) for n in nodes], "notes": list(notes),
+        }
+        update: dict[str, Any] = {}
+        if winner is not None:
+            path = path_to(nodes, winner.key)
+            result["segments"] = [
+                {"from_step": n["from_step"], "to_step": n["to_step"],
+                 "overrides": {k: v for k, v in n["config"].items() if base.get(k, object()) != v},
+                 "changes": dict(n["changes"]), "trial_id": n["id"]} for n in path]
+            result.update(final_score=_round(winner.mean), final_score_spread=_round(winner.spread),
+                          final_score_runs=len(winner.scores), winner=winner.key)
+            if static is not None:
+                result["gain"] = _round(winner.mean - static.mean)
+            leaf = by_id[winner.key]
+            rec = TrialRecord(trial_id=leaf["id"], stage=STAGE, kind=leaf["kind"] or "candidate",
+                              candidate_id=leaf.get("candidate_id"), config=leaf["config"], status=leaf["status"],
+                              score=leaf["score"], steps_done=leaf["to_step"] or 0, parent_trial=leaf["parent"])
+            update["best"] = {**(state.get("best") or {}), STAGE: rec}
+            update["best_overrides"] = {**(state.get("best_overrides") or {}), STAGE: result["segments"][-1]["overrides"]}
+        elif not any(usable(n) and n["depth"] == depth for n in nodes):
+            result["notes"].append("no complete schedule reached the horizon")
+        view.ledger.set_stage_result(
+            view.services.run_id, STAGE, baseline_trial=static.key if static else None,
+            best_trial=winner.key if winner else None, baseline_value=static.mean if static else None,
+            best_value=winner.mean if winner else None, best_config={"segments": result["segments"]},
+            note="; ".join(result["notes"]))
+        update["schedule"] = {**sched, "expanding": None, "notes": notes, "result": result}
+        update["exhausted"] = {k: v for k, v in (state.get("exhausted") or {}).items() if k != STAGE}
+        return update, None
+
+    # -- what people see --------------------------------------------------------------------------
+    def review_context(self, view: StageView) -> dict[str, Any]:
+        """The checkpoint a branch starts from and the segment it trains (for the reviewer)."""
+        parent = schedule_state(view.state)["expanding"]
+        row = view.ledger.trial(parent) if parent else None
+        if row is None:
+            return {}
+        step = int(row.get("horizon") or 0)
+        nxt = next((b for b in view.options.schedule_boundaries() if b > step), step)
+        return {"parent_trial": parent, "segment": [step, nxt]}
+
+    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+        result = (state.get("schedule") or {}).get("result")
+        if result is not None:
+            return {"schedule": schedule_summary(result)}, [f"schedule stage: {n}" for n in result.get("notes", [])]
+        exhausted = (state.get("exhausted") or {}).get(STAGE)
+        return {}, ([f"schedule stage: {exhausted}"] if exhausted and services.options.runs_stage(STAGE) else [])

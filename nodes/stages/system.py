@@ -1,0 +1,110 @@
+"""Stage 1, ``system``: short trials of system knobs for throughput, within the GPU-memory margin.
+
+The baseline runs alone and is profiled; then each decision fills the free slots with candidates (one
+review), until the budget is spent or the agents find nothing new. The winner is the fastest trial that stayed
+within the margin (``mart.state.objectives.system_outcome``); when none did, later stages are skipped: they
+would only re-run an infeasible config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mart.nodes.stages._base import Plan, StagePolicy, StageView
+from mart.state.agents import group_by_agent
+
+
+def _clean(v: float | None) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, 6)
+
+
+def _fmt_gb(v: float | None) -> str:
+    return "?" if v is None else f"{v:.2f} GB"
+
+
+def config_by_agent(overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """A multi-agent job's best config split into shared knobs and each agent's (``agents.<i>.*``); None when
+    no knob belongs to an agent."""
+    shared, per_agent = group_by_agent(overrides or {})
+    if not per_agent:
+        return None
+    return {"shared": shared, "per_agent": {str(a): knobs for a, knobs in per_agent.items()}}
+
+
+def candidate_plan(view: StageView, stage: str, budget: int, free: int, *, kinds: tuple[str, ...]) -> Plan:
+    """Stages 1 and 2 alike: propose for the free slots while the budget (trials of ``kinds``) lasts and the
+    agents still find something; done when neither holds."""
+    if view.exhausted(stage) or view.out_of_time():
+        return Plan(done=True)
+    left = budget - view.launched(stage, kinds=kinds)
+    if left <= 0:
+        return Plan(done=True)
+    if view.waiting(stage) and view.in_flight(stage):
+        return Plan()  # nothing new to try until a running trial tells the agents more
+    return Plan(propose=min(free, left)) if free > 0 else Plan()
+
+
+def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | None, services: Any) -> list[str]:
+    """What a stage's summary says about its baseline and outcome (stages 1 and 2 alike)."""
+    objective = {"system": "throughput", "learning": "score"}[stage]
+    notes = []
+    if base_rec is not None and base_rec.status.value != "completed":
+        notes.append(f"{stage} stage: the baseline {base_rec.status.value} ({base_rec.reason or 'no reason'}); "
+                     f"it has no {objective} and is never reported as one")
+    elif base_rec is not None and base_rec.reason and base_rec.objective(stage) is None:
+        notes.append(f"{stage} stage: the baseline is {base_rec.reason}")
+    elif stage == "system" and base_rec is not None and base_rec.reason == "peak memory above the margin":
+        notes.append(f"system stage: the baseline's peak memory ({_fmt_gb(base_rec.peak_memory_gb)}) is above "
+                     f"the margin limit ({_fmt_gb(services.memory_limit_gb())}): it is not a feasible config")
+    if base_rec is not None and best_rec is None:
+        notes.append(f"{stage} stage: no feasible config - every trial failed, ran out of memory, was stopped "
+                     f"or exceeded the memory margin; nothing is recommended for this stage")
+    elif base_rec is not None and best_rec is not None and best_rec.trial_id == base_rec.trial_id:
+        notes.append(f"{stage} stage: no candidate beat the baseline; the baseline config is kept")
+    if exhausted:
+        notes.append(f"{stage} stage ended early: {exhausted}")
+    return notes
+
+
+class SystemStage(StagePolicy):
+    name = "system"
+    objective = ("maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
+                 "memory stays within (1 - margin) x capacity")
+
+    def budget(self, options: Any) -> int:
+        return options.system_trials
+
+    def horizon(self, options: Any) -> int:
+        return options.system_horizon
+
+    def plan(self, view: StageView, free: int) -> Plan:
+        first = self.baseline_plan(view)
+        if first is not None:
+            return first
+        return candidate_plan(view, self.name, self.budget(view.options), free, kinds=("baseline", "candidate"))
+
+    def conclude(self, view: StageView, note: str | None) -> tuple[dict[str, Any], str | None]:
+        self.record_result(view, note)
+        state = view.state
+        if (state.get("baseline") or {}).get("system") is not None and not (state.get("best") or {}).get("system"):
+            return {}, "skipped: stage 1 found no feasible system config (see the system notes)"
+        return {}, None
+
+    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+        base, best = (state.get("baseline") or {}).get("system"), (state.get("best") or {}).get("system")
+        overrides = (state.get("best_overrides") or {}).get("system", {})
+        b_thr = base.throughput if base else None
+        t_thr = best.throughput if best else None
+        gain = (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
+        part = {
+            "baseline_throughput": _clean(b_thr),
+            "best_throughput": _clean(t_thr),
+            "throughput_gain_pct": _clean(gain),
+            "best_config": overrides,
+            "best_config_by_agent": config_by_agent(overrides),
+            "memory_limit_gb": _clean(services.memory_limit_gb()),
+            "best_peak_memory_gb": _clean(best.peak_memory_gb if best else None),
+        }
+        notes = baseline_notes("system", base, best, (state.get("exhausted") or {}).get("system"), services)
+        return {"system": part}, notes

@@ -1,0 +1,186 @@
+"""Several trials in flight (``--parallel N``): batch proposals that count the running trials, one review per batch,
+a freed slot starting the next trial at once, health per trial, the slot limit a backend declares, bad input.
+
+Oracles are computed from the ledger (trial intervals, config hashes, slots) and from the reviewer's own record of
+what it was asked, never from the code under test. One-slot sessions are held by tests/graph/test_replay.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mart.graph.reviewers.base import Reviewer
+from mart.graph.session import tune
+from mart.state.ledger import Ledger
+from mart.state.models import CandidateDecision, ReviewDecision, config_hash
+from mart.state.options import TuneOptions
+from tests.support.paths import REPO
+from tests.support.toy_backend import ENT, LR
+
+TOY = "tests.support.toy_backend:make_backend"
+
+
+def _options(tmp_path, **kw) -> TuneOptions:
+    base = dict(backend=TOY, approve="auto", runs_dir=str(tmp_path), system_trials=7, learning_trials=5,
+                system_horizon=5, learning_horizon=6, watch_interval_s=0.001, quiet=True, report=False, parallel=3)
+    base.update(kw)
+    return TuneOptions(**base)
+
+
+class Recording(Reviewer):
+    """Approves everything (or answers with ``answer(request)``); keeps every request it was shown."""
+
+    name = "recording"
+
+    def __init__(self, answer=None):
+        self.requests = []
+        self.answer = answer
+
+    def review(self, request):
+        self.requests.append(request)
+        if self.answer is not None:
+            return self.answer(request)
+        return ReviewDecision.approve_all(reviewer="test", channel="test")
+
+
+def _overlap(a, b) -> bool:
+    return a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+
+
+def _in_flight_at_each_start(trials) -> list[list[dict]]:
+    """For each trial's start, the trials in flight at that instant (itself included)."""
+    return [[u for u in trials if u["started_at"] <= t["started_at"] < u["ended_at"]] for t in trials]
+
+
+def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_path):
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
+                       approve="auto", system_trials=9, learning_trials=5, system_horizon=6, learning_horizon=12,
+                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
+    reviewer = Recording()
+    summary = tune(opts, reviewer=reviewer)
+    assert summary["status"] == "completed"
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    trials = ledger.trials()
+    # budgets are kept: 9 stage-1 trials, 5 stage-2 ones plus re-runs
+    assert sum(t["stage"] == "system" for t in trials) == 9
+    assert sum(t["stage"] == "learning" and t["kind"] != "confirm" for t in trials) == 5
+    # never more than 4 at once, each in a slot of its own, and some really side by side
+    assert {t["slot"] for t in trials} <= {0, 1, 2, 3}
+    for at_once in _in_flight_at_each_start(trials):
+        assert len(at_once) <= 4
+        assert len({u["slot"] for u in at_once}) == len(at_once), "two trials in flight shared a slot"
+    assert max(len(x) for x in _in_flight_at_each_start(trials)) == 4
+    # no config runs twice in a stage (a re-run on another seed is a re-run, not a repeat)
+    for stage in ("system", "learning"):
+        hashes = [config_hash(t["config"]) for t in trials if t["stage"] == stage and t["kind"] != "confirm"]
+        assert len(hashes) == len(set(hashes))
+    # one review per decision point, covering the candidates of the free slots; batches after the baseline
+    sizes = [len(r["candidates"]) for r in reviewer.requests]
+    assert max(sizes) == 4 and all(1 <= s <= 4 for s in sizes)
+    for r in reviewer.requests:  # the review names what was still running when it was asked
+        assert len(r["running"]) + len(r["candidates"]) <= 4
+        assert [a["args"]["candidate_id"] for a in r["action_requests"]] == [c["candidate_id"] for c in r["candidates"]]
+    assert summary["parallel"]["slots"] == 4 and 0 < summary["parallel"]["busy_fraction"] <= 1
+    ledger.close()
+
+
+def test_a_freed_slot_starts_the_next_trial_before_the_batch_ends(tmp_path):
+    # on the virtual clock a fast config ends first: the next trial must start in its slot while the slow ones run
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
+                       approve="auto", stages=["system"], system_trials=8, system_horizon=6, watch_interval_s=0.001,
+                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=3)
+    summary = tune(opts)
+    run = Path(tmp_path) / summary["run_id"]
+    starts = {}
+    for meta in (run / "trials").glob("*/sim_trial.json"):
+        m = json.loads(meta.read_text())
+        state = json.loads((meta.parent / "sim_state.json").read_text())
+        starts[m["spec"]["trial_id"]] = (m["sim_start"], m["sim_start"] + state["sim_elapsed_s"])
+    ends = sorted(e for _, e in starts.values())
+    # some trial started strictly between two ends of trials that were in flight together (asynchronous backfill)
+    assert any(any(a < s < b for s, _ in starts.values()) for a, b in zip(ends, ends[1:]) if b > a)
+
+
+def test_one_review_covers_the_batch_and_a_rejected_slot_is_proposed_again_with_the_feedback(tmp_path):
+    def answer(request):
+        if request["stage"] == "system" and len(request["candidates"]) > 1 and not answer.done:
+            answer.done = True
+            answer.rejected = request["candidates"][0]["candidate_id"]
+            return ReviewDecision(decisions=[CandidateDecision(type="reject", candidate_id=answer.rejected,
+                                                               message="use less memory"),
+                                             CandidateDecision(type="approve")], reviewer="t", channel="t")
+        return ReviewDecision.approve_all(reviewer="t", channel="t")
+
+    answer.done = False
+    reviewer = Recording(answer)
+    summary = tune(_options(tmp_path), reviewer=reviewer)
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    reviews = ledger.table_rows("reviews")
+    rejected = [r for r in reviews if r["action"] == "reject"]
+    assert [r["candidate_id"] for r in rejected] == [answer.rejected]
+    first = next(r for r in reviewer.requests if any(c["candidate_id"] == answer.rejected for c in r["candidates"]))
+    batch = [c["candidate_id"] for c in first["candidates"]]
+    # the other candidates of that review ran; the rejected one never did
+    ran = {t["candidate_id"] for t in ledger.trials()}
+    assert answer.rejected not in ran and set(batch) - {answer.rejected} <= ran
+    # the next review was asked with the reviewer's words read back
+    after = reviewer.requests[reviewer.requests.index(first) + 1]
+    assert after["feedback_read"], after
+    assert len({r["review_no"] for r in reviews}) == len(reviewer.requests)
+    ledger.close()
+
+
+def test_a_sick_trial_is_stopped_while_the_others_of_its_batch_run_on(tmp_path):
+    # toy stream: lr > 0.02 collapses its entropy after step 2; the other candidate of the batch is healthy
+    def answer(request):
+        if request["stage"] == "learning" and len(request["candidates"]) == 2 and not answer.done:
+            answer.done = True
+            sick, healthy = (c["candidate_id"] for c in request["candidates"])
+            answer.ids = (sick, healthy)
+            return ReviewDecision(decisions=[
+                CandidateDecision(type="edit", candidate_id=sick, edits={LR: 0.05, ENT: 0.0}),
+                CandidateDecision(type="edit", candidate_id=healthy, edits={LR: 2e-3, ENT: 0.0})],
+                reviewer="t", channel="t")
+        return ReviewDecision.approve_all(reviewer="t", channel="t")
+
+    answer.done = False
+    opts = _options(tmp_path, backend_options={"stream": True}, parallel=2, stages=["learning"], learning_trials=3,
+                    learning_horizon=8, learning_confirm_trials=0)
+    summary = tune(opts, reviewer=Recording(answer))
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    by_cand = {t["candidate_id"]: t for t in ledger.trials()}
+    sick, healthy = (by_cand[c] for c in answer.ids)
+    assert sick["status"] == "stopped" and sick["early_stopped"] and "entropy_collapse" in sick["reason"]
+    assert sick["steps_done"] < 8
+    assert healthy["status"] == "completed" and healthy["steps_done"] == 8 and not healthy["early_stopped"]
+    assert _overlap(sick, healthy)  # they ran side by side, and only the sick one was stopped
+    ledger.close()
+
+
+def test_fewer_slots_than_asked_when_the_backend_holds_fewer_and_the_summary_says_why(tmp_path):
+    opts = _options(tmp_path, backend_options={"max_parallel": 2}, parallel=5, stages=["system"])
+    reviewer = Recording()
+    summary = tune(opts, reviewer=reviewer)
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    assert {t["slot"] for t in ledger.trials()} <= {0, 1}
+    assert max(len(r["candidates"]) for r in reviewer.requests) == 2
+    assert summary["parallel"] == {**summary["parallel"], "slots": 2, "asked": 5}
+    assert any("--parallel 5" in n and "runs 2 trial(s) at once" in n and "the toy holds 2" in n
+               for n in summary["notes"])
+    ledger.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "abc", "1.5"])
+def test_bad_parallel_values_are_refused_in_one_line_before_a_run_folder_exists(tmp_path, value):
+    out = subprocess.run([sys.executable, "-m", "mart.graph.cli", "tune", "--backend", TOY, "--approve", "auto",
+                          "--parallel", value, "--runs-dir", str(tmp_path / "runs")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    err = out.stderr.strip()
+    assert "--parallel" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
