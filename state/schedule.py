@@ -1,6 +1,6 @@
 """The schedule stage's tree, as pure functions of its nodes (one node = one segment-trial).
 
-A node is a small dict built from the ledger (``nodes/schedule_stage.py``): ``id``, ``parent`` (None for the
+A node is a small dict built from the ledger (``nodes/stages/schedule.py``): ``id``, ``parent`` (None for the
 root), ``depth`` (1 = the first segment), ``from_step``/``to_step`` (global steps), ``changes`` (the knobs
 it changed against its parent's config; ``{}`` = the unchanged continuation), ``status``, ``score`` (its last
 validation, at ``to_step``), ``signals`` (collapse signals of its path) and ``static`` (on the all-unchanged
