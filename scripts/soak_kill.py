@@ -6,7 +6,13 @@ every run is resumed to the end without kills, and each is checked:
 
 - the run completed and its trial count is exactly the budget (no lost trial, no extra one);
 - no candidate ran twice, no trial is left ``running``, every trial's metric steps are 1..n without gaps;
+- no trial ran twice at the OS level: each trial's log shows one trainer start, and no two trainer processes
+  of the same trial were ever seen alive at once (sampled while the runs go);
 - no trial process is left alive.
+
+``--launch-window-share F`` makes that share of the kills land inside the launch window: the driver is killed
+the moment a new trial's ``trial.log`` appears, before its handle can reach the ledger. ``--parallel N`` runs
+the sessions with N trials at once.
 
 Prints the figures and exits 1 if any check fails. Example (about 15 min on 2 busy cores)::
 
@@ -55,6 +61,8 @@ class Soak:
         self.starts_killed_before_a_run = 0
         self.resumes = 0
         self.started = 0
+        self.window_kills = 0
+        self.twins: dict[str, int] = {}  # trial dir -> most trainer processes seen alive at once
 
     def mart(self, *argv: str) -> list[str]:
         return [sys.executable, "-m", "mart.graph.cli", *argv]
@@ -64,7 +72,7 @@ class Soak:
         return self.mart("tune", "--backend", "local", "--base-config", str(self.config), "--approve", "auto",
                          "--system-trials", str(a.system_trials), "--learning-trials", str(a.learning_trials),
                          "--system-horizon", str(a.system_horizon), "--learning-horizon", str(a.learning_horizon),
-                         "--runs-dir", str(self.runs), "--quiet", "--json")
+                         "--parallel", str(a.parallel), "--runs-dir", str(self.runs), "--quiet", "--json")
 
     def resume_cmd(self, run: str) -> list[str]:
         return self.mart("resume", run, "--runs-dir", str(self.runs), "--quiet", "--json")
@@ -92,8 +100,12 @@ class Soak:
                 break
             time.sleep(0.05)
         delay = self.rng.uniform(self.args.min_wait, self.args.max_wait)
+        in_window = self.rng.random() < self.args.launch_window_share
         try:
-            proc.wait(delay)
+            if in_window and run is not None:
+                self.wait_for_a_launch(proc, run, delay)
+            else:
+                self.sample_while(proc, delay)
             out, err = proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[3:5])} failed ({proc.returncode}): {err.decode()[-2000:]}")
@@ -103,10 +115,52 @@ class Soak:
             proc.wait(30)
             proc.communicate()
             self.kills += 1
+            self.window_kills += int(in_window)
             self.kill_moments.append(round(delay, 2))
             if run is None:
                 run = next(iter(self.run_ids() - before), None)
             return True, run
+
+    def sample_while(self, proc: subprocess.Popen, seconds: float) -> None:
+        """Wait up to ``seconds`` for ``proc``, sampling the trainer processes; TimeoutExpired if it still runs."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.sample_trainers()
+            try:
+                proc.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                return
+            except subprocess.TimeoutExpired:
+                continue
+        raise subprocess.TimeoutExpired(proc.args, seconds)
+
+    def wait_for_a_launch(self, proc: subprocess.Popen, run: str, seconds: float) -> None:
+        """Kill-worthy moment: a new trial's log appears (the trainer is being spawned, its handle not saved)."""
+        trials = self.runs / run / "trials"
+        seen = {p.parent for p in trials.glob("*/trial.log")}
+        deadline = time.monotonic() + max(seconds, 30.0)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return
+            if {p.parent for p in trials.glob("*/trial.log")} - seen:
+                raise subprocess.TimeoutExpired(proc.args, seconds)
+            time.sleep(0.002)
+        raise subprocess.TimeoutExpired(proc.args, seconds)
+
+    def sample_trainers(self) -> None:
+        """Count the live trainer processes of each trial directory (two at once = a trial run twice)."""
+        try:
+            import psutil
+        except ImportError:
+            return
+        count: dict[str, int] = {}
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            cmd = p.info.get("cmdline") or []
+            if "mart.trial_runner.local" in cmd and "--out" in cmd:
+                out = cmd[cmd.index("--out") + 1] if cmd.index("--out") + 1 < len(cmd) else ""
+                if str(self.runs) in out:
+                    count[out] = count.get(out, 0) + 1
+        for out, n in count.items():
+            self.twins[out] = max(self.twins.get(out, 0), n)
 
     def lock_pid(self, run: str) -> int | None:
         try:
@@ -165,6 +219,11 @@ class Soak:
             for trial_id, _, tstatus, _, _ in rows:
                 if tstatus == "running":
                     problems.append(f"{run}/{trial_id}: still running")
+                log = self.runs / run / "trials" / trial_id / "trial.log"
+                starts = sum(line.startswith("local GRPO trial:") for line in log.read_text(errors="replace").splitlines()) \
+                    if log.exists() else 0
+                if starts > 1:
+                    problems.append(f"{run}/{trial_id}: the trainer started {starts} times")
                 steps = [s for (s,) in query(db, "SELECT DISTINCT step FROM metrics WHERE trial_id=? ORDER BY step",
                                             (trial_id,))]
                 if steps and steps != list(range(steps[0], steps[0] + len(steps))):
@@ -172,7 +231,11 @@ class Soak:
         leftover = self.leftover_trials()
         if leftover:
             problems.append(f"trial processes still alive: {leftover}")
-        return {"runs": len(runs), "trials": trials_total, "confirm_trials": confirm_total, "problems": problems}
+        twice = sorted(out for out, n in self.twins.items() if n > 1)
+        if twice:
+            problems.append(f"two trainer processes of one trial alive at once: {twice}")
+        return {"runs": len(runs), "trials": trials_total, "confirm_trials": confirm_total, "problems": problems,
+                "most_trainers_per_trial": max(self.twins.values(), default=0)}
 
     def leftover_trials(self) -> list[int]:
         try:
@@ -197,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--learning-trials", type=int, default=2)
     ap.add_argument("--system-horizon", type=int, default=4)
     ap.add_argument("--learning-horizon", type=int, default=6)
+    ap.add_argument("--parallel", type=int, default=1, help="trials at once in each session (mart tune --parallel)")
+    ap.add_argument("--launch-window-share", type=float, default=0.3,
+                    help="share of the kills made the moment a new trial's log appears (inside the launch window)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: a temp dir)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mart-soak-") as tmp:
@@ -204,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         soak = Soak(args, work)
         timing = soak.run()
         result = soak.check()
-    report = {"kills": soak.kills, "runs_started": soak.started, "resumes_killed_or_not": soak.resumes,
+    report = {"kills": soak.kills, "kills_in_the_launch_window": soak.window_kills, "parallel": args.parallel,
+              "runs_started": soak.started, "resumes_killed_or_not": soak.resumes,
               "starts_killed_before_a_run_existed": soak.starts_killed_before_a_run, **timing, **result,
               "lost_or_duplicated_trials": sum("trials, budget" in p or "twice" in p for p in result["problems"]),
               "kill_moments_s": {"min": min(soak.kill_moments, default=None),

@@ -3,8 +3,9 @@
 Every builtin backend passes it (mart's tests run it over local, sim and a verl stand-in). It checks what
 the tuner relies on: a base config that validates, ``launch`` returning at once with a serialisable
 handle, metric lines read incrementally (each step once, in order, up to the horizon, with the metrics
-the objectives read), a final ``status.json``, and ``poll``/``stop`` working from a *fresh* runner - as
-after a tuner restart - with a prompt, final ``stopped``.
+the objectives read), a final ``status.json``, ``poll``/``stop`` working from a *fresh* runner - as
+after a tuner restart - with a prompt, final ``stopped``, and two trials side by side (``--parallel``), one stopped
+while the other completes, unless ``max_parallel_trials`` says the backend holds one.
 
 No test framework is needed: each check raises ``ConformanceError`` (an ``AssertionError``, so pytest
 reports it as a failed test) naming what broke. In a pytest suite::
@@ -158,6 +159,48 @@ class RunnerConformance:
                f"status.json must say stopped, got {status}")
         return handle
 
+    def check_two_at_once(self, workdir: str | Path) -> tuple[TrialHandle, TrialHandle]:
+        """Two trials launched side by side (``mart tune --parallel 2``) both run, each reports its own steps in its
+        own directory, one can be stopped while the other completes, and ``max_parallel_trials`` is an int >= 1 or
+        None. Skipped (returns early) when the backend holds one trial at a time."""
+        backend = self.make_backend()
+        cap = backend.max_parallel_trials()
+        _check(cap is None or (isinstance(cap, int) and cap >= 1),
+               f"max_parallel_trials() must be None or an int >= 1, got {cap!r}")
+        _check(isinstance(backend.parallel_limit_reason(), str), "parallel_limit_reason() must return a str")
+        if cap == 1:
+            return ()  # type: ignore[return-value]
+        runner = backend.make_runner()
+        keep = runner.launch(self._spec(backend, self.short_steps, workdir, "conformance-pair-a"))
+        drop = runner.launch(self._spec(backend, self.long_steps, workdir, "conformance-pair-b"))
+        _check(keep.trial_dir != drop.trial_dir, "two trials must have directories of their own")
+        tails = {keep.trial_id: runner.metrics(keep), drop.trial_id: runner.metrics(drop)}
+        seen: dict[str, list[int]] = {keep.trial_id: [], drop.trial_id: []}
+        deadline = time.monotonic() + self.timeout_s
+        stopped = False
+        while True:
+            for tid, tail in tails.items():
+                seen[tid] += [r.step for r in tail.read_new()]
+            if not stopped:
+                self._poll(runner, drop)  # a poll may be what advances a trial (the simulator's clocks)
+            if not stopped and any(s >= 1 for s in seen[drop.trial_id]):
+                poll = runner.stop(drop, reason="conformance stop of one of two", grace_s=2.0)
+                _check(poll.status is TrialStatus.STOPPED, f"stopping one of two trials must stop it, got {poll}")
+                stopped = True
+            done = self._poll(runner, keep)
+            if done.status.is_finished() and stopped:
+                break
+            _check(time.monotonic() < deadline, f"two trials side by side did not finish/stop in {self.timeout_s:g} s")
+            time.sleep(0.05)
+        seen[keep.trial_id] += [r.step for r in tails[keep.trial_id].read_new()]
+        _check(done.status is TrialStatus.COMPLETED,
+               f"the trial beside a stopped one must complete, it ended {done.status.value}: {done.reason}")
+        _check(seen[keep.trial_id][-1:] == [self.short_steps] and
+               seen[keep.trial_id] == sorted(set(seen[keep.trial_id])),
+               f"the completed trial's steps must arrive once each up to its horizon, got {seen[keep.trial_id]}")
+        _check(self._poll(runner, drop).status is TrialStatus.STOPPED, "the stopped trial must stay stopped")
+        return keep, drop
+
     def run_all(self, workdir: str | Path) -> list[str]:
         """Every check, in order; returns the names of those that passed (all, or it raises)."""
         workdir = Path(workdir)
@@ -173,6 +216,7 @@ class RunnerConformance:
         yield "backend", self.check_backend
         yield "completes", lambda: self.check_completes(workdir)
         yield "stop", lambda: self.check_stop(workdir)
+        yield "two at once", lambda: self.check_two_at_once(workdir)
 
     # --- helpers ---------------------------------------------------------------------------------------
     def _config(self, backend: Backend) -> dict[str, Any]:

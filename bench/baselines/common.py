@@ -44,6 +44,8 @@ class TrialOutcome:
     planned_gpu_hours: float = 0.0
     steps_done: int = 0
     reason: str | None = None
+    started_s: float | None = None  # parallel runs: simulated seconds from the session's start
+    ended_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

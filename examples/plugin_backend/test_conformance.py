@@ -14,4 +14,4 @@ from mart.trial_runner.testing import RunnerConformance
 def test_toy_job_backend_conforms(tmp_path) -> None:
     # a fast job (10 ms per step); the stop check needs a horizon that is still running after a step
     suite = RunnerConformance(lambda: make_backend(step_s=0.01), short_steps=5, long_steps=10_000)
-    assert suite.run_all(tmp_path) == ["backend", "completes", "stop"]
+    assert suite.run_all(tmp_path) == ["backend", "completes", "stop", "two at once"]

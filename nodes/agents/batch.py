@@ -13,7 +13,7 @@ gains is what lies elsewhere. A batch of one is the best candidate, unchanged.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -33,16 +33,40 @@ def knob_distance(a: dict[str, Any], b: dict[str, Any]) -> float:
     return total
 
 
+#: the distance (knob steps) at which a candidate keeps 63% of its score next to a chosen or running config
+SPREAD = 2.0
+
+
+#: the relative change of a phase's predicted time that counts as one step of the model distance (about the job
+#: model's own error on an untested config): configs whose phases the model predicts alike teach it the same thing
+PHASE_STEP = 0.1
+
+
+def phase_distance(a: dict[str, float], b: dict[str, float]) -> float:
+    """How far apart two configs are in what the job model predicts of them: per phase, |ln| of the ratio of the
+    predicted times over ``PHASE_STEP``, summed (configs that differ only in knobs that change no phase are close)."""
+    total = 0.0
+    for p in set(a) | set(b):
+        x, y = a.get(p, 0.0), b.get(p, 0.0)
+        if x > 0 and y > 0:
+            total += abs(math.log(x / y)) / PHASE_STEP
+        elif x != y:
+            total += 1.0
+    return total
+
+
 def penalty(distance: float) -> float:
-    """0 for the same config, 0.63 one step away, 0.98 two steps away."""
-    return 1.0 - math.exp(-distance * distance)
+    """0 for the same config; 0.22 one step away, 0.63 two, 0.89 three (``SPREAD`` = 2)."""
+    return 1.0 - math.exp(-(distance / SPREAD) ** 2)
 
 
 def select_batch(scored: Sequence[tuple[Any, float, dict[str, Any]]], k: int,
-                 anchors: Sequence[dict[str, Any]] = ()) -> list[Any]:
-    """Up to ``k`` items of ``scored`` = ``(item, score, full config)``, greedily: the highest score discounted by
-    its distance to the anchors (running trials) and to the items already chosen. Items with a score <= 0, or
-    discounted to 0 (a copy of a chosen or running config), are never chosen; ties keep ``scored``'s order."""
+                 anchors: Sequence[dict[str, Any]] = (), distance: Callable[[Any, Any], float] = knob_distance
+                 ) -> list[Any]:
+    """Up to ``k`` items of ``scored`` = ``(item, score, point)``, greedily: the highest score discounted by its
+    ``distance`` to the anchors (running trials) and to the items already chosen (points: full configs for
+    ``knob_distance``, predicted phase times for ``phase_distance``). Items with a score <= 0, or discounted to 0
+    (a copy of a chosen or running config), are never chosen; ties keep ``scored``'s order."""
     chosen: list[Any] = []
     taken: list[dict[str, Any]] = list(anchors)
     left = [(item, score, cfg) for item, score, cfg in scored if score > 0]
@@ -51,7 +75,7 @@ def select_batch(scored: Sequence[tuple[Any, float, dict[str, Any]]], k: int,
         for i, (_, score, cfg) in enumerate(left):
             v = score
             for other in taken:
-                v *= penalty(knob_distance(cfg, other))
+                v *= penalty(distance(cfg, other))
             if v > best_v:
                 best_i, best_v = i, v
         if best_i < 0:

@@ -22,7 +22,7 @@ from typing import Any
 
 import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
-from mart.nodes.agents.batch import select_batch
+from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
 from mart.nodes.agents.model_search import Scored, search
@@ -614,12 +614,26 @@ class RulesCritic(Critic):
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
         if ranked:
             # a batch (several free slots): spread away from each other and from the trials still running
-            by_id = {c.candidate_id: c for c in candidates}
-            picks = select_batch([(c.candidate_id, c.score, ctx.full_config(by_id[c.candidate_id].overrides))
-                                  for c in ranked], ctx.slots, [t.config for t in ctx.pending])
+            picks = self._batch(ctx, candidates, ranked)
             picks = picks or [ranked[0].candidate_id]
             return CriticVerdict(critiques=critiques, pick=picks[0], picks=picks)
         return CriticVerdict(critiques=critiques, pick=None, feedback=rejection_summary(critiques))
+
+
+    @staticmethod
+    def _batch(ctx: AgentContext, candidates: list[Candidate], ranked: list[Critique]) -> list[str]:
+        """``ctx.slots`` picks, spread apart: in stage 1 with a job model, by what it predicts of each phase (configs
+        it predicts alike would teach it the same thing), else by knob steps."""
+        by_id = {c.candidate_id: c for c in candidates}
+        configs = {c.candidate_id: ctx.full_config(by_id[c.candidate_id].overrides) for c in ranked}
+        anchors = [t.config for t in ctx.pending]
+        if ctx.slots > 1 and ctx.stage == "system" and ctx.job_model is not None:
+            phases = {cid: getattr(ctx.predict(cfg), "phase_s", None) for cid, cfg in configs.items()}
+            pending = [getattr(ctx.predict(cfg), "phase_s", None) for cfg in anchors]
+            if all(phases.values()) and all(pending):
+                return select_batch([(c.candidate_id, c.score, phases[c.candidate_id]) for c in ranked], ctx.slots,
+                                    pending, distance=phase_distance)
+        return select_batch([(c.candidate_id, c.score, configs[c.candidate_id]) for c in ranked], ctx.slots, anchors)
 
 
 def rejection_summary(critiques: list[Critique]) -> str:

@@ -143,13 +143,24 @@ class StagePolicy(abc.ABC):
         """State the stage starts with (beyond the session's per-stage counters)."""
         return {}
 
-    def baseline_plan(self, view: StageView) -> Plan | None:
-        """The part every stage shares: run the baseline alone first, then profile it; None once both are done."""
+    def bets_beside_baseline(self, view: StageView) -> bool:
+        """Whether candidates may start in the other slots while the baseline runs (several slots only). Default:
+        no; a stage whose agents can propose before the baseline's profile says yes."""
+        return False
+
+    def baseline_plan(self, view: StageView, free: int = 0) -> Plan | None:
+        """The part every stage shares: the baseline first, then its profile; None once both are done. With one
+        slot the baseline runs alone; with several, a stage that allows it (``bets_beside_baseline``) fills the
+        other slots with candidates at once rather than leave them idle for a whole trial."""
         baseline = (view.state.get("baseline") or {}).get(self.name)
         if baseline is None:
             if view.launched(self.name, kinds=("baseline",)) == 0:
                 return Plan(launch=[self.baseline_record(view)])
-            return Plan()  # the baseline runs: everything after it needs its profile
+            left = self.budget(view.options) - view.launched(self.name, kinds=("baseline", "candidate"))
+            if free > 0 and left > 0 and self.bets_beside_baseline(view) and not view.waiting(self.name) \
+                    and not view.exhausted(self.name):
+                return Plan(propose=min(free, left))
+            return Plan()  # the baseline runs: what comes next needs its result
         if self.name not in (view.state.get("profiles") or {}):
             return Plan(profile=True)
         return None

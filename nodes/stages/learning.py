@@ -67,8 +67,13 @@ class LearningStage(StagePolicy):
         return base
 
     # -- decisions --------------------------------------------------------------------------------
+    def bets_beside_baseline(self, view: StageView) -> bool:
+        """With several slots, candidates start beside the defaults' run: the rules' first moves are priors, and the
+        defaults are a contender compared at the end like any other."""
+        return view.services.trial_slots() > 1
+
     def plan(self, view: StageView, free: int) -> Plan:
-        first = self.baseline_plan(view)
+        first = self.baseline_plan(view, free)
         if first is not None:
             return first
         candidates = candidate_plan(view, self.name, self.budget(view.options), free, kinds=("baseline", "candidate"))

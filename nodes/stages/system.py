@@ -78,8 +78,13 @@ class SystemStage(StagePolicy):
     def horizon(self, options: Any) -> int:
         return options.system_horizon
 
+    def bets_beside_baseline(self, view: StageView) -> bool:
+        """With several slots, the job model's proposals start beside the baseline (it predicts from the job's
+        description before any measurement, with its widest safety gap): a whole trial of idle slots saved."""
+        return view.services.trial_slots() > 1 and view.services.job_description() is not None
+
     def plan(self, view: StageView, free: int) -> Plan:
-        first = self.baseline_plan(view)
+        first = self.baseline_plan(view, free)
         if first is not None:
             return first
         return candidate_plan(view, self.name, self.budget(view.options), free, kinds=("baseline", "candidate"))

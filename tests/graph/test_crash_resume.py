@@ -207,3 +207,45 @@ def test_kill_minus_9_inside_the_launch_window_adopts_the_started_trial(tmp_path
     assert json.loads(handle)["pid"] == pid, "the trial was launched a second time instead of adopted"
     log = (Path(trial_dir) / "trial.log").read_text().splitlines()
     assert sum(line.startswith("local GRPO trial:") for line in log) == 1, log
+
+
+@pytest.mark.timeout(900)
+def test_kill_minus_9_with_two_trials_running_re_attaches_both(tmp_path, local_tiny_config):
+    # --parallel 2 on the local workload: two trainer processes at once; the tuner dies while both run
+    runs = tmp_path / "runs"
+    sets = [a for k, v in local_tiny_config.items() for a in ("--set", f"{k}={v}")]
+    cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--approve", "auto", "--parallel", "2",
+           "--stages", "learning", "--learning-trials", "3", "--learning-horizon", "12", "--learning-confirm-trials",
+           "0", *sets, "--runs-dir", str(runs), "--quiet", "--json"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    tuner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        run_dir = _wait_for(lambda: _run_dir(runs), 60, "the run directory")
+        db = run_dir / "mart.sqlite"
+        both = _wait_for(lambda: (lambda rows: rows if len(rows) >= 2 else None)(_query(
+            db, "select t.trial_id, t.handle from trials t where t.status='running' and t.handle is not null and "
+                "exists (select 1 from metrics m where m.trial_id=t.trial_id and m.step>=1)")), 400,
+            "two running trials with steps")
+        os.kill(tuner.pid, signal.SIGKILL)
+        tuner.wait(10)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    import psutil
+
+    at_kill = {tid: json.loads(h) for tid, h in both}
+    assert all(psutil.pid_exists(h["pid"]) for h in at_kill.values())
+    out = subprocess.run([sys.executable, "-m", "mart.graph.cli", "resume", run_dir.name, "--runs-dir", str(runs),
+                          "--quiet", "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["status"] == "completed" and summary["trials"]["total"] == 3
+    rows = {r[0]: r for r in _query(db, "select trial_id, status, handle, trial_dir, slot from trials")}
+    assert len(rows) == 3
+    for tid, handle in at_kill.items():
+        assert rows[tid][1] == "completed"
+        assert json.loads(rows[tid][2])["pid"] == handle["pid"], f"{tid} was relaunched instead of re-attached"
+    for tid, status, _, trial_dir, _ in rows.values():
+        log = (Path(trial_dir) / "trial.log").read_text().splitlines()
+        assert sum(line.startswith("local GRPO trial:") for line in log) == 1, (tid, log)
+    assert {rows[t][4] for t in at_kill} == {0, 1}  # the two held different slots

@@ -22,3 +22,17 @@ def test_soak_with_a_few_kills(capsys, local_cache):
     assert code == 0, json.dumps(report)
     assert report["kills"] == 3 and report["problems"] == [] and report["lost_or_duplicated_trials"] == 0
     assert report["runs"] >= 1 and report["trials"] == report["runs"] * 4
+
+
+def test_soak_with_two_trials_at_once_and_kills_in_the_launch_window(capsys, local_cache):
+    spec = importlib.util.spec_from_file_location("soak_kill", REPO / "scripts" / "soak_kill.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    code = soak.main(["--kills", "4", "--seed", "5", "--max-wait", "6", "--system-trials", "3",
+                      "--learning-trials", "2", "--learning-horizon", "4", "--parallel", "2",
+                      "--launch-window-share", "0.5"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, json.dumps(report)
+    assert report["kills"] == 4 and report["kills_in_the_launch_window"] >= 1 and report["problems"] == []
+    assert report["most_trainers_per_trial"] == 1  # never two processes of one trial
+    assert report["trials"] == report["runs"] * 5

@@ -64,7 +64,7 @@ def test_conformance_cli_runs_on_a_plugin(tmp_path: Path) -> None:
                           "--short-steps", "3", "--long-steps", "100000", "--workdir", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["ok", "backend", "ok", "completes", "ok", "stop"]
+    assert run.stdout.split() == ["ok", "backend", "ok", "completes", "ok", "stop", "ok", "two", "at", "once"]
     bad = subprocess.run([sys.executable, "-m", "mart.trial_runner.testing", "no_such_pkg.mod:make"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "FAIL backend" in bad.stderr and "cannot import" in bad.stderr

@@ -44,6 +44,31 @@ def test_stop_is_prompt_and_final_and_works_from_a_fresh_runner(suite, tmp_path)
     suite.check_stop(tmp_path)
 
 
+def test_two_trials_side_by_side_one_stopped_the_other_completes(suite, tmp_path) -> None:
+    suite.check_two_at_once(tmp_path)
+
+
+def test_the_two_at_once_check_catches_trials_that_share_a_directory(tmp_path) -> None:
+    """A runner that writes every trial into one place fails the side-by-side check."""
+    from mart.trial_runner.sim.backend import SimBackend
+    from mart.trial_runner.sim.runner import SimRunner
+
+    class OneDirRunner(SimRunner):
+        def launch(self, spec):
+            return super().launch(spec.model_copy(update={"trial_dir": str(tmp_path / "shared")}))
+
+    class OneDirBackend(SimBackend):
+        name = "sim-onedir"
+
+        def make_runner(self):
+            return OneDirRunner(*self._runner_args)
+
+    (tmp_path / "shared").mkdir()
+    suite = RunnerConformance(lambda: OneDirBackend(scenario="qwen3-0.6b-1x8"), long_steps=5000)
+    with pytest.raises(ConformanceError, match="directories of their own"):
+        suite.check_two_at_once(tmp_path / "w")
+
+
 def test_the_suite_catches_a_broken_runner(tmp_path) -> None:
     """The suite can fail: a sim runner whose stop() leaves the trial running is caught."""
     from mart.trial_runner.sim.backend import SimBackend
