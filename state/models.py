@@ -245,6 +245,11 @@ class TrialRecord(BaseModel):
     def objective(self, stage: Stage) -> float | None:
         return self.throughput if stage == "system" else self.score  # learning, schedule: validation score
 
+    def brief(self) -> "TrialRecord":
+        """The record without its full config (in the ledger): what graph state keeps of a finished trial, since
+        every channel is written into every checkpoint."""
+        return self.model_copy(update={"config": {}})
+
 
 STATE_TYPES = [TrialStatus, PhaseProfile, Profile, Candidate, Critique, CandidateDecision, ReviewDecision,
                HealthEvent, TrialRecord]

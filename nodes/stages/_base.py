@@ -97,6 +97,18 @@ class StageView:
         return int(self.state.get("trial_seq", 0)) + len(self.state.get("queue") or []) + 1
 
 
+#: how a trial that was killed from outside ends (not by its own config): worth one more run of a baseline
+_KILLED = ("killed", "signal", "without writing a status", "watchdog", "lost")
+
+
+def killed(record: TrialRecord) -> bool:
+    """The trial ended failed or stopped by something outside its config (``_KILLED``), not by mart's health
+    monitor or an OOM."""
+    reason = (record.reason or "").lower()
+    return (record.status.value in ("failed", "stopped") and not reason.startswith("health:")
+            and any(word in reason for word in _KILLED))
+
+
 class StagePolicy(abc.ABC):
     """One stage of a session (see the module docstring)."""
 
@@ -153,8 +165,15 @@ class StagePolicy(abc.ABC):
         slot the baseline runs alone; with several, a stage that allows it (``bets_beside_baseline``) fills the
         other slots with candidates at once rather than leave them idle for a whole trial."""
         baseline = (view.state.get("baseline") or {}).get(self.name)
-        if baseline is None:
-            if view.launched(self.name, kinds=("baseline",)) == 0:
+        if baseline is not None and killed(baseline) and view.launched(self.name, kinds=("baseline",)) == 1:
+            # a baseline killed from outside (a signal, a lost node, the watchdog) says nothing of its config:
+            # it runs once more before the stage gives up on it (an OOM or a crash would only repeat)
+            return Plan(launch=[self.baseline_record(view).model_copy(update={
+                "trial_id": f"{self.name[:3]}-{view.next_seq():02d}-baseline-retry"})])
+        in_flight = any(r.record.kind == "baseline" for r in view.running(self.name)) or any(
+            r.kind == "baseline" for r in view.queued(self.name))
+        if baseline is None or in_flight:
+            if baseline is None and view.launched(self.name, kinds=("baseline",)) == 0:
                 return Plan(launch=[self.baseline_record(view)])
             left = self.budget(view.options) - view.launched(self.name, kinds=("baseline", "candidate"))
             if free > 0 and left > 0 and self.bets_beside_baseline(view) and not view.waiting(self.name) \
@@ -177,14 +196,14 @@ class StagePolicy(abc.ABC):
         update: dict[str, Any] = {}
         stage = self.name
         if record.kind == "baseline":
-            update["baseline"] = {**(view.state.get("baseline") or {}), stage: record}
+            update["baseline"] = {**(view.state.get("baseline") or {}), stage: record.brief()}
             if eligible and record.objective(stage) is not None:
-                best[stage], best_overrides[stage] = record, {}
+                best[stage], best_overrides[stage] = record.brief(), {}
         elif record.kind == "candidate" and eligible and record.objective(stage) is not None:
             incumbent = best.get(stage)
             if incumbent is None or incumbent.objective(stage) is None or \
                     record.objective(stage) > incumbent.objective(stage):
-                best[stage], best_overrides[stage] = record, self.overrides_of(view, record)
+                best[stage], best_overrides[stage] = record.brief(), self.overrides_of(view, record)
         return {**update, "best": best, "best_overrides": best_overrides}
 
     def compared_to(self, view: StageView, record: TrialRecord) -> tuple[float | None, str]:

@@ -230,7 +230,7 @@ class LearningStage(StagePolicy):
             row = rows[winner.key]
             best["learning"] = TrialRecord(
                 trial_id=winner.key, stage="learning", kind=row.get("kind") or "candidate",
-                candidate_id=row.get("candidate_id"), config=row.get("config") or {}, status=row.get("status"),
+                candidate_id=row.get("candidate_id"), status=row.get("status"),
                 score=row.get("score"), steps_done=row.get("steps_done") or 0)
             best_overrides = dict(view.state.get("best_overrides") or {})
             best_overrides["learning"] = {} if winner.is_baseline else (row.get("overrides") or {})

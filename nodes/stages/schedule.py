@@ -358,7 +358,7 @@ class ScheduleStage(StagePolicy):
                 result["gain"] = _round(winner.mean - static.mean)
             leaf = by_id[winner.key]
             rec = TrialRecord(trial_id=leaf["id"], stage=STAGE, kind=leaf["kind"] or "candidate",
-                              candidate_id=leaf.get("candidate_id"), config=leaf["config"], status=leaf["status"],
+                              candidate_id=leaf.get("candidate_id"), status=leaf["status"],
                               score=leaf["score"], steps_done=leaf["to_step"] or 0, parent_trial=leaf["parent"])
             update["best"] = {**(state.get("best") or {}), STAGE: rec}
             update["best_overrides"] = {**(state.get("best_overrides") or {}), STAGE: result["segments"][-1]["overrides"]}

@@ -67,3 +67,37 @@ def test_no_feasible_config_is_an_honest_summary_and_skips_stage_2(tmp_path):
     assert all(t["stage"] == "system" for t in ledger.trials())  # stage 2 did not rerun a failing config
     assert all(t["throughput"] is None for t in ledger.trials())  # no score from a failed trial
     assert summary["learning"]["best_score"] is None and summary["learning"]["baseline_score"] is None
+
+
+class KilledOnceBackend(ToyBackend):
+    """The learning baseline's first run is killed from outside (as a lost node or an OOM killer would)."""
+
+    def make_runner(self):
+        runner = super().make_runner()
+        real = runner.launch
+
+        def launch(spec):
+            handle = real(spec)
+            if spec.trial_id.startswith("lea-") and spec.trial_id.endswith("-baseline"):
+                from mart.trial_runner.base import write_status
+
+                write_status(spec.trial_dir, "failed", "killed by SIGKILL without writing a status", 1)
+            return handle
+
+        runner.launch = launch
+        return runner
+
+
+def make_killed_once(**options):
+    return KilledOnceBackend(**options)
+
+
+def test_a_killed_learning_baseline_runs_once_more_and_the_stage_goes_on(tmp_path):
+    summary = _tune(tmp_path, "make_killed_once", learning_trials=3, learning_confirm_trials=0)
+    ledger = Ledger.open(tmp_path / summary["run_id"])
+    learning = ledger.trials("learning")
+    kinds = [(t["trial_id"].split("-", 2)[-1], t["status"]) for t in learning]
+    assert kinds[0] == ("baseline", "failed") and kinds[1] == ("baseline-retry", "completed"), kinds
+    assert summary["learning"]["baseline_score"] is not None  # the retry is the stage's baseline
+    assert len(learning) == 3  # the retry counts in the stage's budget: one candidate after it
+    assert not any("learning stage ended early" in n for n in summary["notes"])

@@ -81,7 +81,10 @@ def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_pat
         assert len(hashes) == len(set(hashes))
     # one review per decision point, covering the candidates of the free slots; batches after the baseline
     sizes = [len(r["candidates"]) for r in reviewer.requests]
-    assert max(sizes) == 4 and all(1 <= s <= 4 for s in sizes)
+    assert all(1 <= s <= 4 for s in sizes) and max(sizes) >= 3
+    # the first batch starts beside the baseline (the job model proposes before any measurement): 3 free slots
+    first = reviewer.requests[0]
+    assert first["stage"] == "system" and first["running"] == ["sys-01-baseline"] and len(first["candidates"]) == 3
     for r in reviewer.requests:  # the review names what was still running when it was asked
         assert len(r["running"]) + len(r["candidates"]) <= 4
         assert [a["args"]["candidate_id"] for a in r["action_requests"]] == [c["candidate_id"] for c in r["candidates"]]
@@ -135,30 +138,31 @@ def test_one_review_covers_the_batch_and_a_rejected_slot_is_proposed_again_with_
     ledger.close()
 
 
-def test_a_sick_trial_is_stopped_while_the_others_of_its_batch_run_on(tmp_path):
-    # toy stream: lr > 0.02 collapses its entropy after step 2; the other candidate of the batch is healthy
+def test_a_sick_trial_is_stopped_while_the_others_run_on(tmp_path):
+    # toy stream: lr > 0.02 collapses its entropy after step 2. With 2 slots the first candidate starts beside
+    # the stage's baseline: the reviewer makes it the sick one, and the baseline must run on to its end
     def answer(request):
-        if request["stage"] == "learning" and len(request["candidates"]) == 2 and not answer.done:
-            answer.done = True
-            sick, healthy = (c["candidate_id"] for c in request["candidates"])
-            answer.ids = (sick, healthy)
-            return ReviewDecision(decisions=[
-                CandidateDecision(type="edit", candidate_id=sick, edits={LR: 0.05, ENT: 0.0}),
-                CandidateDecision(type="edit", candidate_id=healthy, edits={LR: 2e-3, ENT: 0.0})],
-                reviewer="t", channel="t")
+        if request["stage"] == "learning" and not answer.ids:
+            answer.ids = [c["candidate_id"] for c in request["candidates"]]
+            answer.running = list(request["running"])
+            return ReviewDecision(decisions=[CandidateDecision(type="edit", edits={LR: 0.05, ENT: 0.0})],
+                                  reviewer="t", channel="t")
         return ReviewDecision.approve_all(reviewer="t", channel="t")
 
-    answer.done = False
+    answer.ids = []
     opts = _options(tmp_path, backend_options={"stream": True}, parallel=2, stages=["learning"], learning_trials=3,
                     learning_horizon=8, learning_confirm_trials=0)
     summary = tune(opts, reviewer=Recording(answer))
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
-    by_cand = {t["candidate_id"]: t for t in ledger.trials()}
-    sick, healthy = (by_cand[c] for c in answer.ids)
+    trials = ledger.trials()
+    by_cand = {t["candidate_id"]: t for t in trials}
+    [sick] = [by_cand[c] for c in answer.ids]
+    [base] = [t for t in trials if t["kind"] == "baseline"]
+    assert answer.running == [base["trial_id"]]  # it was reviewed while the baseline ran
     assert sick["status"] == "stopped" and sick["early_stopped"] and "entropy_collapse" in sick["reason"]
     assert sick["steps_done"] < 8
-    assert healthy["status"] == "completed" and healthy["steps_done"] == 8 and not healthy["early_stopped"]
-    assert _overlap(sick, healthy)  # they ran side by side, and only the sick one was stopped
+    assert base["status"] == "completed" and base["steps_done"] == 8 and not base["early_stopped"]
+    assert _overlap(sick, base)  # side by side, and only the sick one was stopped
     ledger.close()
 
 
