@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, Field
 
-from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord
+from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord, config_hash
 from mart.state.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -74,16 +74,18 @@ class AgentContext:
             return None
 
     def tried_keys(self) -> set[str]:
-        """Config hashes of every trial run so far in this stage, and of rejected candidates."""
-        from mart.state.models import config_hash
+        """Config hashes never to propose again: every trial run or in flight in this stage and the rejected ones.
 
-        in_flight = {config_hash(t.config) for t in self.pending}
-        if self.stage == "schedule":  # siblings from the same checkpoint only (mart.nodes.agents.schedule)
-            from mart.nodes.agents.schedule import tried_keys
-
-            return tried_keys(self) | in_flight
-        keys = {config_hash(t.config) for t in self.history if t.stage == self.stage}
-        return keys | {config_hash(self.full_config(o)) for o in self.rejected} | in_flight
+        Stage ``schedule``: only the siblings from the same checkpoint (a config run from another checkpoint is no
+        duplicate: its weights differ); without ``segment`` every trial of the stage counts."""
+        keys = {config_hash(self.full_config(o)) for o in self.rejected} | {config_hash(t.config) for t in self.pending}
+        frm = self.segment[0] if self.stage == "schedule" and self.segment else None
+        for t in self.history:
+            if t.stage != self.stage:
+                continue
+            if self.stage != "schedule" or frm is None or t.parent_step == frm or (not frm and t.parent_step is None):
+                keys.add(config_hash(t.config))
+        return keys
 
     def config_errors(self, overrides: dict[str, Any]) -> list[str]:
         """Everything wrong with a candidate's full config, as the backend sees it."""

@@ -433,21 +433,6 @@ def _direction(old: Any, new: Any) -> str | None:
         return None
 
 
-def tried_keys(ctx: AgentContext) -> set[str]:
-    """Config hashes already tried from this checkpoint: the siblings of this segment and the rejected.
-
-    A config run from another checkpoint is no duplicate (its weights differ); without ``ctx.segment`` every
-    trial of the stage counts."""
-    keys = {config_hash(ctx.full_config(o)) for o in ctx.rejected}
-    frm = ctx.segment[0] if ctx.segment else None
-    for t in ctx.history:
-        if t.stage != ctx.stage:
-            continue
-        if frm is None or t.parent_step == frm or (not frm and t.parent_step is None):
-            keys.add(config_hash(t.config))
-    return keys
-
-
 def severities(ctx: AgentContext) -> dict[str, float]:
     """Pathology -> severity for this context: the diagnosis, the health monitor's events, and the length
     budget read against the parent's config; ``healthy`` always (capacity moves are always on offer)."""
