@@ -188,3 +188,29 @@ def test_bad_parallel_values_are_refused_in_one_line_before_a_run_folder_exists(
     err = out.stderr.strip()
     assert "--parallel" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_schedule_branches_of_a_node_run_side_by_side_and_the_tree_stays_whole(tmp_path):
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 1},
+                       approve="auto", stages=["schedule"], learning_horizon=12, schedule_segments=3,
+                       schedule_branches=3, watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path),
+                       parallel=3)
+    reviewer = Recording()
+    summary = tune(opts, reviewer=reviewer)
+    assert summary["status"] == "completed" and summary["schedule"]["winner"]
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    rows = ledger.trials("schedule")
+    by_parent: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["parent_trial"] and not r["confirms"]:
+            by_parent.setdefault(r["parent_trial"], []).append(r)
+    # an expanded node's branches (the unchanged continuation and the reviewed transitions) ran at once
+    full = [kids for kids in by_parent.values() if len(kids) == 3]
+    assert full, by_parent
+    for kids in full:
+        assert all(_overlap(a, b) for a in kids for b in kids if a is not b)
+        assert sum(not k["overrides"] for k in kids) == 1  # one unchanged continuation per expansion
+    # one review per expansion covered its transitions together
+    assert any(len(r["candidates"]) == 2 for r in reviewer.requests)
+    assert len(rows) <= opts.schedule_trial_budget()
+    ledger.close()
