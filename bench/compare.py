@@ -15,6 +15,7 @@ GPU-hours spent and saved by early termination.
     python bench/compare.py --scenario-file job.yaml --perturb 7   # a user's scenario, a perturbed simulator
     python bench/compare.py --workload local        # the unsimulated check on the CPU workload
     python bench/compare.py --schedule --quick      # schedules vs static configs (bench/schedules.py)
+    python bench/compare.py --parallel 4            # N trials at once, against wall clock (bench/parallel.py)
 
 Writes ``bench/results/<timestamp>/{table.md, best_so_far.png, raw.json, verdict.json}`` and prints the
 table (to stderr with ``--json``, so stdout holds only the verdict).
@@ -550,6 +551,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", choices=["sim", "local"], default="sim", help="simulator (default) or the CPU workload")
     p.add_argument("--schedule", action="store_true",
                    help="stage 3's comparison instead: schedules vs static configs (options: bench/schedules.py --help)")
+    p.add_argument("--parallel", type=int, nargs="+", metavar="N",
+                   help="stage 1 with N trials at once for every method, against wall clock (bench/parallel.py --help)")
     p.add_argument("--scenarios", nargs="+", default=None, help=f"shipped sim scenarios (default: all {len(SCENARIOS)})")
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="a shipped sim scenario, repeatable (adds to --scenarios), e.g. the multi-agent "
@@ -609,6 +612,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from bench.schedules import main as schedules_main
 
         return schedules_main([a for a in argv if a != "--schedule"])
+    if "--parallel" in argv:  # stage 1 with N trials at once, against wall clock: bench/parallel.py
+        from bench.parallel import main as parallel_main
+
+        return parallel_main(argv)
     args = parse_args(argv)
     budget, scenarios, seeds, methods = build_plan(args)
     log = sys.stderr if args.json else sys.stdout
