@@ -1,0 +1,43 @@
+"""bench/parallel.py: every method runs asynchronously with N slots on the simulator's clock; the figures it prints
+come from the trials' simulated start and end times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.baselines.common import Budget
+from bench.baselines.parallel import best_at, best_so_far, run_parallel_method, time_to
+from bench.compare import make_backend
+from bench.parallel import run_mart, summarize
+
+SC = "qwen3-0.6b-1x8"
+
+
+def test_a_baseline_fills_a_freed_slot_at_once_and_never_holds_more_than_n(tmp_path):
+    res = run_parallel_method("random", make_backend("sim", SC, 0), scenario=SC, seed=0,
+                              budget=Budget(system_trials=6), workdir=Path(tmp_path), slots=2)
+    assert res.error is None and len(res.trials) == 6
+    ends = sorted(t.ended_s for t in res.trials)
+    for t in res.trials:  # at any start, at most 2 trials are in flight
+        assert sum(u.started_s <= t.started_s < u.ended_s for u in res.trials) <= 2
+    # after the first two, every trial starts when another ends (asynchronous backfill)
+    later = sorted(t.started_s for t in res.trials)[2:]
+    assert all(any(abs(s - e) < 1e-6 for e in ends) for s in later)
+
+
+def test_more_slots_shorten_mart_s_wall_clock_and_the_summary_reads_the_curves(tmp_path):
+    budget = Budget(system_trials=6, learning_trials=0)
+    runs = []
+    for n in (1, 2):
+        r = run_mart({"scenario": SC, "seed": 0, "slots": n}, budget, Path(tmp_path) / f"n{n}")
+        runs.append({"method": "mart", "scenario": SC, "seed": 0, "slots": n, **r})
+    walls = {r["slots"]: max(t["ended_s"] for t in r["trials"]) for r in runs}
+    assert walls[2] < walls[1]
+    best = max(t["throughput"] for r in runs for t in r["trials"] if t["feasible"])
+    out = summarize(runs, {SC: best}, [1, 2])
+    rows = {r["slots"]: r for r in out["rows"]}
+    assert rows[1]["wall_units"] > rows[2]["wall_units"] > 0
+    curve = best_so_far(runs[1]["trials"])
+    assert [c[0] for c in curve] == sorted(c[0] for c in curve) and curve[-1][2] > 0
+    when, gpu = time_to(curve, best)
+    assert (when is None) == (best_at(curve, 1e12) < best)
