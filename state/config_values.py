@@ -249,4 +249,14 @@ def format_value(value: Any) -> str:
     text = str(value)
     if text and _BARE_RE.match(text) and text.lower() not in _RESERVED and not _NUMBER_RE.match(text):
         return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "'" + _QUOTE_ESCAPE.sub(_escape_run, text) + "'"
+
+
+# In Hydra's quoted strings a backslash escapes only what comes right before a quote (the quote itself, and the
+# backslashes before it) or before the closing quote; any other backslash is a literal one
+# (https://hydra.cc/docs/advanced/override_grammar/basic/#escaped-characters-in-quoted-values).
+_QUOTE_ESCAPE = re.compile(r"(\\*)('|$)")
+
+
+def _escape_run(m: re.Match) -> str:
+    return m.group(1) * 2 + ("\\'" if m.group(2) else "")

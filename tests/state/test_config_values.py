@@ -10,6 +10,7 @@ import pytest
 
 from mart.state.config_values import (
     RULES,
+    flatten,
     format_value,
     load_config_file,
     load_config_text,
@@ -93,7 +94,9 @@ def test_split_assignments_keeps_quotes_and_brackets_together():
 @pytest.mark.parametrize(
     "value",
     [True, False, None, 3, -7, 2.5e-7, 0.1, "vllm", "a b", "it's", "true", "yes", "None", "123", "0x10", "1e-4",
-     "", "a,b", "x=y", "${oc.env:HOME}", ["console", "wandb"], [1, 2.5, True], {"a": 1, "b": "x y"}],
+     "", "a,b", "x=y", "${oc.env:HOME}", ["console", "wandb"], [1, 2.5, True], {"a": 1, "b": "x y"},
+     # backslashes: literal unless before a quote or the end (Windows paths, regexes, escapes in prompts)
+     "a\\b", "c:\\dir\\", "a \\\\ b", "x\\'y", "\\\\'", "''", "end\\"],
 )
 def test_format_then_parse_round_trips(value):
     assert same(parse_value(format_value(value)), value), format_value(value)
@@ -148,3 +151,32 @@ def test_docs_show_the_rules_table():
         assert row is not None, f"docs/configs.md lacks a row for {text!r}"
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"`{kv!r}`" and cells[2] == f"`{in_yaml!r}`", (row, kv, in_yaml)
+
+
+def test_a_backslash_is_written_the_way_hydra_reads_it():
+    # issue 28: a backslash not before a quote was doubled (a\b became a\\b on verl's command line)
+    assert format_value("a\\b") == "'a\\b'" and parse_value("'a\\b'") == "a\\b"
+    assert format_value("it's") == "'it\\'s'"
+
+
+def test_flatten_keeps_an_empty_mapping_as_a_value():
+    # verl's engine_kwargs: {} means "no extra engine options"; dropping the key changes nothing visible until a
+    # base config that needs it is exported without it
+    assert flatten({"rollout": {"engine_kwargs": {}, "n": 4}}) == {"rollout.engine_kwargs": {}, "rollout.n": 4}
+    assert load_config_text("rollout:\n  engine_kwargs: {}\n") == {"rollout.engine_kwargs": {}}
+
+
+@pytest.mark.parametrize("text, value", [("false", False), ("False", False), ("0", False), ("no", False),
+                                         ("true", True), ("1", True), ("yes", True)])
+def test_a_bool_knob_reads_its_string_forms(text, value):
+    from mart.state.search_space import ParamSpec
+
+    spec = ParamSpec("trainer.x", "system", "bool", True, "a switch")
+    assert spec.validate(text) is value  # bool("false") would be True
+
+
+def test_a_bool_knob_refuses_other_text():
+    from mart.state.search_space import ParamSpec
+
+    with pytest.raises(ConfigError, match="must be a bool"):
+        ParamSpec("trainer.x", "system", "bool", True, "a switch").validate("maybe")
