@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+import pytest
+
 from mart.nodes.stages import StageView
 from mart.nodes.stages.learning import LR_KEY, LearningStage
 from mart.state.ledger import Ledger
@@ -111,3 +113,62 @@ def test_the_collapse_risk_is_read_per_agent_learning_rate(tmp_path):
     # with no re-run allowed, nothing replaces the defaults on one seed
     assert sel["winner"] == "base" and sel["reevaluated"] == [] and sel["confirm_budget"] == 0
     ledger.close()
+
+
+def _two_seed_lead(ledger, rng, *, crash_status: str, crash_early: bool):
+    """A config one doubling below a trial that crashed (or OOM'd), leading the defaults clearly on two seeds."""
+    base = _trial(ledger, 1, "lea-base", "baseline", 1e-6, 0.40, rng)
+    _trial(ledger, 2, "lea-edge", "candidate", 6e-6, 0.47, rng)
+    _trial(ledger, 3, "lea-crash", "candidate", 8e-6, None, rng, status=crash_status, early=crash_early)
+    _trial(ledger, 4, "lea-edge-s2", "confirm", 6e-6, 0.47, rng, confirms="lea-edge")
+    _trial(ledger, 5, "lea-base-s2", "confirm", 1e-6, 0.40, rng, confirms="lea-base")
+    return base
+
+
+@pytest.mark.parametrize("status, early", [("failed", False), ("oom", False), ("stopped", True)])
+def test_a_crash_at_a_higher_lr_marks_the_cliff_like_a_stop(tmp_path, status, early):
+    # issue 28: a crashed trial (status failed, not stopped by the health monitor) must mark the lr cliff too: a
+    # config just below it never replaces the defaults, however well its two seeds did
+    rng = random.Random(5)
+    ledger = Ledger(tmp_path / "ledger.db")
+    base = _two_seed_lead(ledger, rng, crash_status=status, crash_early=early)
+    services = SimpleNamespace(ledger=ledger, backend=_Backend(), options=SimpleNamespace(seed=0, learning_confirm_trials=0))
+    sel = learning_selection({"baseline": {"learning": base}, "best": {}, "best_overrides": {}}, services)[1]
+    sel = sel["selection"]["learning"]
+    edge = next(c for c in sel["contenders"] if c["trial_id"] == "lea-edge")
+    assert any("collapsed (lea-crash)" in s for s in edge["signals"]), edge
+    assert sel["winner"] == "lea-base"
+    ledger.close()
+
+
+def test_a_failed_re_run_counts_against_its_config(tmp_path):
+    # issue 28: the re-run that did not finish is evidence against the config, not a missing point
+    rng = random.Random(6)
+    ledger = Ledger(tmp_path / "ledger.db")
+    base = _trial(ledger, 1, "lea-base", "baseline", 1e-6, 0.40, rng)
+    _trial(ledger, 2, "lea-a", "candidate", 2e-6, 0.47, rng)
+    _trial(ledger, 3, "lea-a-s2", "confirm", 2e-6, None, rng, confirms="lea-a", status="failed")
+    _trial(ledger, 4, "lea-base-s2", "confirm", 1e-6, 0.40, rng, confirms="lea-base")
+    services = SimpleNamespace(ledger=ledger, backend=_Backend(), options=SimpleNamespace(seed=0, learning_confirm_trials=0))
+    sel = learning_selection({"baseline": {"learning": base}, "best": {}, "best_overrides": {}}, services)[1]
+    sel = sel["selection"]["learning"]
+    a = next(c for c in sel["contenders"] if c["trial_id"] == "lea-a")
+    assert any("lea-a-s2 ended failed" in s for s in a["signals"]) and a["runs"] == 1
+    assert sel["winner"] == "lea-base"
+    ledger.close()
+
+
+def test_the_lead_bar_uses_the_pooled_noise_s_effective_degrees_of_freedom(tmp_path):
+    # issue 28: the pooled noise has 2/pi of the summed degrees of freedom (a median's efficiency); claiming them
+    # all lowers the Student-t bar, and a lead between the two bars would replace the defaults
+    from mart.state.objectives import Contender, learning_choice, pooled_noise, student_z
+
+    estimates = [(0.01, 2), (0.01, 2), (0.01, 2)]
+    noise, dof = pooled_noise(estimates)
+    assert dof == pytest.approx(2 / 3.141592653589793 * 6)
+    se = noise * (1 / 2 + 1 / 2) ** 0.5
+    lead = 0.5 * (student_z(2.0, dof) + student_z(2.0, 6.0)) * se  # between the honest bar and the inflated one
+    base = Contender("base", [0.40, 0.40], [], is_baseline=True)
+    change = Contender("c", [0.40 + lead, 0.40 + lead], [], move=1)
+    assert learning_choice([base, change], noise, dof=dof)[0].is_baseline
+    assert learning_choice([base, change], noise, dof=6.0)[0].key == "c"  # what the inflated dof would do
