@@ -228,3 +228,23 @@ def test_worker_command_line(tmp_path, local_tiny_config):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step:2" in proc.stdout
     assert [r.step for r in _records(str(out))] == [1, 2]
+
+
+def test_a_stop_never_lands_between_a_metric_line_and_the_step_count():
+    # issue 28: SIGTERM between writing step N's line and counting it made status.json say N-1 (a step count that
+    # went backwards); the worker holds the signal for that block and takes it right after
+    import subprocess
+    import sys
+
+    code = ("import os, signal\n"
+            "from mart.trial_runner.local.worker import _signals_held\n"
+            "done = []\n"
+            "def stop(*_): raise SystemExit('stopped after ' + ','.join(done))\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "with _signals_held():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    done.append('line')\n"
+            "    done.append('count')\n"
+            "print('not reached')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "stopped after line,count" in out.stderr and "not reached" not in out.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -117,6 +118,12 @@ def test_ctrl_c_stops_the_trial(tmp_path, local_tiny_config):
     finally:
         if proc.poll() is None:
             proc.kill()
+        # the trainer runs detached from the command (its own process group): a failing assertion above must not
+        # leave it training for hours (issue 28)
+        try:
+            os.killpg(_worker_pid(out), signal.SIGKILL)
+        except (OSError, AssertionError, IndexError, ValueError):
+            pass
     assert proc.returncode == 4, err[-2000:]
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "stopped" and "Ctrl-C" in status["reason"]

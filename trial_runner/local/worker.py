@@ -19,6 +19,7 @@ validation at step K, then trains steps K+1..N: see ``checkpoint.py`` for what i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -180,10 +181,23 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
                 t0 = time.perf_counter()
                 save(trainer, step, checkpoint_dir(str(out), step), flat)
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
-            write_record(f, step, metrics)
-            progress["last_step"] = step
+            with _signals_held():  # the line and the step count move together: a stop never lands between them
+                write_record(f, step, metrics)
+                progress["last_step"] = step
             print(_console(step, metrics), flush=True)
     monitor.stop()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGTERM/SIGINT for the few microseconds of a block (delivered right after it): status.json's last step
+    and the metric stream's last line then always agree."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def _is_oom(e: BaseException) -> bool:
