@@ -182,3 +182,28 @@ def test_a_branchs_whole_command_line_composes_and_validates_in_verl(trials):
     assert list(cfg.actor_rollout_ref.actor.checkpoint.load_contents) == ["model", "optimizer"]
     assert cfg.trainer.default_local_dir == str(Path(spec.trial_dir + "-argv").resolve() / "checkpoints")
     assert cfg.actor_rollout_ref.actor.optim.lr == LR / 10 and cfg.trainer.total_training_steps == 4
+
+
+def test_the_stand_in_keeps_verls_checkpoint_layout(trials, tmp_path):
+    """tests/support/fake_verl (what the main suite's verl schedule sessions run against) writes the same files
+    as verl's own code for the same argv, and resumes at the same global step."""
+    from tests.support.paths import FAKE_VERL
+
+    fake = VerlBackend(entrypoint=f"{sys.executable} {FAKE_VERL}", prevalidate=False,
+                       base_config={**BASE, "fake.step_s": 0.0, "fake.params_b": 0.5},
+                       runner_options={"gpu_free_threshold_gb": None, "sample_gpu": False})
+    runner = fake.make_runner()
+    spec = trials["parent"].model_copy(update={"trial_dir": str(tmp_path / "fake-parent"),
+                                               "config": fake.base_config()})
+    _run(runner, spec)
+
+    def files(trial_dir: str) -> set[str]:
+        root = Path(trial_dir) / "checkpoints"
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+    assert files(spec.trial_dir) == files(trials["parent"].trial_dir)
+    branch = trials["cont"].model_copy(update={
+        "trial_dir": str(tmp_path / "fake-cont"), "config": fake.base_config(),
+        "init_from": CheckpointRef(path=checkpoint_dir(spec.trial_dir, 2), step=2, trial_id="fake-parent")})
+    _, recs = _run(runner, branch)
+    assert sorted(recs) == sorted(trials["cont_recs"]) == [3, 4]

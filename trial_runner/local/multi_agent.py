@@ -34,7 +34,13 @@ from mart.trial_runner.local import task as T
 from mart.trial_runner.local import workflow as W
 from mart.trial_runner.local.checkpoint import CHECKPOINT_FILE, SHAPE_KEYS, _as_rng_state
 from mart.trial_runner.local.config import LocalConfig
-from mart.trial_runner.local.grpo import GRPOTrainer, Timer, advantage_token_mean, grpo_advantages, task_config
+from mart.trial_runner.local.grpo import (
+    GRPOTrainer,
+    Timer,
+    advantage_token_mean,
+    grpo_advantages,
+    task_config,
+)
 from mart.trial_runner.local.rollout import generate
 from mart.trial_runner.local.team_config import TeamConfig
 
