@@ -22,19 +22,21 @@ class StepRecord:
         return self.data.get(key, default)
 
 
-def _to_float(value: Any) -> float:
+def _to_float(value: Any) -> float | None:
+    """A JSON value as a metric: numbers (and bools) as floats, null as NaN, anything else (a string, a list)
+    is not a metric (None). verl's console logger prints numbers only, so both routes carry the same keys."""
     if value is None:
         return math.nan
-    if isinstance(value, bool):
+    if isinstance(value, (int, float)):  # bool included
         return float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
+    return None
 
 
 def parse_line(line: str) -> StepRecord | None:
-    """Parse one JSONL line of verl's file logger, or None if it is not such a record."""
+    """Parse one JSONL line of verl's file logger, or None if it is not such a record.
+
+    verl writes NaN and +-inf as ``null`` (orjson); they read back as NaN. Non-numeric values are left out.
+    """
     try:
         obj = json.loads(line)
     except json.JSONDecodeError:
@@ -45,7 +47,8 @@ def parse_line(line: str) -> StepRecord | None:
         step = int(obj["step"])
     except (TypeError, ValueError):
         return None
-    return StepRecord(step=step, data={str(k): _to_float(v) for k, v in obj["data"].items()})
+    data = {str(k): f for k, v in obj["data"].items() if (f := _to_float(v)) is not None}
+    return StepRecord(step=step, data=data)
 
 
 def mean_over_steps(records: list[StepRecord], key: str, first: int, last: int) -> float:

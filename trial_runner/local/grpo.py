@@ -84,6 +84,12 @@ def grpo_advantages(scores: torch.Tensor, n: int, norm_by_std: bool, eps: float 
     return centred.reshape(-1)
 
 
+def advantage_token_mean(adv: torch.Tensor, mask: torch.Tensor) -> float:
+    """verl's ``critic/advantages/mean``: the mean over valid response tokens (a long response counts once per
+    token), not over sequences (``metric_utils.compute_data_metrics``)."""
+    return float((adv.unsqueeze(-1) * mask).sum() / mask.sum())
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
     """verl's ``kl_penalty``: per-token estimate of KL(pi || pi_ref)."""
     if kind == "kl":
@@ -237,7 +243,7 @@ class GRPOTrainer:
             "critic/score/max": float(scores.max()),
             "critic/score/min": float(scores.min()),
             "critic/rewards/mean": float(scores.mean()),
-            "critic/advantages/mean": float(adv.mean()),
+            "critic/advantages/mean": advantage_token_mean(adv, resp_mask),
             "critic/advantages/max": float(adv.max()),
             "critic/advantages/min": float(adv.min()),
             "response_length/mean": float(resp_len.mean()),

@@ -34,7 +34,13 @@ from mart.trial_runner.local import task as T
 from mart.trial_runner.local import workflow as W
 from mart.trial_runner.local.checkpoint import CHECKPOINT_FILE, SHAPE_KEYS, _as_rng_state
 from mart.trial_runner.local.config import LocalConfig
-from mart.trial_runner.local.grpo import GRPOTrainer, Timer, grpo_advantages, task_config
+from mart.trial_runner.local.grpo import (
+    GRPOTrainer,
+    Timer,
+    advantage_token_mean,
+    grpo_advantages,
+    task_config,
+)
 from mart.trial_runner.local.rollout import generate
 from mart.trial_runner.local.team_config import TeamConfig
 
@@ -228,7 +234,7 @@ class TeamTrainer:
             metrics[p + "actor/entropy"] = float((b["ent"] * m).sum() / m.sum())
             metrics.update({p + k: v for k, v in b["upd"].items()})
             metrics[p + "critic/score/mean"] = float(b["rewards"].mean())
-            metrics[p + "critic/advantages/mean"] = float(b["adv"].mean())
+            metrics[p + "critic/advantages/mean"] = advantage_token_mean(b["adv"], m)
             metrics[p + "response_length/mean"] = float(m.sum(-1).mean())
             mine = [j for j, s in enumerate(ep.slots) if s.agent == i]
             metrics[p + "verifier/score/mean"] = sum(sum(scores[j]) for j in mine) / (len(mine) * len(digits))

@@ -20,7 +20,9 @@ from mart.trial_runner.metrics import MetricsTail
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_PREFIX_RE = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")
 _RANK_PREFIX_RE = re.compile(r"^\[(?:default)?rank\d+\]:\s*")  # torch.distributed / torchrun tag each worker's lines
-_STEP_RE = re.compile(r"(?:^|\s)step:(\d+)(?=\s+-\s|\s*$)")
+# the step token may follow a tqdm fragment (``...it/s]step:3 - ...``: verl's progress bar writes no newline);
+# never a longer key ending in "step" (``training/global_step:3``)
+_STEP_RE = re.compile(r"(?<![\w./-])step:(\d+)(?=\s+-\s|\s*$)")
 _WRAPPED_RE = re.compile(r"^(?:np\.|numpy\.|torch\.)?[A-Za-z_][A-Za-z0-9_]*\((.*)\)$")
 
 
@@ -36,11 +38,16 @@ def _unwrap(text: str) -> str:
 
 
 def parse_console_value(text: str) -> float:
-    """``1.5``, ``np.float64(1.5)``, ``np.int64(3)``, ``tensor(0.5, device='cuda:0')``, ``nan`` -> float (NaN if not a number)."""
+    """``1.5``, ``np.float64(1.5)``, ``np.int64(3)``, ``tensor(0.5, device='cuda:0')``, ``nan``, ``True`` -> float
+    (NaN if not a number). ``inf`` reads as NaN, as verl's file logger writes it (``null``): both routes agree."""
+    raw = _unwrap(text)
+    if raw in ("True", "False"):
+        return float(raw == "True")
     try:
-        return float(_unwrap(text))
+        value = float(raw)
     except ValueError:
         return math.nan
+    return value if math.isfinite(value) else math.nan
 
 
 def parse_console_line(line: str) -> StepRecord | None:
@@ -57,7 +64,7 @@ def parse_console_line(line: str) -> StepRecord | None:
         if not sep or not key:
             continue
         num = parse_console_value(value)
-        if math.isnan(num) and _unwrap(value).lower() not in ("nan", "none", "null"):
+        if math.isnan(num) and _unwrap(value).lower() not in ("nan", "none", "null", "inf", "-inf"):
             continue  # not a number (a string or a list): not a metric
         data[key.strip()] = num
     return StepRecord(step=int(m.group(1)), data=data)

@@ -71,6 +71,17 @@ def job_peak_gb(peaks: dict[str, Any] | None) -> float | None:
     return max(0.0, max(vals)) if vals else None
 
 
+def branch_resume_path(path: str, step: int) -> str:
+    """``trainer.resume_from_path`` of a branch: absolute (verl resolves a relative one against its working
+    directory, which is the branch's own trial dir) and ending in ``global_step_<step>`` (verl 0.9.1 takes the
+    global step from ``path.split("global_step_")[-1]``, so a trailing ``/`` or another folder fails there)."""
+    resolved = Path(path).expanduser().resolve()
+    if resolved.name != f"global_step_{step}":
+        raise ConfigError(f"`init_from.path` must be verl's `global_step_{step}` folder (verl reads the global step "
+                          f"from its name), but got {path!r}.")
+    return str(resolved)
+
+
 def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | None = None) -> list[str]:
     """``--verl-entrypoint`` as argv: shlex-split, ``python`` -> this interpreter, relative script paths absolute.
 
@@ -224,7 +235,7 @@ class VerlRunner(TrialRunner):
             val_before = cfg.get("trainer.val_before_train") is True  # the untrained score only when asked for
             save_freq = cfg.get("trainer.save_freq", -1)
         if spec.init_from is not None:  # a branch: verl resumes model, optimizer, data position and global step
-            resume_path = spec.init_from.path
+            resume_path = branch_resume_path(spec.init_from.path, spec.init_from.step)
         out = {
             "trainer.logger": loggers,
             "trainer.total_training_steps": self.total_steps(horizon),

@@ -19,6 +19,22 @@
   ``+fake.ignore_sigterm=true`` makes it ignore SIGTERM); ``oom_hang`` (OOM text at step 4, then
   hangs); ``nan`` (NaN losses from step 3); ``truncate``
   (the last step's line is written half, then the process exits 1 as if killed mid-write).
+* Checkpoints as verl 0.9.1 writes and reads them (``trainer/ppo/v1/trainer_base.py`` ``_save_checkpoint`` /
+  ``_load_checkpoint``, ``utils/checkpoint/fsdp_checkpoint_manager.py``): with ``trainer.save_freq > 0`` a step
+  that is a multiple of it, and the last step, writes ``<trainer.default_local_dir>/global_step_N/`` (``actor/``
+  with one ``{model,optim,extra_state}_world_size_W_rank_R.pt`` per GPU, ``fsdp_config.json``,
+  ``huggingface/config.json``; ``data.pt``), then ``latest_checkpointed_iteration.txt``; the files hold the
+  stand-in's state as JSON. ``trainer.resume_mode``: ``disable``; ``auto`` (verl's default: the newest checkpoint
+  in ``default_local_dir`` by its tracker file; ``resume_from_path`` is ignored); ``resume_path`` (asserts a str
+  containing ``global_step_``, resolves a relative one against the working directory, takes the global step
+  from the name; a missing actor shard is a FileNotFoundError). A resumed run validates at that step (with
+  ``val_before_train``) and trains the steps after it. ``actor.checkpoint.load_contents`` decides what comes
+  back: ``model`` (the training progress), ``optimizer`` (its param groups: the first step after the resume
+  runs at the saved lr, as torch restores them), ``extra`` (the lr scheduler: the saved base lr for the whole
+  run, and the RNG). ``actor/lr`` is the scheduler's lr.
+* The reward follows the training so far: the mean quality of every step's config since step 1 (constant for
+  a run without a checkpoint, so such a run's numbers are those of a config alone).
+* ``+fake.gate=PATH``: before each step, wait while the file PATH exists (a test holds a run mid-way).
 * ``+fake.leak_worker=true`` starts a worker in its own session (as Ray does with actors) that outlives the run.
 * ``+fake.step_s`` real seconds per step (default 0.05); ``+fake.steps_per_epoch`` (default 1000): with
   ``trainer.total_epochs`` it can end the run early with exit 0, as verl does.
@@ -54,8 +70,13 @@ DEFAULTS = {
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "trainer.save_freq": -1, "trainer.resume_mode": "auto", "trainer.resume_from_path": None,
+    "trainer.default_local_dir": "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+    "trainer.max_actor_ckpt_to_keep": None, "actor_rollout_ref.actor.optim.weight_decay": 0.01,
+    "actor_rollout_ref.actor.checkpoint.save_contents": ["model", "optimizer", "extra"],
+    "actor_rollout_ref.actor.checkpoint.load_contents": ["model", "optimizer", "extra"],
     "fake.mode": "normal", "fake.step_s": 0.05, "fake.capacity_gb": 80.0, "fake.params_b": 8.0,
-    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.seed": 0, "fake.leak_worker": False,
+    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.gate": None, "fake.seed": 0, "fake.leak_worker": False,
 }
 
 
@@ -164,7 +185,18 @@ class Model:
             return rollout + train_state + act
         return max(rollout + weights / self.tp * 0.2, train_state + act + weights / self.n_gpus)
 
-    def step(self, step: int, rng: random.Random) -> dict:
+    def quality(self, lr: float) -> float:
+        """How good a step with this config (at learning rate ``lr``) is for the reward, in [0, ~1.3]."""
+        q = math.exp(-((math.log10(lr) + 6.0) ** 2) / 0.8)
+        q *= 1.0 / (1.0 + 20 * self.kl) if self.use_kl else 1.0
+        q *= 1.0 + 30 * self.ent - 3000 * self.ent**2
+        return q * math.exp(-((self.temp - 0.9) ** 2) / 0.5) * min(1.0, 0.6 + 0.1 * self.n)
+
+    def step(self, step: int, rng: random.Random, lr: float | None = None, qbar: float | None = None,
+             reported_lr: float | None = None) -> dict:
+        """One step's metrics; ``lr`` is the rate the update used, ``qbar`` the mean quality trained so far
+        (default: this config's own), ``reported_lr`` the scheduler's (``actor/lr``)."""
+        lr = self.lr if lr is None else lr
         resp = min(self.max_resp, 180 + 12 * step + rng.uniform(-8, 8))  # lengths drift upward
         seq = self.prompt * 0.5 + resp
         tokens = self.batch * seq
@@ -188,20 +220,17 @@ class Model:
         fwd_eff = eff
         peak = self.peak_memory_gb(resp)
         # reward: best near lr=1e-6, hurt by too much KL, some entropy and temperature help exploring
-        q = math.exp(-((math.log10(self.lr) + 6.0) ** 2) / 0.8)
-        q *= 1.0 / (1.0 + 20 * self.kl) if self.use_kl else 1.0
-        q *= 1.0 + 30 * self.ent - 3000 * self.ent**2
-        q *= math.exp(-((self.temp - 0.9) ** 2) / 0.5) * min(1.0, 0.6 + 0.1 * self.n)
-        score = 0.25 + 0.5 * q * (1 - math.exp(-step / 8.0)) + rng.uniform(-0.01, 0.01)
+        q = self.quality(lr)
+        score = 0.25 + 0.5 * (q if qbar is None else qbar) * (1 - math.exp(-step / 8.0)) + rng.uniform(-0.01, 0.01)
         return {
             "training/global_step": step,
             "actor/pg_loss": rng.gauss(0.0, 0.02),
             "actor/pg_clipfrac": 0.002 + 0.01 * q,
-            "actor/ppo_kl": 0.0005 * step * (self.lr / 1e-6),
+            "actor/ppo_kl": 0.0005 * step * (lr / 1e-6),
             "actor/kl_loss": 0.001 * step if self.use_kl else 0.0,
-            "actor/entropy": max(0.05, 1.2 * math.exp(-step * self.lr / 1e-6 / 40) + 0.5 * self.ent * 100),
+            "actor/entropy": max(0.05, 1.2 * math.exp(-step * lr / 1e-6 / 40) + 0.5 * self.ent * 100),
             "actor/grad_norm": 0.3 + rng.uniform(0, 0.1),
-            "actor/lr": self.lr,
+            "actor/lr": lr if reported_lr is None else reported_lr,
             "critic/score/mean": score, "critic/rewards/mean": score,
             "response_length/mean": resp, "response_length/max": min(self.max_resp, resp * 1.8),
             "response_length/clip_ratio": max(0.0, (resp * 1.8 - self.max_resp) / self.max_resp) if resp * 1.8 > self.max_resp else 0.0,
@@ -215,9 +244,101 @@ class Model:
             "perf/cpu_memory_used_gb": 60.0 + (8 * self.params_b if self.optim_off else 0.0),
         }
 
-    def validation(self, step: int, rng: random.Random) -> dict:
-        q = self.step(max(step, 0), rng)["critic/score/mean"]
+    def validation(self, step: int, rng: random.Random, lr: float | None = None, qbar: float | None = None) -> dict:
+        q = self.step(max(step, 0), rng, lr, qbar)["critic/score/mean"]
         return {"val-core/openai/gsm8k/reward/mean@1": q - 0.02, "val-aux/openai/gsm8k/score/mean@1": q}
+
+
+class ResumeError(Exception):
+    """What verl raises while resuming (an assert, a missing shard): the run dies before its first log line."""
+
+
+def _checkpoint_root(cfg: dict) -> str:
+    """``trainer.default_local_dir`` with verl's default interpolation resolved, absolute against the cwd."""
+    root = str(cfg["trainer.default_local_dir"])
+    root = root.replace("${trainer.project_name}", str(cfg["trainer.project_name"]))
+    root = root.replace("${trainer.experiment_name}", str(cfg["trainer.experiment_name"]))
+    return root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
+
+
+def _shard(folder: str, kind: str, world: int, rank: int) -> str:
+    return os.path.join(folder, "actor", f"{kind}_world_size_{world}_rank_{rank}.pt")
+
+
+def resume_folder(cfg: dict) -> str | None:
+    """The checkpoint folder verl 0.9.1's v1 trainer resumes from (``_load_checkpoint``), or None."""
+    mode = cfg["trainer.resume_mode"]
+    if mode == "disable":
+        return None
+    if mode == "auto":  # resume_from_path is not consulted in this mode
+        root = _checkpoint_root(cfg)
+        tracker = os.path.join(root, "latest_checkpointed_iteration.txt")
+        if not os.path.exists(tracker):
+            print(f"Checkpoint tracker file does not exist: {tracker}", flush=True)
+            return None
+        folder = os.path.join(root, f"global_step_{int(open(tracker).read())}")
+        return folder if os.path.exists(folder) else None
+    if mode == "resume_path":
+        path = cfg["trainer.resume_from_path"]
+        if not isinstance(path, str):
+            raise ResumeError("AssertionError: resume ckpt must be str type")
+        if "global_step_" not in path:
+            raise ResumeError("AssertionError: resume ckpt must specify the global_steps")
+        return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    # verl logs the unknown mode, then reads a variable it never set
+    raise ResumeError("UnboundLocalError: cannot access local variable 'global_step_folder' where it is not "
+                      f"associated with a value (trainer.resume_mode={mode!r})")
+
+
+def load_checkpoint(cfg: dict, folder: str, world: int) -> dict:
+    """The state a resume brings back, by ``actor.checkpoint.load_contents`` (the FSDP checkpoint manager)."""
+    tail = folder.split("global_step_")[-1]
+    try:
+        step = int(tail)
+    except ValueError:
+        raise ResumeError(f"ValueError: invalid literal for int() with base 10: {tail!r}") from None
+    print(f"Resuming from {folder}, setting global step to {step}", flush=True)
+    contents = cfg["actor_rollout_ref.actor.checkpoint.load_contents"] or ["model", "optimizer", "extra"]
+    state: dict = {"step": step}
+    for kind, key in (("model", "model"), ("optim", "optimizer"), ("extra_state", "extra")):
+        if key not in contents:
+            continue
+        path = _shard(folder, kind, world, 0)
+        if not os.path.exists(path):
+            raise ResumeError(f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'")
+        with open(path) as f:
+            state[key] = json.load(f)
+    if not os.path.exists(os.path.join(folder, "data.pt")):
+        print(f"Warning: No dataloader state found at {os.path.join(folder, 'data.pt')}, will start from scratch",
+              flush=True)
+    return state
+
+
+def save_checkpoint(cfg: dict, step: int, world: int, state: dict, saved: list[str]) -> None:
+    """``global_step_N/`` as verl writes it, then the tracker file (written last: a resume never sees half)."""
+    root = _checkpoint_root(cfg)
+    folder = os.path.join(root, f"global_step_{step}")
+    print(f"Saving checkpoint to {folder}", flush=True)
+    os.makedirs(os.path.join(folder, "actor", "huggingface"), exist_ok=True)
+    for rank in range(world):
+        for kind, key in (("model", "model"), ("optim", "optimizer"), ("extra_state", "extra")):
+            with open(_shard(folder, kind, world, rank), "w") as f:
+                json.dump(state[key], f)
+    with open(os.path.join(folder, "actor", "fsdp_config.json"), "w") as f:
+        json.dump({"FSDP_version": 1, "world_size": world}, f)
+    with open(os.path.join(folder, "actor", "huggingface", "config.json"), "w") as f:
+        json.dump({"architectures": ["FakeForCausalLM"]}, f)
+    with open(os.path.join(folder, "data.pt"), "w") as f:
+        json.dump({"batches_consumed": step}, f)
+    keep = cfg["trainer.max_actor_ckpt_to_keep"]
+    saved.append(os.path.join(folder, "actor"))
+    if isinstance(keep, int) and keep > 0:  # the manager removes actor folders it saved itself in this run
+        import shutil
+
+        while len(saved) > keep:
+            shutil.rmtree(saved.pop(0), ignore_errors=True)
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(step))
 
 
 def console_line(step: int, data: dict) -> str:
@@ -254,6 +375,29 @@ def main(argv: list[str]) -> int:
         print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
 
+    model = Model(cfg)
+    rng = random.Random(int(cfg["fake.seed"]))
+    world = model.n_gpus
+    base_lr = first_lr = model.lr  # the scheduler's lr, and the lr of the first update (torch's param groups)
+    start, q_sum = 0, 0.0
+    try:
+        folder = resume_folder(cfg)
+        if folder is None:
+            print("Training from scratch", flush=True)
+        else:
+            state = load_checkpoint(cfg, folder, world)
+            start = state["step"]
+            q_sum = state["model"]["q_sum"] if "model" in state else 0.0
+            if "extra" in state:  # the scheduler's state: its base lr wins over the config's, for the whole run
+                base_lr = first_lr = state["extra"]["lr_scheduler"]["base_lr"]
+                rng.setstate((state["extra"]["rng"][0], tuple(state["extra"]["rng"][1]), state["extra"]["rng"][2]))
+            if "optimizer" in state:
+                first_lr = state["optimizer"]["param_groups"][0]["lr"]
+    except ResumeError as e:
+        print("Traceback (most recent call last):\n  File \"verl/trainer/ppo/v1/trainer_base.py\", line 876, in "
+              f"_load_checkpoint\n{e}", file=sys.stderr, flush=True)
+        return 1
+
     loggers = cfg["trainer.logger"] if isinstance(cfg["trainer.logger"], list) else [cfg["trainer.logger"]]
     fp = None
     if "file" in loggers:
@@ -271,19 +415,24 @@ def main(argv: list[str]) -> int:
             line = (json.dumps({"step": step, "data": clean}) + "\n").encode()
             fp.write(line[: len(line) // 2] if half else line)
 
-    model = Model(cfg)
-    rng = random.Random(int(cfg["fake.seed"]))
     horizon = int(cfg["trainer.total_training_steps"])
     max_steps = int(cfg["fake.steps_per_epoch"]) * int(cfg["trainer.total_epochs"])
     step_s = float(cfg["fake.step_s"])
+    save_freq = int(cfg["trainer.save_freq"])
+    saved: list[str] = []
     print(f"(TaskRunnerV1 pid={os.getpid()}) Total training steps: {horizon}", flush=True)
     if cfg["trainer.val_before_train"]:
         time.sleep(step_s)
-        log(0, model.validation(0, rng))
+        log(start, model.validation(start, rng, base_lr, q_sum / start if start else None))
     test_freq = int(cfg["trainer.test_freq"])
-    for step in range(1, min(horizon, max_steps) + 1):
+    gate = cfg["fake.gate"]
+    for step in range(start + 1, min(horizon, max_steps) + 1):
+        while gate and os.path.exists(gate):
+            time.sleep(0.05)
         time.sleep(step_s)
-        data = model.step(step, rng)
+        lr = first_lr if step == start + 1 else base_lr
+        q_sum += model.quality(lr)
+        data = model.step(step, rng, lr, q_sum / step, reported_lr=base_lr)
         if data["actor/perf/max_memory_allocated_gb"] > model.capacity or (mode in ("oom_at_4", "oom_hang") and step == 4):
             print(f"(WorkerDict pid={os.getpid() + 1}) Traceback (most recent call last):", flush=True)
             print(f"(WorkerDict pid={os.getpid() + 1})   File \"verl/workers/actor/dp_actor.py\", line 412, in update_policy",
@@ -298,8 +447,16 @@ def main(argv: list[str]) -> int:
             data["actor/pg_loss"] = float("nan")
             data["actor/grad_norm"] = float("nan")
             data["actor/entropy"] = float("nan")
+        if save_freq > 0 and (step >= horizon or step % save_freq == 0):  # verl: in the step, before validation
+            t0 = time.perf_counter()
+            save_checkpoint(cfg, step, world, {
+                "model": {"q_sum": q_sum, "global_step": step},
+                "optimizer": {"param_groups": [{"lr": base_lr, "weight_decay": cfg["actor_rollout_ref.actor.optim.weight_decay"]}]},
+                "extra": {"lr_scheduler": {"base_lr": base_lr}, "rng": rng.getstate()},
+            }, saved)
+            data["timing_s/save_checkpoint"] = time.perf_counter() - t0
         if test_freq > 0 and (step == horizon or step % test_freq == 0):  # verl: no validation when test_freq <= 0
-            data.update(model.validation(step, rng))
+            data.update(model.validation(step, rng, base_lr, q_sum / step))
         if mode == "truncate" and step == min(horizon, max_steps):
             log(step, data, half=True)
             print("fake verl: killed while writing the last line", file=sys.stderr, flush=True)
