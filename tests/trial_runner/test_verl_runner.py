@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from mart.state.models import TrialStatus
 from mart.state.objectives import peak_memory_gb, system_throughput
@@ -247,3 +248,15 @@ def _group_alive(pgid: int) -> bool:
         except (ProcessLookupError, psutil.Error):
             continue
     return False
+
+
+@pytest.mark.parametrize("user_freq, expect", [(3, 5), (5, 5), (1, 1), (0, 5), (-1, 5)])
+def test_the_horizon_s_step_is_always_validated_inside_a_longer_schedule(tmp_path, user_freq, expect):
+    # issue 28: a stage-2 trial of a 100-step schedule stops at its horizon (5), which is not verl's last step, so
+    # verl validates there only when step % test_freq == 0: a user's test_freq that misses the horizon is replaced
+    backend, runner = make(**{"trainer.total_training_steps": 100, "trainer.test_freq": user_freq})
+    spec = spec_for(backend, tmp_path, steps=5).model_copy(update={"stage": "learning"})
+    argv = runner.run_overrides(spec, 1)
+    [freq] = [int(a.split("=", 1)[1]) for a in argv if a.startswith("trainer.test_freq=")]
+    assert freq == expect and 5 % freq == 0
+    assert "trainer.total_training_steps=100" in argv  # the user's schedule (the lr's decay) is kept
