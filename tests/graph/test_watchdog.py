@@ -50,7 +50,9 @@ def test_a_frozen_local_trial_is_stopped_by_the_watchdog_and_the_session_complet
     spy.join(5)
     assert frozen, "the test never saw the trial run"
     assert summary["status"] == "completed" and time.monotonic() - t0 < 200
-    [trial] = Ledger.open(Path(tmp_path) / summary["run_id"]).trials()
+    trials = Ledger.open(Path(tmp_path) / summary["run_id"]).trials()
+    # the frozen trial is the baseline: the session retries a killed baseline once, so look it up by its process
+    [trial] = [t for t in trials if (t.get("handle") or {}).get("pid") == frozen[0]]
     assert trial["status"] == "stopped" and trial["early_stopped"]
     assert "watchdog: no new step" in trial["reason"]
     assert trial["score"] is None  # a stopped trial is never a result

@@ -42,7 +42,7 @@ def backend(**runner_options) -> MartiBackend:
 
 def test_conformance_suite(fake, tmp_path):
     suite = RunnerConformance(lambda: backend(), long_steps=3000, expected_metrics=MARTI_METRICS, timeout_s=60)
-    assert suite.run_all(tmp_path) == ["backend", "completes", "stop"]
+    assert suite.run_all(tmp_path) == ["backend", "completes", "stop", "two at once"]
 
 
 def run(runner, spec: TrialSpec, timeout: float = 60.0):
