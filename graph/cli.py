@@ -166,7 +166,10 @@ def _print_summary(summary: dict) -> None:
     if summary.get("status") == "paused":
         console.print(f"run {summary['run_id']} is paused at a review: `mart review {summary['run_id']}`")
         return
-    sys_, learn, trials = summary["system"], summary["learning"], summary["trials"]
+    from mart.graph.figures import stage_figures
+    from mart.state.units import fmt_gb
+
+    sys_, trials = summary["system"], summary["trials"]
     table = Table(title=f"mart run {summary['run_id']}: {summary['status']}")
     table.add_column("stage")
     table.add_column("baseline", justify="right")
@@ -174,40 +177,11 @@ def _print_summary(summary: dict) -> None:
     table.add_column("gain", justify="right")
     table.add_column("best config")
 
-    def fmt(v, spec=".4g"):
-        return "-" if v is None else format(v, spec)
-
-    def config(overrides) -> str:  # key=value lines in the names a reviewer edits, never a dict repr
-        if not overrides:
-            return "baseline"
-        from mart.state.agents import group_by_agent
-
-        short = lambda k: k.rsplit(".", 1)[-1]  # noqa: E731
-        shared, per_agent = group_by_agent(overrides)  # a multi-agent job's knobs: one line per agent
-        return "\n".join([f"{short(k)}={v}" for k, v in sorted(shared.items())]
-                         + [f"agent {a}: " + ", ".join(f"{short(k)}={v}" for k, v in sorted(knobs.items()))
-                            for a, knobs in per_agent.items()])
-
-    ran = summary.get("stages") or ["system", "learning"]  # a summary stored before --stages: both
-    if "system" in ran:
-        table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"),
-                      fmt(sys_["best_throughput"], ",.0f"), fmt(sys_["throughput_gain_pct"], "+.1f") + "%",
-                      config(sys_["best_config"]))
-    if "learning" in ran:
-        table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
-                      fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
-    sched = summary.get("schedule")
-    if sched is not None:
-        # baseline: the static config over the same total steps; best config: each segment's changes
-        segs = "\n".join(f"steps {s['from_step']}-{s['to_step']}: " + (
-            ", ".join(config(s["changes"]).splitlines()) if s["changes"] else "unchanged")
-            for s in sched.get("segments") or []) or "no complete schedule"
-        table.add_row(f"schedule (val score, {sched.get('branches_run')} segment-trials)",
-                      fmt(sched.get("static_best_score"), ".4f"), fmt(sched.get("final_score"), ".4f"),
-                      fmt(sched.get("gain"), "+.4f"), segs)
+    for f in stage_figures(summary):  # the same figures and names as the report and Slack
+        table.add_row(f"{f.stage} ({f.label})", f.baseline, f.best, f.gain, "\n".join(f.config) or "baseline")
     console.print(table)
-    console.print(f"memory limit {fmt(sys_['memory_limit_gb'], '.2f')} GB, best system peak "
-                  f"{fmt(sys_['best_peak_memory_gb'], '.2f')} GB; trials: {trials['total']} total, "
+    console.print(f"memory limit {fmt_gb(sys_['memory_limit_gb'], '-')}, best system peak "
+                  f"{fmt_gb(sys_['best_peak_memory_gb'], '-')}; trials: {trials['total']} total, "
                   f"{trials['early_stopped']} stopped early, {trials['failed']} failed/oom")
     agents = summary.get("agents") or {}
     if agents.get("calls"):
@@ -689,6 +663,7 @@ def trials(
     """The run's trials from the ledger."""
     from rich.table import Table
 
+    from mart.graph.figures import knob_text
     from mart.state.run_store import RunError, RunStore
 
     try:
@@ -708,11 +683,11 @@ def trials(
     for r in rows:
         def f(v, spec=".4g"):
             return "-" if v is None else format(v, spec)
-        changes = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (r.get("overrides") or {}).items())
+        changes = knob_text(r.get("overrides"))
         if r.get("parent_trial"):  # a schedule branch: from its parent's checkpoint
             changes = f"{changes or 'unchanged'} (from {r['parent_trial']} @ {r.get('parent_step')})"
         table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
-                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".2f"),
+                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".3g"),
                       f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
     _console().print(table)
 

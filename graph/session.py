@@ -38,6 +38,7 @@ from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
+from mart.state.units import fmt_gb
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
@@ -137,7 +138,7 @@ def _fmt_failed(e: TrialFailed) -> tuple[str, str | None]:
 
 def _fmt_step(e: TrialStep) -> tuple[str, str | None]:
     parts = [f"  {e.trial_id} step {e.step:>3}"]
-    for value, fmt in ((e.throughput, "{:.0f} tok/s"), (e.memory_gb, "{:.2f} GB"), (e.reward, "reward {:.3f}"),
+    for value, fmt in ((e.throughput, "{:.0f} tok/s"), (None if e.memory_gb is None else fmt_gb(e.memory_gb), "{}"), (e.reward, "reward {:.3f}"),
                        (e.entropy, "entropy {:.3f}"), (e.val_score, "val {:.3f}")):
         if value is not None:
             parts.append(fmt.format(value))
@@ -162,7 +163,7 @@ def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
     else:
         result = ""
     return (f"  ✓ {e.trial_id}: {e.status}{result}"
-            + (f", peak {e.peak_memory_gb:.2f} GB" if e.peak_memory_gb else "")
+            + (f", peak {fmt_gb(e.peak_memory_gb)}" if e.peak_memory_gb else "")
             + ("" if e.eligible else f" (not eligible: {e.reason or 'see ledger'})")), None
 
 

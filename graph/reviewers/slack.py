@@ -23,6 +23,7 @@ from mart.graph.reviewers.base import Reviewer, format_request, plain
 from mart.state.config_values import format_value
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
+from mart.state.units import fmt_gb
 
 TOKEN_ENV = "SLACK_BOT_TOKEN"
 CHANNEL_ENV = "MART_SLACK_CHANNEL"
@@ -103,7 +104,7 @@ def _candidates(request: dict[str, Any]) -> list[dict[str, Any]]:
 def candidate_blocks(request: dict[str, Any], cand: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """One candidate as Block Kit sections: facts, diff, rationale, critique."""
     pred, limit = cand.get("predicted_memory_gb"), request.get("memory_limit_gb")
-    mem = ("unknown" if pred is None else f"{pred:.2f} GB") + ("" if limit is None else f" (limit {limit:.2f} GB)")
+    mem = fmt_gb(pred, "unknown") + ("" if limit is None else f" (limit {fmt_gb(limit)})")
     diff = "\n".join(f"• {_fmt(d['key'])}: {_fmt(d['current'])} → {_fmt(d['proposed'])}"
                      for d in cand.get("diff") or []) or "_no change against the current best_"
     title = f"*Candidate {n}*" if len(_candidates(request)) > 1 else "*Candidate*"
@@ -361,13 +362,11 @@ class SlackReviewer(Reviewer):
             self._post_in_thread(line.strip())
 
     def on_finish(self, summary: dict[str, Any]) -> None:
-        sys_, learn = summary.get("system") or {}, summary.get("learning") or {}
+        from mart.graph.figures import stage_figures
+
         lines = [f":checkered_flag: mart run {summary.get('run_id')} completed"]
-        if sys_.get("best_throughput") is not None:
-            lines.append(f"system stage: {sys_.get('baseline_throughput') or 0:,.0f} → {sys_['best_throughput']:,.0f} "
-                         f"tok/s/GPU ({sys_.get('throughput_gain_pct') or 0:+.1f}%)")
-        if learn.get("best_score") is not None:
-            lines.append(f"learning stage: val score {learn.get('baseline_score') or 0:.4f} → {learn['best_score']:.4f}")
+        for f in stage_figures(summary):  # the terminal's and the report's figures and knob names
+            lines.append(f.sentence() + (f"; best config: {', '.join(f.config)}" if f.config else ""))
         lines += [f"note: {n}" for n in summary.get("notes") or []]
         if summary.get("report"):
             lines.append(f"report: {summary['report']}")

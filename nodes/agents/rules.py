@@ -29,6 +29,7 @@ from mart.nodes.agents.model_search import Scored, search
 from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
+from mart.state.units import fmt_gb
 
 
 def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:
@@ -243,9 +244,9 @@ class RulesProposer(Proposer):
         phase_txt = f"{eff.phase} takes {share:.0%} of the step" if eff.phase in phase_share else "a general knob"
         mem_txt = ""
         if pred is not None and limit:
-            mem_txt = f"; predicted peak {pred:.2f} GB vs limit {limit:.2f} GB"
+            mem_txt = f"; predicted peak {fmt_gb(pred)} vs limit {fmt_gb(limit)}"
         elif headroom is not None:
-            mem_txt = f"; memory headroom {headroom:.2f} GB"
+            mem_txt = f"; memory headroom {fmt_gb(headroom)}"
         verb = "speeds up" if faster else "may speed up" if faster is None else "trades speed for memory in"
         why = (f"{spec.key}: {old!r} -> {new!r}. {phase_txt}; this {verb} that phase"
                f"{' (' + eff.note + ')' if eff.note else ''}{mem_txt}.")
@@ -581,7 +582,7 @@ class RulesCritic(Critic):
                 # stage 2 fixes the system config: only memory the candidate adds can be held against it
                 changes_memory = stage_base is None or pred > stage_base + max(0.5, 0.01 * limit)
                 if pred > limit and changes_memory:
-                    reasons.append(f"predicted peak memory {pred:.2f} GB exceeds the limit {limit:.2f} GB")
+                    reasons.append(f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}")
                 elif model_pred is not None and changes_memory:
                     sigma = max(model_pred.gap_gb / 2, 1e-6)
                     p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))
@@ -602,7 +603,7 @@ class RulesCritic(Critic):
                 gain = cand.expected_gain if cand.expected_gain is not None else 0.1
                 score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
             if accepted:
-                txt = "unknown" if pred is None else f"{pred:.2f} GB"
+                txt = fmt_gb(pred, "unknown")
                 if model_pred is not None and ctx.stage == "system":
                     txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
                             f"P(over the limit) {p_over:.0%}")
