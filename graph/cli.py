@@ -164,7 +164,13 @@ def _print_summary(summary: dict) -> None:
 
     console = _console()
     if summary.get("status") == "paused":
-        console.print(f"run {summary['run_id']} is paused at a review: `mart review {summary['run_id']}`")
+        from mart.graph.reviewers.base import format_request
+
+        run = summary["run_id"]
+        if summary.get("pending_review"):  # what waits: the next candidate(s), so a reviewer sees what comes next
+            console.print(format_request(summary["pending_review"]))
+        console.print(f"run {run} is paused at a review: answer with `mart review {run}` (on this terminal), or "
+                      f"`mart review {run} --approve | --reject TEXT | --edit KEY=VALUE`")
         return
     from mart.graph.figures import stage_figures
     from mart.state.units import fmt_gb
@@ -212,6 +218,9 @@ def _finish(summary: dict, as_json: bool) -> None:
         _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in keys})
     else:
         _print_summary(summary)
+    if summary.get("status") == "failed":
+        typer.echo(f"error: the session failed: {summary.get('error')}", err=True)
+        raise typer.Exit(1)
 
 
 # Flag spellings kept from before the flags were generated from TuneOptions (README and docs use them).
@@ -318,9 +327,13 @@ def resume(
     as_json: bool = JSON,
 ) -> None:
     """Continue a run after a crash, a reboot or a pause; re-attaches a trial that is still running."""
+    import sys
+
     from mart.graph.session import resume as run_resume
     from mart.state.run_store import RunError
 
+    if approve is None and not detach and not as_json and sys.stdin.isatty() and _stored_approve(run, runs_dir) == "none":
+        approve = "tty"  # a detached run resumed at a terminal: its pending review is asked here
     try:
         summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file), approve="none" if detach else approve,
                              quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
@@ -331,6 +344,22 @@ def resume(
     except (OSError, sqlite3.Error) as e:
         _io_fail(e)
     _finish(summary, as_json)
+
+
+def _stored_approve(run: str, runs_dir: Path) -> str | None:
+    """The reviewer channel a run was started with (None when it cannot be read: resume reports why)."""
+    from mart.state.run_store import RunError, RunStore
+
+    try:
+        store = RunStore.open(run, runs_dir, readonly=True)
+    except RunError:
+        return None
+    try:
+        return ((store.ledger.run(store.run_id) or {}).get("options") or {}).get("approve")
+    except ValueError:
+        return None
+    finally:
+        store.close()
 
 
 @app.command()
@@ -572,19 +601,20 @@ def export(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
     schedule: bool = typer.Option(False, "--schedule", help="Export the schedule (stage 3) instead of the final config."),
-    fmt: str = typer.Option("yaml", "--format", help="yaml, json, or (with --schedule) sh: a bash script with one "
-                            "verl launch per segment, your base overrides as its arguments."),
+    fmt: str = typer.Option("yaml", "--format", help="yaml, json, or sh: a bash script launching verl with the final "
+                            "config (with --schedule: one verl launch per segment), your base overrides as its "
+                            "arguments."),
     checkpoint_dir: str = typer.Option("checkpoints/mart-schedule", help="--schedule: where the segments' verl "
                                        "launches keep and resume their checkpoints."),
 ) -> None:
     """Print what the run found as your next training config: the final config's overrides, or (--schedule) the
     per-segment schedule and the verl launch of each segment, resuming from the previous one's checkpoint."""
-    from mart.graph.export import render, schedule_document
+    from mart.graph.export import config_script, final_config, render, schedule_document
     from mart.graph.report import as_yaml
     from mart.state.run_store import RunError, RunStore
 
-    if fmt not in ("yaml", "json", "sh") or (fmt == "sh" and not schedule):
-        _fail(f"--format must be yaml or json (or sh with --schedule), got {fmt!r}")
+    if fmt not in ("yaml", "json", "sh"):
+        _fail(f"--format must be yaml, json or sh, got {fmt!r}")
     try:
         store = RunStore.open(run, runs_dir, readonly=True)
     except RunError as e:
@@ -602,8 +632,10 @@ def export(
         except ValueError as e:
             _fail(str(e))
         return
-    config = {**(options.get("start_overrides") or {}), **(summary.get("system") or {}).get("best_config", {}),
-              **(summary.get("learning") or {}).get("best_config", {})}
+    if fmt == "sh":
+        typer.echo(config_script(summary, options), nl=False)
+        return
+    config = final_config(summary, options)
     typer.echo(json.dumps(config, indent=2) if fmt == "json" else as_yaml(config), nl=fmt != "json")
 
 

@@ -446,7 +446,12 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
 # -- text ------------------------------------------------------------------------------------------------
 
 def final_config(data: RunData) -> dict[str, Any]:
-    """The last stage's best config (the system stage's when the learning stage found none)."""
+    """The final config as ``mart export`` writes it (``--set`` values, stage 1's and stage 2's best overrides) once
+    the session finished; before that, the last finished stage's best config."""
+    if data.summary.get("run_id"):
+        from mart.graph.export import final_config as exported
+
+        return exported(data.summary, data.options)
     for stage in ("learning", "system"):
         cfg = _loads((data.stages.get(stage) or {}).get("best_config"), None)
         if cfg:

@@ -42,8 +42,8 @@ from mart.state.units import fmt_gb
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
-#: summary keys present only when their stage ran (the default session's JSON is unchanged)
-OPTIONAL_SUMMARY_KEYS = ("schedule",)
+#: summary keys present only when they apply (their stage ran, the session failed): the default JSON is unchanged
+OPTIONAL_SUMMARY_KEYS = ("schedule", "error")
 
 
 class StaleReview(RunError):
@@ -260,6 +260,10 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
             snap = graph.get_state(config)
             if not snap.next:
                 summary = dict(snap.values.get("summary") or {})
+                failure = session_failure(ledger.trials())
+                if failure:  # nothing was measured because every trial crashed: the session failed
+                    summary.update(status="failed", error=failure)
+                    ledger.upsert_run(store.run_id, status="failed", summary=summary, error=failure)
                 if options.report:
                     summary["report"] = _write_report(store, progress)
                 if summary.get("schedule"):
@@ -287,6 +291,19 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
     finally:
         services.close()
         saver.conn.close()  # the Slack server drives many runs in one process
+
+
+def session_failure(trials: list[dict[str, Any]]) -> str | None:
+    """Why a finished session failed, or None: no trial completed and some crashed (a session whose trials all ran
+    out of memory completed: "no feasible config" is an answer; one whose trials all crashed measured nothing)."""
+    if not trials or any(t["status"] == "completed" for t in trials):
+        return None
+    crashed = [t for t in trials if t["status"] == "failed"]
+    if not crashed:
+        return None
+    first = crashed[0]
+    return (f"no trial completed: {len(crashed)} of {len(trials)} failed, the first ({first['trial_id']}) with "
+            f"{first.get('reason') or 'no reason'} (see its trial.log)")
 
 
 def _write_report(store: RunStore, progress: ConsoleProgress) -> str | None:
@@ -326,8 +343,9 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     Returns:
         The summary dict (``SUMMARY_KEYS`` + notes, agents), or ``{"run_id", "status": "paused", ...}``.
     """
-    # an option the backend does not take is refused before a run directory exists
+    # an option the backend does not take, or a --set the catalogue refuses, is refused before a run directory exists
     check_backend_options(options.backend, backend_options(options))
+    options = preflight(options)
     reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
     store = RunStore.create(options.runs_dir, run_id, options=options.model_dump(mode="json"))
     started = False
@@ -348,6 +366,53 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
         raise
     finally:
         store.close()
+
+
+def preflight(options: TuneOptions) -> TuneOptions:
+    """What a session needs before its run folder exists: the backend's requirements (``RunError``: e.g. verl not
+    installed) and its ``--set`` values (``check_start_overrides``); returns the options with those resolved."""
+    from mart.trial_runner.registry import load_backend
+
+    backend = load_backend(options.backend, **backend_options(options))
+    missing = backend.missing_requirement()
+    if missing:
+        raise RunError(missing)
+    if not options.start_overrides:
+        return options
+    return options.model_copy(update={"start_overrides": check_start_overrides(backend, options.start_overrides)})
+
+
+def check_start_overrides(backend: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``--set`` values against the backend's catalogue: a knob's name (key, dotted suffix or short name) becomes its
+    key and its value is checked by the knob's rule; a name that is no knob must be a key of the backend's base config
+    (or one the backend takes as the user's own, as verl's Hydra keys), else it is refused with the closest knobs.
+    ``ConfigError`` names every bad key at once."""
+    from mart.state.search_space import ConfigError
+
+    space, base = backend.search_space(), backend.base_config()
+    out: dict[str, Any] = {}
+    errors: list[str] = []
+    for name, value in overrides.items():
+        if name in base and name not in space:
+            out[name] = value
+            continue
+        try:
+            key = space.resolve_key(name)
+        except ConfigError as e:
+            if hasattr(backend, "extend_base"):  # verl, MARTI: any key of the trainer's config is the user's own
+                out[name] = value
+            else:
+                errors.append(f"--set {name}: {e}")
+            continue
+        try:
+            out[key] = space[key].validate(value)
+        except ConfigError as e:
+            errors.append(f"--set {name}: {e}")
+    if not errors:  # the backend's own rules on the whole config (batch arithmetic, ...) for the keys set here
+        errors = [f"--set: {e}" for e in backend.validate_config({**base, **out}) if any(k in e for k in out)]
+    if errors:
+        raise ConfigError("; ".join(errors) + " (see `mart knobs`)")
+    return out
 
 
 def _has_progress(store: RunStore, started: bool) -> bool:
@@ -418,7 +483,8 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
         with store.lock():
             options = load_options(store, allowed=allowed, trust=trust, **option_overrides)
             status = (store.ledger.run(store.run_id) or {}).get("status")
-            if status == "completed":
+            row = store.ledger.run(store.run_id) or {}
+            if status == "completed" or (status == "failed" and (row.get("summary") or {}).get("status") == "failed"):
                 if decision is not None:
                     raise RunError(f"run {store.run_id} is completed: there is no review to answer")
                 row = store.ledger.run(store.run_id) or {}
