@@ -479,7 +479,7 @@ def review(
 def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     from rich.table import Table
 
-    from mart.graph.session import run_status
+    from mart.graph.run_status import run_status
     from mart.state.ledger import DB_FILE
     from mart.state.run_store import RunError, RunStore
 
@@ -536,7 +536,7 @@ def status(
     Without RUN: every run in --runs-dir with its pending review, if any.
     """
     from mart.graph.reviewers.base import format_request
-    from mart.graph.session import run_status
+    from mart.graph.run_status import run_status
     from mart.state.run_store import RunError, RunStore
 
     if run is None:

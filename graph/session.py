@@ -19,6 +19,17 @@ from rich.markup import escape
 
 from mart.graph.builder import compile_graph
 from mart.graph.reviewers import Reviewer, make_reviewer
+
+# a run's status, read from the ledger when it can (``mart status`` stays light): re-exported here
+from mart.graph.run_status import (  # noqa: F401
+    StudioRun,
+    checkpoint_fingerprint,
+    refuse_studio_run,
+    review_request,
+    run_status,
+    status_snapshot,
+    studio_thread,
+)
 from mart.graph.services import backend_options, build_services
 from mart.nodes.progress import (
     CritiqueDone,
@@ -50,60 +61,8 @@ class StaleReview(RunError):
     """The decision answers a review that is no longer the pending one (already decided, or re-asked)."""
 
 
-class StudioRun(RunError):
-    """The run is driven by LangGraph Studio: its graph state lives in the Studio server, not here."""
-
-
-def studio_thread(store: RunStore) -> str | None:
-    """The LangGraph Studio thread driving this run, or None.
-
-    Studio's server refuses graphs that bring a checkpointer, so a Studio run's folder holds its ledger and
-    trials but no graph checkpoints: resuming it here would start the graph over. Runs made before the
-    ledger recorded the driver are recognised by their ``studio-`` name and an empty checkpoint table.
-    """
-    try:
-        row = store.ledger.run(store.run_id) or {}
-    except ValueError:  # unparseable JSON columns: load_options reports them
-        row = {}
-    if row.get("driver") == "studio":
-        return row.get("thread_id") or store.run_id.removeprefix("studio-")
-    if store.run_id.startswith("studio-") and not _has_checkpoints(store):
-        return store.run_id.removeprefix("studio-")
-    return None
-
-
-def _has_checkpoints(store: RunStore) -> bool:
-    db = store.ledger.db
-    if not db.execute("select 1 from sqlite_master where type='table' and name='checkpoints'").fetchone():
-        return False
-    return bool(db.execute("select 1 from checkpoints where thread_id = ? limit 1", [store.run_id]).fetchone())
-
-
-def refuse_studio_run(store: RunStore, doing: str) -> None:
-    """Raise ``StudioRun`` (what to do instead) when LangGraph Studio drives this run."""
-    thread = studio_thread(store)
-    if thread:
-        raise StudioRun(
-            f"run {store.run_id} is driven by LangGraph Studio (thread {thread}): its graph state lives in the "
-            f"Studio server, not in the run folder, so mart cannot {doing} here. Answer its review in Studio, "
-            f"or with the SDK: get_sync_client(url=STUDIO_URL).runs.wait({thread!r}, 'mart', "
-            "command={'resume': {'action': 'approve'}})")
-
-
 class UntrustedRun(RunError):
     """The run's stored options name code (a plugin backend, a launch command) the user has not allowed."""
-
-
-def review_request(snap) -> dict[str, Any] | None:
-    """The pending review request of a state snapshot, with its ``interrupt_id``; None when not paused.
-
-    The interrupt id changes with every review (and when a review is re-asked after an invalid answer),
-    so a channel can tell a stale answer from a current one.
-    """
-    if not snap.interrupts:
-        return None
-    intr = snap.interrupts[0]
-    return {**intr.value, "interrupt_id": intr.id}
 
 
 #: LangGraph's strict resume mode (langgraph >= 1.2.20; the SDK's ``strict_resume``): a resume naming an interrupt
@@ -264,6 +223,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 if failure:  # nothing was measured because every trial crashed: the session failed
                     summary.update(status="failed", error=failure)
                     ledger.upsert_run(store.run_id, status="failed", summary=summary, error=failure)
+                ledger.upsert_run(store.run_id, snapshot=status_snapshot(store, snap))  # `mart status` reads it
                 if options.report:
                     summary["report"] = _write_report(store, progress)
                 if summary.get("schedule"):
@@ -275,7 +235,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
             request = review_request(snap)
             decision = reviewer.review(request)
             if decision is None:
-                ledger.upsert_run(store.run_id, status="paused", pid=None)
+                ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
                                            f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
@@ -506,7 +466,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 request = review_request(snap)
                 answer = reviewer.review(request)
                 if answer is None:
-                    store.ledger.upsert_run(store.run_id, status="paused", pid=None)
+                    store.ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}
                 first = resume_command(request["interrupt_id"], answer)
             elif not snap.values:
@@ -574,81 +534,3 @@ def state_snapshot(store: RunStore):
         return compile_graph(saver).get_state(graph_config(store.run_id))
     finally:
         saver.conn.close()
-
-
-def run_status(store: RunStore) -> dict[str, Any]:
-    """Where a run stands: running / paused / completed / failed, the running trial, pending review."""
-    row = store.ledger.run(store.run_id) or {}
-    status = row.get("status") or "created"
-    holder = store.lock_holder()
-    thread = studio_thread(store)
-    if thread:
-        return _studio_status(store, row, thread)
-    if store.readonly and not _has_checkpoints(store):  # killed before its first checkpoint
-        return {**_ledger_status(store, row), "status": "paused" if status != "failed" else status,
-                "waiting_for": "resume", "driver_pid": holder}
-    snap = state_snapshot(store)
-    values = snap.values or {}
-    waiting_for = None
-    if holder:
-        status = "running"
-    elif status in ("running", "created", "paused"):
-        status = "paused"
-        waiting_for = "review" if snap.interrupts else "resume"
-    trials = store.ledger.trials()
-    running = _running_rows(store, trials)
-    return {
-        "run_id": store.run_id,
-        "run_dir": str(store.run_dir),
-        "status": status,
-        "waiting_for": waiting_for,
-        "driver_pid": holder,
-        "stage": values.get("stage"),
-        "next": list(snap.next),
-        "trials_done": values.get("trials_done") or {},
-        "running_trial": running[0] if running else None,
-        "running_trials": running,
-        "slots": (values.get("options") or {}).get("parallel", 1),
-        "pending_review": review_request(snap),
-        "summary": row.get("summary"),
-        "error": row.get("error"),
-        "updated_at": row.get("updated_at"),
-        "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
-    }
-
-
-def _running_rows(store: RunStore, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every trial the ledger has in flight: id, stage, kind, slot, steps so far, horizon, when it started."""
-    return [{"trial_id": t["trial_id"], "stage": t["stage"], "kind": t["kind"], "slot": t.get("slot"),
-             "steps_done": len(store.ledger.metric_records(t["trial_id"])), "horizon": t.get("horizon"),
-             "started_at": t.get("started_at")}
-            for t in trials if t["status"] == "running"]
-
-
-def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:
-    """What the ledger alone says of a run (no graph checkpoint to read)."""
-    trials = store.ledger.trials()
-    done: dict[str, int] = {}
-    for t in trials:
-        if t["status"] not in ("running", "pending"):
-            done[t["stage"]] = done.get(t["stage"], 0) + 1
-    running = _running_rows(store, trials)
-    return {
-        "run_id": store.run_id, "run_dir": str(store.run_dir), "status": row.get("status") or "created",
-        "waiting_for": None, "driver_pid": None, "stage": trials[-1]["stage"] if trials else None, "next": [],
-        "trials_done": done,
-        "running_trial": running[0] if running else None, "running_trials": running,
-        "pending_review": None, "summary": row.get("summary"), "error": row.get("error"),
-        "updated_at": row.get("updated_at"),
-        "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
-    }
-
-
-def _studio_status(store: RunStore, row: dict[str, Any], thread: str) -> dict[str, Any]:
-    """A Studio run's status from its ledger: trials and stage are real; whether it waits at a review is
-    known only to the Studio server, so an unfinished run without a running trial waits "in LangGraph Studio"."""
-    info = _ledger_status(store, row)
-    if info["status"] not in ("completed", "failed"):
-        info["status"] = "running" if info["running_trial"] else "paused"
-        info["waiting_for"] = None if info["running_trial"] else "LangGraph Studio"
-    return {**info, "driver": "studio", "thread_id": thread}
