@@ -139,32 +139,50 @@ LEARNING_PLOT_RULE = (
     "difference, with no collapse signal. The dashed line is the baseline as the summary reports it.")
 
 
-def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
-    """Stage 2's best so far by its own evidence rule: confirmed (re-run) means as the line, single runs as points."""
+@dataclass
+class LearningBest:
+    """What the learning stage's best-so-far plot draws (x: the trial's number in the stage)."""
+
+    xs: list[int]
+    line: list[float]  # the best mean so far over configs run on two seeds (NaN before the first)
+    single: list[tuple[int, float]]  # runs of configs run once (unconfirmed)
+    reran: list[tuple[int, float]]  # runs of configs run on two seeds
+
+
+def learning_best(data: RunData) -> LearningBest:
+    """Stage 2's best so far by its own evidence rule: a config counts once its re-run on a second seed has ended
+    (the mean of its healthy runs); a config run once is a point, never the line."""
     trials = data.stage_trials("learning")
-    if not trials:
-        return False
     runs: dict[str, list[tuple[int, float]]] = {}  # config (its first trial) -> [(x, score)] of healthy runs
     for i, t in enumerate(trials, 1):
         v = _objective(t)
         if t["status"] == "completed" and v is not None and not t.get("early_stopped"):
             runs.setdefault(t.get("confirms") or t["trial_id"], []).append((i, v))
     confirmed = {k: r for k, r in runs.items() if len(r) >= 2}
-    single = [r[0] for k, r in runs.items() if k not in confirmed]
-    reran = [p for r in confirmed.values() for p in r]
+    xs, line, cur = list(range(1, len(trials) + 1)), [], None
+    for x in xs:
+        means = [sum(v for _, v in r) / len(r) for r in confirmed.values() if max(i for i, _ in r) <= x]
+        if means:
+            cur = max(means)
+        line.append(math.nan if cur is None else cur)
+    return LearningBest(xs, line, [r[0] for k, r in runs.items() if k not in confirmed],
+                        [p for r in confirmed.values() for p in r])
+
+
+def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
+    """Stage 2's best so far by its own evidence rule: confirmed (re-run) means as the line, single runs as points."""
+    trials = data.stage_trials("learning")
+    if not trials:
+        return False
+    lb = learning_best(data)
+    single, reran = lb.single, lb.reran
     if single:
         ax.plot([x for x, _ in single], [y for _, y in single], "o", mfc="none", color="0.5",
                 label="single run (unconfirmed)")
     if reran:
         ax.plot([x for x, _ in reran], [y for _, y in reran], "o", color="0.35", ms=4, label="run of a re-run config")
-    xs, best, cur = list(range(1, len(trials) + 1)), [], None
-    for x in xs:
-        means = [sum(v for _, v in r) / len(r) for r in confirmed.values() if max(i for i, _ in r) <= x]
-        if means:
-            cur = max(means)
-        best.append(math.nan if cur is None else cur)
-    if confirmed:
-        ax.step(xs, best, where="post", color="C0", lw=2, label="best confirmed mean (2 seeds)")
+    if reran:
+        ax.step(lb.xs, lb.line, where="post", color="C0", lw=2, label="best confirmed mean (2 seeds)")
     learn = data.summary.get("learning") or {}
     base = learn.get("baseline_score")
     if base is None:
@@ -174,7 +192,7 @@ def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
     ax.set_title(f"learning stage: {label}")
     ax.set_xlabel("trial")
     ax.legend(fontsize=7)
-    return bool(runs) or base is not None
+    return bool(single or reran) or base is not None
 
 
 def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
@@ -284,6 +302,13 @@ def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Pa
         plt.close(fig)
 
 
+def curve_panels(data: RunData) -> list[str]:
+    """The learning-curve panels the report draws: those some learning trial logs (a multi-agent job logs no team
+    entropy or KL, so it gets no empty panel for them)."""
+    learning = data.stage_trials("learning")
+    return [title for title, prefixes in CURVES if any(_series(data, t["trial_id"], prefixes) for t in learning)]
+
+
 def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
     """Write the report's PNGs into ``out_dir``; returns those that had data, by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -377,8 +402,8 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
             return False
         stops = {(e["trial_id"]): e for e in data.health if e["severity"] == "stop"}
         # only the curves some trial logs get a panel: a multi-agent job logs no team-level entropy or KL
-        present = [(title, prefixes) for title, prefixes in CURVES
-                   if any(_series(data, t["trial_id"], prefixes) for t in learning)]
+        drawn_titles = curve_panels(data)
+        present = [(title, prefixes) for title, prefixes in CURVES if title in drawn_titles]
         if not present:
             return False
         cols = min(3, len(present))
@@ -605,7 +630,8 @@ def render_html(data: RunData) -> str:
     sections = [("Best so far", "best_so_far"), ("Trials in parallel slots", "timeline"),
                 ("Best so far against wall clock", "best_vs_time"), ("Phase breakdown of system trials", "phases"),
                 ("Peak memory against the limit", "memory"), ("Predicted against measured", "calibration"),
-                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves"),
+                (f"Learning curves: {', '.join(curve_panels(data))} (dotted line: the health monitor stopped the "
+                 "trial)", "learning_curves"),
                 ("Schedule tree (stage 3)", "schedule_tree")]
     for title, key in sections:
         if key in figs:

@@ -79,12 +79,19 @@ def _means(ledger: Ledger, trial_id: str) -> float:
     return sum(runs) / len(runs)
 
 
-def test_terminal_json_and_report_show_the_same_stage2_figures(tmp_path):
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory):
+    """A sim session whose stage 2 re-ran the baseline and a change on a second seed (seed 0 of this scenario)."""
+    tmp_path = tmp_path_factory.mktemp("figures")
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-8b-1x8", "seed": 0, "clock": "poll"},
                        approve="auto", agents="rules", runs_dir=str(tmp_path), seed=0, system_trials=2,
                        learning_trials=6, learning_horizon=30, learning_confirm_trials=3, quiet=True, report=True,
                        watch_interval_s=0.01)
-    run = tune(opts)["run_id"]
+    return tmp_path, tune(opts)["run_id"]
+
+
+def test_terminal_json_and_report_show_the_same_stage2_figures(sim_run):
+    tmp_path, run = sim_run
     ledger = Ledger.open(tmp_path / run)
     learning = {r["stage"]: r for r in ledger.table_rows("stage_results")}["learning"]
     base_id, best_id = learning["baseline_trial"], learning["best_trial"]
@@ -107,3 +114,43 @@ def test_terminal_json_and_report_show_the_same_stage2_figures(tmp_path):
     assert [float(x) for x in re.findall(r"\d\.\d{4}", head)][:2] == [base, best], head
     if best_id == base_id:  # kept: said in words, never as a signed zero
         assert KEPT in row and KEPT in head and "-0.0000" not in row + head
+
+
+def test_the_learning_plot_draws_confirmed_means_as_the_line_and_single_runs_as_points(sim_run):
+    from mart.graph.report import LEARNING_PLOT_RULE, learning_best, load_run
+
+    tmp_path, run = sim_run
+    rows = Ledger.open(tmp_path / run).trials("learning")
+    number = {r["trial_id"]: i for i, r in enumerate(rows, 1)}
+    ok = [r for r in rows if r["status"] == "completed" and not r["early_stopped"]]
+    reran = {r["confirms"] for r in ok if r.get("confirms")}
+    means = {k: _means(Ledger.open(tmp_path / run), k) for k in reran}
+    drawn = learning_best(load_run(tmp_path / run))
+    assert reran, "precondition: some config was re-run"
+    # the line: the best confirmed mean, from the trial where the second run ended; never a single run's score
+    done_at = {k: max(number[r["trial_id"]] for r in ok if k in (r["trial_id"], r.get("confirms"))) for k in reran}
+    for x, y in zip(drawn.xs, drawn.line):
+        seen = [means[k] for k in reran if done_at[k] <= x]
+        assert (y != y and not seen) or y == pytest.approx(max(seen)), (x, y)
+    singles = {(number[r["trial_id"]], r["score"]) for r in ok if not r.get("confirms") and r["trial_id"] not in reran}
+    assert set(drawn.single) == singles and singles  # unconfirmed runs are points
+    page = (tmp_path / run / "report.html").read_text()
+    assert LEARNING_PLOT_RULE.split(":")[0] in page and "two seeds" in page
+
+
+def test_a_multi_agent_report_has_a_panel_only_for_the_curves_it_logged(tmp_path):
+    import sqlite3
+
+    from mart.graph.report import CURVES, curve_panels, load_run
+
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen2.5-3b-debate-2x2", "seed": 0, "clock": "poll"},
+                       approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=0.001, system_trials=1,
+                       learning_trials=2, learning_horizon=10, learning_confirm_trials=0, report=True)
+    run = tune(opts)["run_id"]
+    db = sqlite3.connect(tmp_path / run / "mart.sqlite")
+    keys = {k for (k,) in db.execute("select distinct m.key from metrics m join trials t on t.trial_id = m.trial_id "
+                                     "where t.stage = 'learning' and m.value is not null")}
+    logged = [title for title, prefixes in CURVES if any(k.startswith(p) for p in prefixes for k in keys)]
+    assert len(logged) < len(CURVES), "precondition: a team logs fewer team-level curves"
+    assert curve_panels(load_run(tmp_path / run)) == logged
+    assert f"Learning curves: {', '.join(logged)} (" in (tmp_path / run / "report.html").read_text()
