@@ -18,19 +18,11 @@ from mart.graph.session import format_event
 from mart.nodes.progress import TrialDone
 from mart.state.ledger import Ledger
 from mart.state.units import fmt_gb
+from tests.support.cli import TOY, cli, paused_toy_run
 from tests.support.toy_backend import LR, MB, SEQS, ToyBackend, ToyRunner, simulate
 
-TOY = "tests.support.toy_backend:make_backend"
 SMALL = ["--system-trials", "2", "--learning-trials", "0", "--system-horizon", "3", "--watch-interval-s", "0.01",
          "--no-report"]
-
-
-def cli(*args: str, stdin: str | None = None):
-    from typer.testing import CliRunner
-
-    from mart.graph.cli import app
-
-    return CliRunner().invoke(app, list(args), input=stdin)
 
 
 def test_a_bad_set_is_refused_against_the_catalogue_before_the_run_exists(tmp_path):
@@ -82,9 +74,7 @@ def test_a_session_whose_trials_all_crash_is_failed_and_exits_non_zero(tmp_path)
 
 def test_resume_after_a_reject_shows_the_next_candidate_and_it_follows_the_feedback(tmp_path):
     runs = str(tmp_path)
-    first = json.loads(cli("tune", "--backend", TOY, "--approve", "none", "--runs-dir", runs, "--json", "-q",
-                           "--system-trials", "3", "--learning-trials", "0", "--system-horizon", "3",
-                           "--watch-interval-s", "0.01", "--no-report").stdout)
+    first = paused_toy_run(runs)
     run = first["run_id"]
     assert [d["key"] for d in first["pending_review"]["candidates"][0]["diff"]] == [SEQS], "precondition"
     out = cli("review", run, "--runs-dir", runs, "--reject", "don't touch max_num_seqs; raise the micro batch", "-q")

@@ -18,17 +18,8 @@ from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
 from mart.state.search_space import display_names
 from mart.trial_runner.registry import load_backend
+from tests.support.cli import TOY, cli, sim_stage2_options
 from tests.support.toy_backend import REF_LP, ROLLOUT_LP
-
-TOY = "tests.support.toy_backend:make_backend"
-
-
-def cli(*args: str):
-    from typer.testing import CliRunner
-
-    from mart.graph.cli import app
-
-    return CliRunner().invoke(app, list(args))
 
 
 @pytest.mark.parametrize("backend", ["local", "verl", "sim"])
@@ -83,11 +74,7 @@ def _means(ledger: Ledger, trial_id: str) -> float:
 def sim_run(tmp_path_factory):
     """A sim session whose stage 2 re-ran the baseline and a change on a second seed (seed 0 of this scenario)."""
     tmp_path = tmp_path_factory.mktemp("figures")
-    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-8b-1x8", "seed": 0, "clock": "poll"},
-                       approve="auto", agents="rules", runs_dir=str(tmp_path), seed=0, system_trials=2,
-                       learning_trials=6, learning_horizon=30, learning_confirm_trials=3, quiet=True, report=True,
-                       watch_interval_s=0.01)
-    return tmp_path, tune(opts)["run_id"]
+    return tmp_path, tune(sim_stage2_options(tmp_path, seed=0, report=True))["run_id"]
 
 
 def test_terminal_json_and_report_show_the_same_stage2_figures(sim_run):

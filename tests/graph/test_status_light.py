@@ -11,18 +11,10 @@ import sys
 
 from mart.graph.run_status import run_status
 from mart.state.run_store import RunStore
+from tests.support.cli import cli, paused_toy_run
 from tests.support.paths import REPO
 
-TOY = "tests.support.toy_backend:make_backend"
 VOLATILE = ("age_s", "updated_at")
-
-
-def cli(*args: str):
-    from typer.testing import CliRunner
-
-    from mart.graph.cli import app
-
-    return CliRunner().invoke(app, list(args))
 
 
 def _status(runs, run, **kw):
@@ -45,9 +37,7 @@ def _imports_of_status(runs, run) -> list[str]:
 
 def test_status_of_a_stopped_run_comes_from_the_ledger_and_matches_the_graph(tmp_path):
     runs = str(tmp_path)
-    first = json.loads(cli("tune", "--backend", TOY, "--approve", "none", "--runs-dir", runs, "--json", "-q",
-                           "--system-trials", "3", "--learning-trials", "0", "--system-horizon", "3",
-                           "--watch-interval-s", "0.01", "--no-report").stdout)
+    first = paused_toy_run(runs)
     run = first["run_id"]
     paused = _status(runs, run)
     assert paused == _status(runs, run, from_graph=True)

@@ -11,15 +11,7 @@ import re
 from mart.graph.session import tune
 from mart.state.ledger import Ledger
 from mart.state.objectives import Contender, baseline_verdict, learning_choice
-from mart.state.options import TuneOptions
-
-
-def cli(*args: str):
-    from typer.testing import CliRunner
-
-    from mart.graph.cli import app
-
-    return CliRunner().invoke(app, list(args))
+from tests.support.cli import cli, sim_stage2_options
 
 
 def test_the_verdict_names_the_lead_the_bar_and_the_rule():
@@ -37,11 +29,7 @@ def test_the_verdict_names_the_lead_the_bar_and_the_rule():
 
 def test_a_sim_session_that_keeps_the_baseline_says_why_in_numbers(tmp_path):
     # seed 4 of this scenario: a change leads the defaults on both seeds, by less than the noise allows
-    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-8b-1x8", "seed": 4, "clock": "poll"},
-                       approve="auto", agents="rules", runs_dir=str(tmp_path), seed=4, system_trials=2,
-                       learning_trials=6, learning_horizon=30, learning_confirm_trials=3, quiet=True, report=True,
-                       watch_interval_s=0.01)
-    summary = tune(opts)
+    summary = tune(sim_stage2_options(tmp_path, seed=4, report=True))
     learn = summary["learning"]
     assert learn["kept_baseline"] and learn["score_gain"] == 0.0
     note = next(n for n in summary["notes"] if n.startswith("learning stage: no candidate beat the baseline"))
