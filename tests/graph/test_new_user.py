@@ -126,3 +126,26 @@ def test_small_memory_keeps_its_digits():
     assert fmt_gb(0.0751) == "0.0751 GB" and fmt_gb(0.018102) == "0.0181 GB" and fmt_gb(70.123) == "70.12 GB"
     line, _ = format_event(TrialDone(trial_id="t", status="completed", eligible=True, peak_memory_gb=0.018102))
     assert "peak 0.0181 GB" in line and "0.0 GB" not in line and "0.02 GB" not in line
+
+
+def test_the_job_models_next_candidate_follows_a_rejections_request(tmp_path, local_tiny_config):
+    """On the local workload the job model proposes; a rejection asking to raise one knob and leave another alone
+    brings a candidate that raises it (the model's picks that ignore the request give way)."""
+    runs = str(tmp_path)
+    sets = [a for k, v in local_tiny_config.items() for a in ("--set", f"{k}={v}")]
+    out = cli("tune", "--backend", "local", *sets, "--approve", "none", "--runs-dir", runs, "--json", "-q",
+              "--system-trials", "3", "--learning-trials", "0", "--system-horizon", "3", "--no-report")
+    assert out.exit_code == 0, out.output
+    first = json.loads(out.stdout)
+    assert "job model" in first["pending_review"]["candidates"][0]["rationale"], "precondition: the model proposes"
+    seqs = "actor_rollout_ref.rollout.max_num_seqs"
+    dyn = "actor_rollout_ref.actor.use_dynamic_bsz"
+    rejected = cli("review", first["run_id"], "--runs-dir", runs, "--reject",
+                   "don't use dynamic batch size; raise the rollout concurrency instead", "-q")
+    assert rejected.exit_code == 0, rejected.output
+    info = json.loads(cli("status", first["run_id"], "--runs-dir", runs, "--json").stdout)
+    [cand] = info["pending_review"]["candidates"]
+    moved = {d["key"]: d for d in cand["diff"]}
+    assert seqs in moved and moved[seqs]["proposed"] > moved[seqs]["current"], (cand["diff"], cand["rationale"])
+    assert dyn not in moved
+    assert info["pending_review"]["feedback_read"] == ["raise max_num_seqs", "leave dynamic_bsz alone"]
