@@ -181,8 +181,9 @@ def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
                 label="single run (unconfirmed)")
     if reran:
         ax.plot([x for x, _ in reran], [y for _, y in reran], "o", color="0.35", ms=4, label="run of a re-run config")
-    if reran:
-        ax.step(lb.xs, lb.line, where="post", color="C0", lw=2, label="best confirmed mean (2 seeds)")
+    if reran:  # drawn half a trial past the last one, so that a rise at the last trial shows
+        ax.step([*lb.xs, lb.xs[-1] + 0.5], [*lb.line, lb.line[-1]], where="post", color="C0", lw=2,
+                label="best confirmed mean (2 seeds)")
     learn = data.summary.get("learning") or {}
     base = learn.get("baseline_score")
     if base is None:

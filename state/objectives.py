@@ -353,9 +353,10 @@ def baseline_verdict(contenders: list[Contender], noise: float, z: float = 2.0, 
     seeds = "on both seeds" if len(c.scores) == 2 and min(c.scores) > base.mean else f"over {len(c.scores)} runs"
     held = []
     if lead <= bar:
-        held.append(f"the lead is below the bar {bar:.4f} ({zt:.3g} x the standard error of the difference "
-                    f"{se:.3g}: {Z_RISKIER:g} near a collapse, else {z:g}" + (", widened for a noise measured from "
-                    "few points" if zt > (Z_RISKIER if c.risk > base.risk else z) + 1e-9 else "")
+        zbase = max(z, Z_RISKIER) if c.risk > base.risk else z
+        held.append(f"the lead is below the bar {bar:.4f} = {zt:.3g} x the standard error of the difference {se:.3g} "
+                    f"(the rule's {zbase:g}" + (" near a collapse" if c.risk > base.risk else "")
+                    + (", widened for a noise measured from few points" if zt > zbase + 1e-9 else "")
                     + f"; noise {noise:.3g})")
     if ended_early(c):
         held.append("a run of it did not finish")
