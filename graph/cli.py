@@ -164,9 +164,18 @@ def _print_summary(summary: dict) -> None:
 
     console = _console()
     if summary.get("status") == "paused":
-        console.print(f"run {summary['run_id']} is paused at a review: `mart review {summary['run_id']}`")
+        from mart.graph.reviewers.base import format_request
+
+        run = summary["run_id"]
+        if summary.get("pending_review"):  # what waits: the next candidate(s), so a reviewer sees what comes next
+            console.print(format_request(summary["pending_review"]))
+        console.print(f"run {run} is paused at a review: answer with `mart review {run}` (on this terminal), or "
+                      f"`mart review {run} --approve | --reject TEXT | --edit KEY=VALUE`")
         return
-    sys_, learn, trials = summary["system"], summary["learning"], summary["trials"]
+    from mart.graph.figures import stage_figures
+    from mart.state.units import fmt_gb
+
+    sys_, trials = summary["system"], summary["trials"]
     table = Table(title=f"mart run {summary['run_id']}: {summary['status']}")
     table.add_column("stage")
     table.add_column("baseline", justify="right")
@@ -174,40 +183,11 @@ def _print_summary(summary: dict) -> None:
     table.add_column("gain", justify="right")
     table.add_column("best config")
 
-    def fmt(v, spec=".4g"):
-        return "-" if v is None else format(v, spec)
-
-    def config(overrides) -> str:  # key=value lines in the names a reviewer edits, never a dict repr
-        if not overrides:
-            return "baseline"
-        from mart.state.agents import group_by_agent
-
-        short = lambda k: k.rsplit(".", 1)[-1]  # noqa: E731
-        shared, per_agent = group_by_agent(overrides)  # a multi-agent job's knobs: one line per agent
-        return "\n".join([f"{short(k)}={v}" for k, v in sorted(shared.items())]
-                         + [f"agent {a}: " + ", ".join(f"{short(k)}={v}" for k, v in sorted(knobs.items()))
-                            for a, knobs in per_agent.items()])
-
-    ran = summary.get("stages") or ["system", "learning"]  # a summary stored before --stages: both
-    if "system" in ran:
-        table.add_row("system (tok/s/GPU)", fmt(sys_["baseline_throughput"], ",.0f"),
-                      fmt(sys_["best_throughput"], ",.0f"), fmt(sys_["throughput_gain_pct"], "+.1f") + "%",
-                      config(sys_["best_config"]))
-    if "learning" in ran:
-        table.add_row("learning (val score)", fmt(learn["baseline_score"], ".4f"), fmt(learn["best_score"], ".4f"),
-                      fmt(learn["score_gain"], "+.4f"), config(learn["best_config"]))
-    sched = summary.get("schedule")
-    if sched is not None:
-        # baseline: the static config over the same total steps; best config: each segment's changes
-        segs = "\n".join(f"steps {s['from_step']}-{s['to_step']}: " + (
-            ", ".join(config(s["changes"]).splitlines()) if s["changes"] else "unchanged")
-            for s in sched.get("segments") or []) or "no complete schedule"
-        table.add_row(f"schedule (val score, {sched.get('branches_run')} segment-trials)",
-                      fmt(sched.get("static_best_score"), ".4f"), fmt(sched.get("final_score"), ".4f"),
-                      fmt(sched.get("gain"), "+.4f"), segs)
+    for f in stage_figures(summary):  # the same figures and names as the report and Slack
+        table.add_row(f"{f.stage} ({f.label})", f.baseline, f.best, f.gain, "\n".join(f.config) or "baseline")
     console.print(table)
-    console.print(f"memory limit {fmt(sys_['memory_limit_gb'], '.2f')} GB, best system peak "
-                  f"{fmt(sys_['best_peak_memory_gb'], '.2f')} GB; trials: {trials['total']} total, "
+    console.print(f"memory limit {fmt_gb(sys_['memory_limit_gb'], '-')}, best system peak "
+                  f"{fmt_gb(sys_['best_peak_memory_gb'], '-')}; trials: {trials['total']} total, "
                   f"{trials['early_stopped']} stopped early, {trials['failed']} failed/oom")
     agents = summary.get("agents") or {}
     if agents.get("calls"):
@@ -238,6 +218,9 @@ def _finish(summary: dict, as_json: bool) -> None:
         _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in keys})
     else:
         _print_summary(summary)
+    if summary.get("status") == "failed":
+        typer.echo(f"error: the session failed: {summary.get('error')}", err=True)
+        raise typer.Exit(1)
 
 
 # Flag spellings kept from before the flags were generated from TuneOptions (README and docs use them).
@@ -344,9 +327,13 @@ def resume(
     as_json: bool = JSON,
 ) -> None:
     """Continue a run after a crash, a reboot or a pause; re-attaches a trial that is still running."""
+    import sys
+
     from mart.graph.session import resume as run_resume
     from mart.state.run_store import RunError
 
+    if approve is None and not detach and not as_json and sys.stdin.isatty() and _stored_approve(run, runs_dir) == "none":
+        approve = "tty"  # a detached run resumed at a terminal: its pending review is asked here
     try:
         summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file), approve="none" if detach else approve,
                              quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
@@ -357,6 +344,22 @@ def resume(
     except (OSError, sqlite3.Error) as e:
         _io_fail(e)
     _finish(summary, as_json)
+
+
+def _stored_approve(run: str, runs_dir: Path) -> str | None:
+    """The reviewer channel a run was started with (None when it cannot be read: resume reports why)."""
+    from mart.state.run_store import RunError, RunStore
+
+    try:
+        store = RunStore.open(run, runs_dir, readonly=True)
+    except RunError:
+        return None
+    try:
+        return ((store.ledger.run(store.run_id) or {}).get("options") or {}).get("approve")
+    except ValueError:
+        return None
+    finally:
+        store.close()
 
 
 @app.command()
@@ -476,7 +479,7 @@ def review(
 def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     from rich.table import Table
 
-    from mart.graph.session import run_status
+    from mart.graph.run_status import run_status
     from mart.state.ledger import DB_FILE
     from mart.state.run_store import RunError, RunStore
 
@@ -533,7 +536,7 @@ def status(
     Without RUN: every run in --runs-dir with its pending review, if any.
     """
     from mart.graph.reviewers.base import format_request
-    from mart.graph.session import run_status
+    from mart.graph.run_status import run_status
     from mart.state.run_store import RunError, RunStore
 
     if run is None:
@@ -598,19 +601,20 @@ def export(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
     schedule: bool = typer.Option(False, "--schedule", help="Export the schedule (stage 3) instead of the final config."),
-    fmt: str = typer.Option("yaml", "--format", help="yaml, json, or (with --schedule) sh: a bash script with one "
-                            "verl launch per segment, your base overrides as its arguments."),
+    fmt: str = typer.Option("yaml", "--format", help="yaml, json, or sh: a bash script launching verl with the final "
+                            "config (with --schedule: one verl launch per segment), your base overrides as its "
+                            "arguments."),
     checkpoint_dir: str = typer.Option("checkpoints/mart-schedule", help="--schedule: where the segments' verl "
                                        "launches keep and resume their checkpoints."),
 ) -> None:
     """Print what the run found as your next training config: the final config's overrides, or (--schedule) the
     per-segment schedule and the verl launch of each segment, resuming from the previous one's checkpoint."""
-    from mart.graph.export import render, schedule_document
+    from mart.graph.export import config_script, final_config, render, schedule_document
     from mart.graph.report import as_yaml
     from mart.state.run_store import RunError, RunStore
 
-    if fmt not in ("yaml", "json", "sh") or (fmt == "sh" and not schedule):
-        _fail(f"--format must be yaml or json (or sh with --schedule), got {fmt!r}")
+    if fmt not in ("yaml", "json", "sh"):
+        _fail(f"--format must be yaml, json or sh, got {fmt!r}")
     try:
         store = RunStore.open(run, runs_dir, readonly=True)
     except RunError as e:
@@ -628,8 +632,10 @@ def export(
         except ValueError as e:
             _fail(str(e))
         return
-    config = {**(options.get("start_overrides") or {}), **(summary.get("system") or {}).get("best_config", {}),
-              **(summary.get("learning") or {}).get("best_config", {})}
+    if fmt == "sh":
+        typer.echo(config_script(summary, options), nl=False)
+        return
+    config = final_config(summary, options)
     typer.echo(json.dumps(config, indent=2) if fmt == "json" else as_yaml(config), nl=fmt != "json")
 
 
@@ -689,6 +695,7 @@ def trials(
     """The run's trials from the ledger."""
     from rich.table import Table
 
+    from mart.graph.figures import knob_text
     from mart.state.run_store import RunError, RunStore
 
     try:
@@ -708,11 +715,11 @@ def trials(
     for r in rows:
         def f(v, spec=".4g"):
             return "-" if v is None else format(v, spec)
-        changes = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (r.get("overrides") or {}).items())
+        changes = knob_text(r.get("overrides"))
         if r.get("parent_trial"):  # a schedule branch: from its parent's checkpoint
             changes = f"{changes or 'unchanged'} (from {r['parent_trial']} @ {r.get('parent_step')})"
         table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
-                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".2f"),
+                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".3g"),
                       f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
     _console().print(table)
 

@@ -78,6 +78,25 @@ def schedule_document(summary: dict[str, Any], options: dict[str, Any],
     }
 
 
+def final_config(summary: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The session's final config against the backend's base: the ``--set`` values, stage 1's best system
+    overrides and stage 2's best learning overrides."""
+    return {**(options.get("start_overrides") or {}), **((summary.get("system") or {}).get("best_config") or {}),
+            **((summary.get("learning") or {}).get("best_config") or {})}
+
+
+def config_script(summary: dict[str, Any], options: dict[str, Any]) -> str:
+    """The final config as one verl launch (bash): the overrides mart found after the user's own base overrides
+    (``bash final.sh data.train_files=... ...``), so a later value on the command line wins as Hydra reads it."""
+    config = final_config(summary, options)
+    lines = ["#!/usr/bin/env bash", f"# mart final config of run {summary.get('run_id')}: the verl overrides it found",
+             "# (--set values, stage 1's system knobs, stage 2's learning knobs). Your base overrides: \"$@\".",
+             "set -euo pipefail", f'VERL="${{VERL_CMD:-{VERL_COMMAND}}}"']
+    args = [shlex.quote(_override(k, v)) for k, v in sorted(config.items())]
+    lines.append('$VERL "$@"' + "".join(f" \\\n  {a}" for a in args))
+    return "\n".join(lines) + "\n"
+
+
 def render(doc: dict[str, Any], fmt: str = "yaml") -> str:
     """``yaml`` (the file), ``json``, or ``sh``: a bash script running the verl launches in order, with the
     user's own base overrides passed as its arguments (``bash schedule.sh data.train_files=... ...``)."""

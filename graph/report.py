@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from mart.state.ledger import DB_FILE
+from mart.state.units import fmt_gb
 
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
 CURVES = (  # (title, metric prefixes tried in order)
@@ -130,7 +131,74 @@ def _objective(trial: dict[str, Any]) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
+#: the rule the learning stage's best-so-far plot draws, said under it
+LEARNING_PLOT_RULE = (
+    "Learning stage: the line is the best mean score of the configs run on two seeds (confirmed); the points are "
+    "single runs (hollow: never confirmed). Stage 2 never picks a config from one run: a change replaces the "
+    "baseline only when its mean over two seeds beats the baseline's by more than 2 standard errors of the "
+    "difference, with no collapse signal. The dashed line is the baseline as the summary reports it.")
+
+
+@dataclass
+class LearningBest:
+    """What the learning stage's best-so-far plot draws (x: the trial's number in the stage)."""
+
+    xs: list[int]
+    line: list[float]  # the best mean so far over configs run on two seeds (NaN before the first)
+    single: list[tuple[int, float]]  # runs of configs run once (unconfirmed)
+    reran: list[tuple[int, float]]  # runs of configs run on two seeds
+
+
+def learning_best(data: RunData) -> LearningBest:
+    """Stage 2's best so far by its own evidence rule: a config counts once its re-run on a second seed has ended
+    (the mean of its healthy runs); a config run once is a point, never the line."""
+    trials = data.stage_trials("learning")
+    runs: dict[str, list[tuple[int, float]]] = {}  # config (its first trial) -> [(x, score)] of healthy runs
+    for i, t in enumerate(trials, 1):
+        v = _objective(t)
+        if t["status"] == "completed" and v is not None and not t.get("early_stopped"):
+            runs.setdefault(t.get("confirms") or t["trial_id"], []).append((i, v))
+    confirmed = {k: r for k, r in runs.items() if len(r) >= 2}
+    xs, line, cur = list(range(1, len(trials) + 1)), [], None
+    for x in xs:
+        means = [sum(v for _, v in r) / len(r) for r in confirmed.values() if max(i for i, _ in r) <= x]
+        if means:
+            cur = max(means)
+        line.append(math.nan if cur is None else cur)
+    return LearningBest(xs, line, [r[0] for k, r in runs.items() if k not in confirmed],
+                        [p for r in confirmed.values() for p in r])
+
+
+def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
+    """Stage 2's best so far by its own evidence rule: confirmed (re-run) means as the line, single runs as points."""
+    trials = data.stage_trials("learning")
+    if not trials:
+        return False
+    lb = learning_best(data)
+    single, reran = lb.single, lb.reran
+    if single:
+        ax.plot([x for x, _ in single], [y for _, y in single], "o", mfc="none", color="0.5",
+                label="single run (unconfirmed)")
+    if reran:
+        ax.plot([x for x, _ in reran], [y for _, y in reran], "o", color="0.35", ms=4, label="run of a re-run config")
+    if reran:  # drawn half a trial past the last one, so that a rise at the last trial shows
+        ax.step([*lb.xs, lb.xs[-1] + 0.5], [*lb.line, lb.line[-1]], where="post", color="C0", lw=2,
+                label="best confirmed mean (2 seeds)")
+    learn = data.summary.get("learning") or {}
+    base = learn.get("baseline_score")
+    if base is None:
+        base = next((_objective(t) for t in trials if t.get("kind") == "baseline"), None)
+    if base is not None:
+        ax.axhline(base, color="C3", ls="--", lw=1, label="baseline")
+    ax.set_title(f"learning stage: {label}")
+    ax.set_xlabel("trial")
+    ax.legend(fontsize=7)
+    return bool(single or reran) or base is not None
+
+
 def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
+    if stage == "learning":
+        return _plot_learning_best(data, ax, label)
     trials = data.stage_trials(stage)
     limit = data.memory_limit_gb() if stage == "system" else None
     xs, best, ys, cur = [], [], [], None
@@ -210,6 +278,14 @@ def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
     return True
 
 
+def _drop_empty(fig: Any, axes: Any, drawn: tuple[bool, ...]) -> bool:
+    """Remove the panels that got no data (a stage that did not run); False when none did."""
+    for ax, ok in zip(axes, drawn):
+        if not ok:
+            ax.remove()
+    return any(drawn)
+
+
 def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Path | None:
     import matplotlib
 
@@ -227,6 +303,13 @@ def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Pa
         plt.close(fig)
 
 
+def curve_panels(data: RunData) -> list[str]:
+    """The learning-curve panels the report draws: those some learning trial logs (a multi-agent job logs no team
+    entropy or KL, so it gets no empty panel for them)."""
+    learning = data.stage_trials("learning")
+    return [title for title, prefixes in CURVES if any(_series(data, t["trial_id"], prefixes) for t in learning)]
+
+
 def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
     """Write the report's PNGs into ``out_dir``; returns those that had data, by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +320,7 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
         axes = fig.subplots(1, 2)
         a = _plot_best_so_far(data, axes[0], "system", "throughput (tok/s/GPU)")
         b = _plot_best_so_far(data, axes[1], "learning", "validation score")
-        return a or b
+        return _drop_empty(fig, axes, (a, b))
 
     figs["best_so_far"] = _figure(out_dir / "best_so_far.png", best)
 
@@ -252,7 +335,7 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
             axes = fig.subplots(1, 2)
             a = _plot_best_vs_time(data, axes[0], "system", "throughput")
             b = _plot_best_vs_time(data, axes[1], "learning", "validation score")
-            return a or b
+            return _drop_empty(fig, axes, (a, b))
 
         figs["best_vs_time"] = _figure(out_dir / "best_vs_time.png", best_time)
 
@@ -285,7 +368,7 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
         ax.bar(range(len(pts)), [p for _, p, _ in pts], color=colors)
         limit = data.memory_limit_gb()
         if limit is not None:
-            ax.axhline(limit, color="C3", ls="--", lw=1, label=f"limit {limit:.1f} GB")
+            ax.axhline(limit, color="C3", ls="--", lw=1, label=f"limit {fmt_gb(limit)}")
             ax.legend(fontsize=8)
         ax.set_xticks(range(len(pts)), [t for t, _, _ in pts], rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("peak memory (GB)")
@@ -318,10 +401,18 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
     def curves(fig: Any) -> bool:
         if not learning:
             return False
-        axes = fig.subplots(2, 3).ravel()
-        drawn = False
         stops = {(e["trial_id"]): e for e in data.health if e["severity"] == "stop"}
-        for ax, (title, prefixes) in zip(axes, CURVES):
+        # only the curves some trial logs get a panel: a multi-agent job logs no team-level entropy or KL
+        drawn_titles = curve_panels(data)
+        present = [(title, prefixes) for title, prefixes in CURVES if title in drawn_titles]
+        if not present:
+            return False
+        cols = min(3, len(present))
+        axes = fig.subplots(math.ceil(len(present) / cols), cols, squeeze=False).ravel()
+        for ax in axes[len(present):]:
+            ax.remove()
+        drawn = False
+        for ax, (title, prefixes) in zip(axes, present):
             for i, t in enumerate(learning):
                 s = _series(data, t["trial_id"], prefixes)
                 if not s:
@@ -381,7 +472,12 @@ def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
 # -- text ------------------------------------------------------------------------------------------------
 
 def final_config(data: RunData) -> dict[str, Any]:
-    """The last stage's best config (the system stage's when the learning stage found none)."""
+    """The final config as ``mart export`` writes it (``--set`` values, stage 1's and stage 2's best overrides) once
+    the session finished; before that, the last finished stage's best config."""
+    if data.summary.get("run_id"):
+        from mart.graph.export import final_config as exported
+
+        return exported(data.summary, data.options)
     for stage in ("learning", "system"):
         cfg = _loads((data.stages.get(stage) or {}).get("best_config"), None)
         if cfg:
@@ -431,25 +527,38 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 
 def _diff(t: dict[str, Any]) -> str:
-    ov = _loads(t.get("overrides"), {})
-    text = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(ov.items()))
+    from mart.graph.figures import knob_text
+
+    text = knob_text(_loads(t.get("overrides"), {}))
     if t.get("parent_trial"):  # a schedule branch: its changes against its parent, from whose checkpoint
         return f"{text or 'unchanged'} (from {t['parent_trial']} @ step {t.get('parent_step')})"
     return text or "(base)"
 
 
 def headline(data: RunData) -> list[tuple[str, str]]:
+    """One row per stage: the summary's figures when the session finished (the terminal's and ``--json``'s, through
+    ``mart.graph.figures``), else the ledger's ``stage_results`` of the stages done so far (the same numbers)."""
+    from mart.graph.figures import KEPT, stage_figures
+
+    figures = {f.stage: f for f in stage_figures(data.summary)} if data.summary.get("run_id") else {}
     rows = []
     for stage, unit in (("system", "tok/s/GPU"), ("learning", "validation score"),
                         ("schedule", "validation score at the last step (static config → schedule)")):
         s = data.stages.get(stage)
         if not s:
             continue
-        b, v = s.get("baseline_value"), s.get("best_value")
-        gain = ""
-        if b is not None and v is not None and math.isfinite(b) and math.isfinite(v):
-            gain = f" ({(v / b - 1) * 100:+.1f}%)" if stage == "system" and b else f" ({v - b:+.4f})"
-        rows.append((f"{stage} stage", f"{_fmt(b)} → {_fmt(v)} {unit}{gain}; best {s.get('best_trial') or '—'}"
+        f = figures.get(stage)
+        if f is not None:
+            text = f"{f.baseline} → {f.best} {unit} ({f.gain})"
+        else:
+            b, v = s.get("baseline_value"), s.get("best_value")
+            gain = ""
+            if s.get("best_trial") and s.get("best_trial") == s.get("baseline_trial"):
+                gain = f" ({KEPT})"
+            elif b is not None and v is not None and math.isfinite(b) and math.isfinite(v):
+                gain = f" ({(v / b - 1) * 100:+.1f}%)" if stage == "system" and b else f" ({v - b:+.4f})"
+            text = f"{_fmt(b)} → {_fmt(v)} {unit}{gain}"
+        rows.append((f"{stage} stage", f"{text}; best {s.get('best_trial') or '—'}"
                      + (f"; note: {s['note']}" if s.get("note") else "")))
     return rows
 
@@ -469,8 +578,7 @@ SCHEDULE_HEADER = ["steps", "changes at the segment's start", "overrides (agains
 
 def schedule_rows(data: RunData) -> list[list[str]]:
     """The winning schedule's segments (stage 3), from the summary."""
-    def kv(d: dict[str, Any]) -> str:
-        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(d.items()))
+    from mart.graph.figures import knob_text as kv
 
     segs = ((data.summary or {}).get("schedule") or {}).get("segments") or []
     return [[f"{s['from_step']}-{s['to_step']}", kv(s.get("changes") or {}) or "unchanged",
@@ -523,11 +631,14 @@ def render_html(data: RunData) -> str:
     sections = [("Best so far", "best_so_far"), ("Trials in parallel slots", "timeline"),
                 ("Best so far against wall clock", "best_vs_time"), ("Phase breakdown of system trials", "phases"),
                 ("Peak memory against the limit", "memory"), ("Predicted against measured", "calibration"),
-                ("Learning curves (dotted line: the health monitor stopped the trial)", "learning_curves"),
+                (f"Learning curves: {', '.join(curve_panels(data))} (dotted line: the health monitor stopped the "
+                 "trial)", "learning_curves"),
                 ("Schedule tree (stage 3)", "schedule_tree")]
     for title, key in sections:
         if key in figs:
             parts.append(f"<h2>{html.escape(title)}</h2>" + _img_html(figs[key], title))
+            if key == "best_so_far" and data.stage_trials("learning"):
+                parts.append(f"<p class='muted'>{html.escape(LEARNING_PLOT_RULE)}</p>")
     if schedule_rows(data):
         parts.append("<h2>Schedule (stage 3)</h2>" + _table_html(SCHEDULE_HEADER, schedule_rows(data)))
     parts.append("<h2>Trials</h2>" + _table_html(TRIAL_HEADER, trial_rows(data)))
@@ -564,6 +675,8 @@ def render_markdown(data: RunData) -> str:
     out += [f"- **{a}**: {b}" for a, b in headline(data)]
     for key, path in data.figures.items():
         out += ["", f"![{key}]({REPORT_DIR}/{path.name})"]
+        if key == "best_so_far" and data.stage_trials("learning"):
+            out += ["", f"*{LEARNING_PLOT_RULE}*"]
     if schedule_rows(data):
         out += ["", "## Schedule (stage 3)", "", _table_md(SCHEDULE_HEADER, schedule_rows(data))]
     out += ["", "## Trials", "", _table_md(TRIAL_HEADER, trial_rows(data))]

@@ -19,6 +19,17 @@ from rich.markup import escape
 
 from mart.graph.builder import compile_graph
 from mart.graph.reviewers import Reviewer, make_reviewer
+
+# a run's status, read from the ledger when it can (``mart status`` stays light): re-exported here
+from mart.graph.run_status import (  # noqa: F401
+    StudioRun,
+    checkpoint_fingerprint,
+    refuse_studio_run,
+    review_request,
+    run_status,
+    status_snapshot,
+    studio_thread,
+)
 from mart.graph.services import backend_options, build_services
 from mart.nodes.progress import (
     CritiqueDone,
@@ -38,71 +49,20 @@ from mart.nodes.runtime import Services
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
+from mart.state.units import fmt_gb
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
-#: summary keys present only when their stage ran (the default session's JSON is unchanged)
-OPTIONAL_SUMMARY_KEYS = ("schedule",)
+#: summary keys present only when they apply (their stage ran, the session failed): the default JSON is unchanged
+OPTIONAL_SUMMARY_KEYS = ("schedule", "error")
 
 
 class StaleReview(RunError):
     """The decision answers a review that is no longer the pending one (already decided, or re-asked)."""
 
 
-class StudioRun(RunError):
-    """The run is driven by LangGraph Studio: its graph state lives in the Studio server, not here."""
-
-
-def studio_thread(store: RunStore) -> str | None:
-    """The LangGraph Studio thread driving this run, or None.
-
-    Studio's server refuses graphs that bring a checkpointer, so a Studio run's folder holds its ledger and
-    trials but no graph checkpoints: resuming it here would start the graph over. Runs made before the
-    ledger recorded the driver are recognised by their ``studio-`` name and an empty checkpoint table.
-    """
-    try:
-        row = store.ledger.run(store.run_id) or {}
-    except ValueError:  # unparseable JSON columns: load_options reports them
-        row = {}
-    if row.get("driver") == "studio":
-        return row.get("thread_id") or store.run_id.removeprefix("studio-")
-    if store.run_id.startswith("studio-") and not _has_checkpoints(store):
-        return store.run_id.removeprefix("studio-")
-    return None
-
-
-def _has_checkpoints(store: RunStore) -> bool:
-    db = store.ledger.db
-    if not db.execute("select 1 from sqlite_master where type='table' and name='checkpoints'").fetchone():
-        return False
-    return bool(db.execute("select 1 from checkpoints where thread_id = ? limit 1", [store.run_id]).fetchone())
-
-
-def refuse_studio_run(store: RunStore, doing: str) -> None:
-    """Raise ``StudioRun`` (what to do instead) when LangGraph Studio drives this run."""
-    thread = studio_thread(store)
-    if thread:
-        raise StudioRun(
-            f"run {store.run_id} is driven by LangGraph Studio (thread {thread}): its graph state lives in the "
-            f"Studio server, not in the run folder, so mart cannot {doing} here. Answer its review in Studio, "
-            f"or with the SDK: get_sync_client(url=STUDIO_URL).runs.wait({thread!r}, 'mart', "
-            "command={'resume': {'action': 'approve'}})")
-
-
 class UntrustedRun(RunError):
     """The run's stored options name code (a plugin backend, a launch command) the user has not allowed."""
-
-
-def review_request(snap) -> dict[str, Any] | None:
-    """The pending review request of a state snapshot, with its ``interrupt_id``; None when not paused.
-
-    The interrupt id changes with every review (and when a review is re-asked after an invalid answer),
-    so a channel can tell a stale answer from a current one.
-    """
-    if not snap.interrupts:
-        return None
-    intr = snap.interrupts[0]
-    return {**intr.value, "interrupt_id": intr.id}
 
 
 #: LangGraph's strict resume mode (langgraph >= 1.2.20; the SDK's ``strict_resume``): a resume naming an interrupt
@@ -137,7 +97,7 @@ def _fmt_failed(e: TrialFailed) -> tuple[str, str | None]:
 
 def _fmt_step(e: TrialStep) -> tuple[str, str | None]:
     parts = [f"  {e.trial_id} step {e.step:>3}"]
-    for value, fmt in ((e.throughput, "{:.0f} tok/s"), (e.memory_gb, "{:.2f} GB"), (e.reward, "reward {:.3f}"),
+    for value, fmt in ((e.throughput, "{:.0f} tok/s"), (None if e.memory_gb is None else fmt_gb(e.memory_gb), "{}"), (e.reward, "reward {:.3f}"),
                        (e.entropy, "entropy {:.3f}"), (e.val_score, "val {:.3f}")):
         if value is not None:
             parts.append(fmt.format(value))
@@ -162,7 +122,7 @@ def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
     else:
         result = ""
     return (f"  ✓ {e.trial_id}: {e.status}{result}"
-            + (f", peak {e.peak_memory_gb:.2f} GB" if e.peak_memory_gb else "")
+            + (f", peak {fmt_gb(e.peak_memory_gb)}" if e.peak_memory_gb else "")
             + ("" if e.eligible else f" (not eligible: {e.reason or 'see ledger'})")), None
 
 
@@ -259,6 +219,11 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
             snap = graph.get_state(config)
             if not snap.next:
                 summary = dict(snap.values.get("summary") or {})
+                failure = session_failure(ledger.trials())
+                if failure:  # nothing was measured because every trial crashed: the session failed
+                    summary.update(status="failed", error=failure)
+                    ledger.upsert_run(store.run_id, status="failed", summary=summary, error=failure)
+                ledger.upsert_run(store.run_id, snapshot=status_snapshot(store, snap))  # `mart status` reads it
                 if options.report:
                     summary["report"] = _write_report(store, progress)
                 if summary.get("schedule"):
@@ -270,7 +235,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
             request = review_request(snap)
             decision = reviewer.review(request)
             if decision is None:
-                ledger.upsert_run(store.run_id, status="paused", pid=None)
+                ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
                                            f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
@@ -286,6 +251,19 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
     finally:
         services.close()
         saver.conn.close()  # the Slack server drives many runs in one process
+
+
+def session_failure(trials: list[dict[str, Any]]) -> str | None:
+    """Why a finished session failed, or None: no trial completed and some crashed (a session whose trials all ran
+    out of memory completed: "no feasible config" is an answer; one whose trials all crashed measured nothing)."""
+    if not trials or any(t["status"] == "completed" for t in trials):
+        return None
+    crashed = [t for t in trials if t["status"] == "failed"]
+    if not crashed:
+        return None
+    first = crashed[0]
+    return (f"no trial completed: {len(crashed)} of {len(trials)} failed, the first ({first['trial_id']}) with "
+            f"{first.get('reason') or 'no reason'} (see its trial.log)")
 
 
 def _write_report(store: RunStore, progress: ConsoleProgress) -> str | None:
@@ -325,8 +303,9 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     Returns:
         The summary dict (``SUMMARY_KEYS`` + notes, agents), or ``{"run_id", "status": "paused", ...}``.
     """
-    # an option the backend does not take is refused before a run directory exists
+    # an option the backend does not take, or a --set the catalogue refuses, is refused before a run directory exists
     check_backend_options(options.backend, backend_options(options))
+    options = preflight(options)
     reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
     store = RunStore.create(options.runs_dir, run_id, options=options.model_dump(mode="json"))
     started = False
@@ -347,6 +326,53 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
         raise
     finally:
         store.close()
+
+
+def preflight(options: TuneOptions) -> TuneOptions:
+    """What a session needs before its run folder exists: the backend's requirements (``RunError``: e.g. verl not
+    installed) and its ``--set`` values (``check_start_overrides``); returns the options with those resolved."""
+    from mart.trial_runner.registry import load_backend
+
+    backend = load_backend(options.backend, **backend_options(options))
+    missing = backend.missing_requirement()
+    if missing:
+        raise RunError(missing)
+    if not options.start_overrides:
+        return options
+    return options.model_copy(update={"start_overrides": check_start_overrides(backend, options.start_overrides)})
+
+
+def check_start_overrides(backend: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``--set`` values against the backend's catalogue: a knob's name (key, dotted suffix or short name) becomes its
+    key and its value is checked by the knob's rule; a name that is no knob must be a key of the backend's base config
+    (or one the backend takes as the user's own, as verl's Hydra keys), else it is refused with the closest knobs.
+    ``ConfigError`` names every bad key at once."""
+    from mart.state.search_space import ConfigError
+
+    space, base = backend.search_space(), backend.base_config()
+    out: dict[str, Any] = {}
+    errors: list[str] = []
+    for name, value in overrides.items():
+        if name in base and name not in space:
+            out[name] = value
+            continue
+        try:
+            key = space.resolve_key(name)
+        except ConfigError as e:
+            if hasattr(backend, "extend_base"):  # verl, MARTI: any key of the trainer's config is the user's own
+                out[name] = value
+            else:
+                errors.append(f"--set {name}: {e}")
+            continue
+        try:
+            out[key] = space[key].validate(value)
+        except ConfigError as e:
+            errors.append(f"--set {name}: {e}")
+    if not errors:  # the backend's own rules on the whole config (batch arithmetic, ...) for the keys set here
+        errors = [f"--set: {e}" for e in backend.validate_config({**base, **out}) if any(k in e for k in out)]
+    if errors:
+        raise ConfigError("; ".join(errors) + " (see `mart knobs`)")
+    return out
 
 
 def _has_progress(store: RunStore, started: bool) -> bool:
@@ -417,7 +443,8 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
         with store.lock():
             options = load_options(store, allowed=allowed, trust=trust, **option_overrides)
             status = (store.ledger.run(store.run_id) or {}).get("status")
-            if status == "completed":
+            row = store.ledger.run(store.run_id) or {}
+            if status == "completed" or (status == "failed" and (row.get("summary") or {}).get("status") == "failed"):
                 if decision is not None:
                     raise RunError(f"run {store.run_id} is completed: there is no review to answer")
                 row = store.ledger.run(store.run_id) or {}
@@ -439,7 +466,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 request = review_request(snap)
                 answer = reviewer.review(request)
                 if answer is None:
-                    store.ledger.upsert_run(store.run_id, status="paused", pid=None)
+                    store.ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}
                 first = resume_command(request["interrupt_id"], answer)
             elif not snap.values:
@@ -507,81 +534,3 @@ def state_snapshot(store: RunStore):
         return compile_graph(saver).get_state(graph_config(store.run_id))
     finally:
         saver.conn.close()
-
-
-def run_status(store: RunStore) -> dict[str, Any]:
-    """Where a run stands: running / paused / completed / failed, the running trial, pending review."""
-    row = store.ledger.run(store.run_id) or {}
-    status = row.get("status") or "created"
-    holder = store.lock_holder()
-    thread = studio_thread(store)
-    if thread:
-        return _studio_status(store, row, thread)
-    if store.readonly and not _has_checkpoints(store):  # killed before its first checkpoint
-        return {**_ledger_status(store, row), "status": "paused" if status != "failed" else status,
-                "waiting_for": "resume", "driver_pid": holder}
-    snap = state_snapshot(store)
-    values = snap.values or {}
-    waiting_for = None
-    if holder:
-        status = "running"
-    elif status in ("running", "created", "paused"):
-        status = "paused"
-        waiting_for = "review" if snap.interrupts else "resume"
-    trials = store.ledger.trials()
-    running = _running_rows(store, trials)
-    return {
-        "run_id": store.run_id,
-        "run_dir": str(store.run_dir),
-        "status": status,
-        "waiting_for": waiting_for,
-        "driver_pid": holder,
-        "stage": values.get("stage"),
-        "next": list(snap.next),
-        "trials_done": values.get("trials_done") or {},
-        "running_trial": running[0] if running else None,
-        "running_trials": running,
-        "slots": (values.get("options") or {}).get("parallel", 1),
-        "pending_review": review_request(snap),
-        "summary": row.get("summary"),
-        "error": row.get("error"),
-        "updated_at": row.get("updated_at"),
-        "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
-    }
-
-
-def _running_rows(store: RunStore, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every trial the ledger has in flight: id, stage, kind, slot, steps so far, horizon, when it started."""
-    return [{"trial_id": t["trial_id"], "stage": t["stage"], "kind": t["kind"], "slot": t.get("slot"),
-             "steps_done": len(store.ledger.metric_records(t["trial_id"])), "horizon": t.get("horizon"),
-             "started_at": t.get("started_at")}
-            for t in trials if t["status"] == "running"]
-
-
-def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:
-    """What the ledger alone says of a run (no graph checkpoint to read)."""
-    trials = store.ledger.trials()
-    done: dict[str, int] = {}
-    for t in trials:
-        if t["status"] not in ("running", "pending"):
-            done[t["stage"]] = done.get(t["stage"], 0) + 1
-    running = _running_rows(store, trials)
-    return {
-        "run_id": store.run_id, "run_dir": str(store.run_dir), "status": row.get("status") or "created",
-        "waiting_for": None, "driver_pid": None, "stage": trials[-1]["stage"] if trials else None, "next": [],
-        "trials_done": done,
-        "running_trial": running[0] if running else None, "running_trials": running,
-        "pending_review": None, "summary": row.get("summary"), "error": row.get("error"),
-        "updated_at": row.get("updated_at"),
-        "age_s": None if not row.get("created_at") else round(time.time() - row["created_at"], 1),
-    }
-
-
-def _studio_status(store: RunStore, row: dict[str, Any], thread: str) -> dict[str, Any]:
-    """A Studio run's status from its ledger: trials and stage are real; whether it waits at a review is
-    known only to the Studio server, so an unfinished run without a running trial waits "in LangGraph Studio"."""
-    info = _ledger_status(store, row)
-    if info["status"] not in ("completed", "failed"):
-        info["status"] = "running" if info["running_trial"] else "paused"
-        info["waiting_for"] = None if info["running_trial"] else "LangGraph Studio"
-    return {**info, "driver": "studio", "thread_id": thread}

@@ -11,6 +11,7 @@ review interrupt itself: resume with a ``ReviewDecision`` as JSON, e.g. ``{"acti
 from __future__ import annotations
 
 from mart.graph.builder import make_builder
+from mart.graph.session import STRICT_RESUME
 from mart.state.graph_state import InputState
 from mart.state.options import TuneOptions
 
@@ -23,4 +24,8 @@ class StudioInput(InputState, total=False):
     options: TuneOptions  # type: ignore[misc]  # narrows InputState's dict for the form
 
 
-graph = make_builder(context_schema=None, input_schema=StudioInput).compile(name="mart")
+#: LangGraph's strict resume mode on Studio's own server too (langgraph-api 0.16 does not apply the SDK's
+#: ``strict_resume`` yet): an answer to a review that is no longer pending (an old form, a second click) fails the run
+#: with ``UnknownInterruptError`` and the thread stays as it was, instead of the answer being dropped silently
+graph = make_builder(context_schema=None, input_schema=StudioInput).compile(name="mart").with_config(
+    configurable={STRICT_RESUME: True})

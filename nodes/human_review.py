@@ -26,6 +26,7 @@ from mart.nodes.stages import StageView
 from mart.state.graph_state import Batch, TuningState, running_trials
 from mart.state.models import Candidate, CandidateDecision, ReviewDecision, TrialRecord, config_hash
 from mart.state.search_space import ConfigError
+from mart.state.units import fmt_gb
 
 #: the decisions a reviewer may take on each candidate (LangChain HITL's decision types)
 ALLOWED = ["approve", "edit", "reject", "respond"]
@@ -51,7 +52,7 @@ def prediction_text(cand: Candidate, record: list[dict[str, Any]]) -> str | None
         return None
     parts = [f"predicted {cand.expected_gain or 0.0:+.0%} tok/s ({cand.predicted_throughput:.0f} tok/s/GPU)"]
     if cand.predicted_memory_gb is not None:
-        parts[0] += f", {cand.predicted_memory_gb:.1f} GB"
+        parts[0] += f", {fmt_gb(cand.predicted_memory_gb)}"
     last = next((r for r in reversed(record) if r.get("throughput_error_pct") is not None
                  or r.get("peak_error_gb") is not None), None)
     if last is not None:

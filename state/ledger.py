@@ -115,7 +115,7 @@ class Ledger:
     # -- runs -------------------------------------------------------------------------------------
     def upsert_run(self, run_id: str, **fields: Any) -> None:
         row = {"run_id": run_id, "updated_at": time.time(), **fields}
-        for key in ("options", "summary"):
+        for key in ("options", "summary", "snapshot"):
             if key in row and not isinstance(row[key], str) and row[key] is not None:
                 row[key] = _json(row[key])
         if not self.db["runs"].count_where("run_id = ?", [run_id]):
@@ -127,7 +127,7 @@ class Ledger:
         if not rows:
             return None
         row = dict(rows[0])
-        for key in ("options", "summary"):
+        for key in ("options", "summary", "snapshot"):
             if row.get(key):
                 row[key] = json.loads(row[key])
         return row

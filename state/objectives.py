@@ -319,6 +319,57 @@ def learning_choice(contenders: list[Contender], noise: float, z: float = 2.0,
     return winner, why
 
 
+#: stage 2's evidence rule in words (stage 3 picks its schedule by the same rule, the static schedule as baseline)
+EVIDENCE_RULE = ("a change replaces the baseline only when it ran on two seeds, its mean beats the baseline's by more "
+                 "than 2 standard errors of the difference (3 near a collapse), its re-run alone beats the baseline "
+                 "too, and no run of it showed a collapse signal")
+
+
+def _bar(c: Contender, w: Contender, noise: float, z: float, dof: float | None) -> tuple[float, float, float]:
+    """The lead c needs over w (``_beats``' threshold), with its z (after the Student widening) and standard error."""
+    se = noise * math.sqrt(1 / len(c.scores) + 1 / len(w.scores))
+    zt = student_z(max(z, Z_RISKIER) if c.risk > w.risk else z, dof)
+    return zt * se, zt, se
+
+
+def baseline_verdict(contenders: list[Contender], noise: float, z: float = 2.0, dof: float | None = None,
+                     baseline: str = "the baseline") -> str | None:
+    """Why no change replaced the baseline, in numbers: the change that led it, its lead, the bar it had to clear,
+    and what else held it back (None without a measured baseline)."""
+    base = next((c for c in contenders if c.is_baseline), None)
+    if base is None:
+        return None
+    rivals = sorted((c for c in contenders if not c.is_baseline and c.mean > base.mean), key=lambda c: (-c.mean, c.key))
+    if not rivals:
+        return f"no change scored above {baseline}'s {base.mean:.4f}"
+    two = [c for c in rivals if len(c.scores) >= 2]
+    if not two:
+        c = rivals[0]
+        return (f"the best change, {c.key}, scored {c.mean - base.mean:+.4f} above {baseline} on one run and was "
+                f"not re-run: one run is no evidence (rule: {EVIDENCE_RULE})")
+    c = two[0]
+    lead = c.mean - base.mean
+    bar, zt, se = _bar(c, base, noise, z, dof)
+    seeds = "on both seeds" if len(c.scores) == 2 and min(c.scores) > base.mean else f"over {len(c.scores)} runs"
+    held = []
+    if lead <= bar:
+        zbase = max(z, Z_RISKIER) if c.risk > base.risk else z
+        held.append(f"the lead is below the bar {bar:.4f} = {zt:.3g} x the standard error of the difference {se:.3g} "
+                    f"(the rule's {zbase:g}" + (" near a collapse" if c.risk > base.risk else "")
+                    + (", widened for a noise measured from few points" if zt > zbase + 1e-9 else "")
+                    + f"; noise {noise:.3g})")
+    if ended_early(c):
+        held.append("a run of it did not finish")
+    if c.risk >= RISK_AT_CLIFF:
+        held.append(f"it sits at a collapse's edge ({c.risk_why})")
+    if c.signals and not base.signals and not ended_early(c):
+        held.append("collapse signals: " + "; ".join(c.signals))
+    if c.scores[1:] and sum(c.scores[1:]) / len(c.scores[1:]) <= base.mean:
+        held.append("its re-run alone did not beat the baseline")
+    return (f"{c.key} led {baseline} {seeds} by {lead:+.4f} (mean {c.mean:.4f} vs {base.mean:.4f}), but "
+            + ("; ".join(held) or "a smaller or safer move won") + f" (rule: {EVIDENCE_RULE})")
+
+
 def next_reevaluation(contenders: list[Contender], noise: float, rerun: set[str], z: float = 2.0,
                       dof: float | None = None) -> Contender | None:
     """The config to re-run on the second seed next, or None when no re-run can change the choice.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mart.state.objectives import Contender, pick_learning_winner
+from mart.state.objectives import Contender, learning_choice, pick_learning_winner
 
 Node = dict[str, Any]
 
@@ -118,10 +118,12 @@ def recheck_plan(nodes: list[Node], depth: int, noise: float) -> list[str]:
 
 
 def pick_schedule_winner(nodes: list[Node], depth: int, noise: float) -> tuple[Contender | None, list[Contender]]:
-    """The winning complete schedule (mean over its runs; a schedule that does not beat the static one by
-    more than the noise gives way to it) and all contenders ranked by mean."""
+    """The winning complete schedule and all contenders ranked by mean, by stage 2's evidence rule
+    (``objectives.learning_choice``, the static schedule as the defaults): a schedule replaces the static one only
+    when it was re-run and beats it by more than 2 standard errors of the difference, so a gain from one run that
+    stage 2 would reject from two is never claimed."""
     contenders = leaf_contenders(nodes, depth)
     if not contenders:
         return None, []
-    winner, _ = pick_learning_winner(contenders, noise, guard_baseline=True)
+    winner, _ = learning_choice(contenders, noise)
     return winner, sorted(contenders, key=lambda c: -c.mean)

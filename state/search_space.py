@@ -22,6 +22,23 @@ class ConfigError(ValueError):
     """A config value or combination is invalid. The message names the key(s) and the rule."""
 
 
+def display_names(keys: Any) -> dict[str, str]:
+    """key -> the name summaries, reports and Slack show: the key's last segment, or, when another of ``keys``
+    ends the same way, the shortest dotted suffix that tells them apart (the phase prefix:
+    ``rollout.log_prob_micro_batch_size_per_gpu`` beside ``ref.log_prob_micro_batch_size_per_gpu``)."""
+    keys = list(dict.fromkeys(keys))
+    out: dict[str, str] = {}
+    for key in keys:
+        parts = key.split(".")
+        out[key] = key
+        for i in range(len(parts) - 1, 0, -1):
+            suffix = ".".join(parts[i:])
+            if not any(o != key and (o == suffix or o.endswith("." + suffix)) for o in keys):
+                out[key] = suffix
+                break
+    return out
+
+
 def _coerce_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value

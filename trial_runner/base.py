@@ -105,6 +105,11 @@ class Backend(abc.ABC):
         """Why ``max_parallel_trials`` is what it is, for the user (e.g. "16 GPUs, 8 per trial")."""
         return "the backend's limit"
 
+    def missing_requirement(self) -> str | None:
+        """What must be installed before a trial can start (e.g. the trainer's package), or None. Checked before a
+        run or a trial directory exists, so a missing package is said at once instead of as a crashed trial."""
+        return None
+
     def describe_job(self) -> JobDescription | None:
         """The job's model shape, hardware, cluster shape and workload, for the agents' performance model.
 

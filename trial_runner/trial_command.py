@@ -112,6 +112,9 @@ def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file:
     console = Console(stderr=True)
     try:
         be = load_backend(backend, **backend_options)
+        missing = be.missing_requirement()
+        if missing:
+            raise InputError(missing)
         spec = prepare(be, steps, Path(out), sets, config_file, seed, backend_options.get("memory_capacity_gb"),
                        stage=stage)
     except (InputError, ValueError) as e:

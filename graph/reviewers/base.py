@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import CandidateDecision, ReviewDecision
+from mart.state.units import fmt_gb
 
 if TYPE_CHECKING:
     from mart.state.run_store import RunStore
@@ -59,7 +60,7 @@ class AutoReviewer(Reviewer):
             if self.policy == "margin" and pred is not None and limit is not None and pred > limit:
                 decisions.append(CandidateDecision(
                     type="reject", candidate_id=cand["candidate_id"],
-                    message=f"predicted memory {pred:.2f} GB is above the margin limit {limit:.2f} GB; "
+                    message=f"predicted memory {fmt_gb(pred)} is above the margin limit {fmt_gb(limit)}; "
                             "propose something that uses less memory"))
         if len(decisions) < len(request.get("candidates") or []) or not decisions:
             decisions.append(CandidateDecision(type="approve"))  # the rest
@@ -117,8 +118,8 @@ def _format_request(request: dict[str, Any]) -> str:
             lines.append(f"  Critic: risk {crit.get('risk')}; " + "; ".join(crit.get("reasons") or []))
         pred = cand.get("predicted_memory_gb")
         if pred is not None or limit is not None:
-            p = "unknown" if pred is None else f"{pred:.2f} GB"
-            lim = "none" if limit is None else f"{limit:.2f} GB"
+            p = fmt_gb(pred, "unknown")
+            lim = fmt_gb(limit, "none")
             lines.append(f"  Predicted peak memory: {p} (limit {lim})")
         if cand.get("prediction"):
             lines.append(f"  Job model: {cand['prediction']}")

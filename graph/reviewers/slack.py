@@ -14,6 +14,7 @@ the run. Configuration (flags win over the environment)::
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ from mart.graph.reviewers.base import Reviewer, format_request, plain
 from mart.state.config_values import format_value
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
+from mart.state.units import fmt_gb
 
 TOKEN_ENV = "SLACK_BOT_TOKEN"
 CHANNEL_ENV = "MART_SLACK_CHANNEL"
@@ -103,7 +105,7 @@ def _candidates(request: dict[str, Any]) -> list[dict[str, Any]]:
 def candidate_blocks(request: dict[str, Any], cand: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """One candidate as Block Kit sections: facts, diff, rationale, critique."""
     pred, limit = cand.get("predicted_memory_gb"), request.get("memory_limit_gb")
-    mem = ("unknown" if pred is None else f"{pred:.2f} GB") + ("" if limit is None else f" (limit {limit:.2f} GB)")
+    mem = fmt_gb(pred, "unknown") + ("" if limit is None else f" (limit {fmt_gb(limit)})")
     diff = "\n".join(f"• {_fmt(d['key'])}: {_fmt(d['current'])} → {_fmt(d['proposed'])}"
                      for d in cand.get("diff") or []) or "_no change against the current best_"
     title = f"*Candidate {n}*" if len(_candidates(request)) > 1 else "*Candidate*"
@@ -297,6 +299,90 @@ def _api_error(e: BaseException) -> str:
     return e.response.get("error", "error") if isinstance(e, SlackApiError) else f"{type(e).__name__}: {e}"
 
 
+#: Slack's limits (https://api.slack.com/apis/rate-limits): about one message per second per channel, and
+#: chat.update is a Tier 3 method (~50 a minute). The live message is edited at most once per LIVE_INTERVAL_S
+#: (a trial's end at most once per LIVE_FLOOR_S), so a run with many trials in flight stays far below both.
+LIVE_INTERVAL_S = 5.0
+LIVE_FLOOR_S = 1.0
+
+
+class LiveProgress:
+    """One message in a review's thread listing the trials in flight, edited as they progress (``chat.update``):
+    the thread shows the running trials live, rate-limited to Slack's limits. ``post(text) -> ts`` starts the message
+    and ``update(ts, text)`` edits it; both are best-effort (a failure is reported by the reviewer, not raised)."""
+
+    def __init__(self, post: Any, update: Any, interval_s: float = LIVE_INTERVAL_S, floor_s: float = LIVE_FLOOR_S,
+                 clock: Any = time.monotonic) -> None:
+        self.post, self.update = post, update
+        self.interval_s, self.floor_s, self.clock = interval_s, floor_s, clock
+        self.ts: str | None = None
+        self.running: dict[str, dict[str, Any]] = {}
+        self.finished: list[str] = []
+        self._sent: str | None = None
+        self._last = -math.inf
+
+    def event(self, event: Any) -> None:
+        from mart.nodes.progress import (
+            TrialDone,
+            TrialFailed,
+            TrialLaunched,
+            TrialReattached,
+            TrialStep,
+            TrialStopped,
+        )
+
+        urgent = False
+        if isinstance(event, TrialLaunched):
+            self.running[event.trial_id] = {"stage": event.stage, "changes": list(event.changes) or [event.kind],
+                                            "horizon": event.horizon, "step": 0, "figures": ""}
+            urgent = True
+        elif isinstance(event, TrialReattached):
+            self.running.setdefault(event.trial_id, {"stage": "", "changes": ["re-attached"], "horizon": None,
+                                                     "step": 0, "figures": ""})
+            urgent = True
+        elif isinstance(event, TrialStep) and event.trial_id in self.running:
+            t = self.running[event.trial_id]
+            t["step"] = event.step
+            t["figures"] = ", ".join(x for x in (
+                None if event.throughput is None else f"{event.throughput:,.0f} tok/s",
+                None if event.memory_gb is None else fmt_gb(event.memory_gb),
+                None if event.val_score is None else f"val {event.val_score:.3f}") if x)
+        elif isinstance(event, (TrialDone, TrialStopped, TrialFailed)) and event.trial_id in self.running:
+            self.running.pop(event.trial_id)
+            self.finished.append(event.trial_id)
+            urgent = True
+        else:
+            return
+        self.push(urgent=urgent)
+
+    def text(self) -> str:
+        lines = [f":hourglass_flowing_sand: running now ({len(self.running)}), updated "
+                 f"{time.strftime('%H:%M:%S UTC', time.gmtime())}:" if self.running else
+                 f":white_check_mark: no trial running ({len(self.finished)} finished in this thread)"]
+        for tid, t in self.running.items():
+            steps = f"step {t['step']}/{t['horizon']}" if t["horizon"] else f"step {t['step']}"
+            lines.append(f"• {tid} ({t['stage']}; {', '.join(t['changes'])}): {steps}"
+                         + (f", {t['figures']}" if t["figures"] else ""))
+        return "\n".join(lines)
+
+    def push(self, *, urgent: bool = False, force: bool = False) -> None:
+        """Show the current state when the rate limit allows (``force``: now, e.g. before the run pauses)."""
+        text = self.text()
+        if text == self._sent:
+            return
+        now = self.clock()
+        if self.ts is None:
+            if not self.running:
+                return  # nothing ran in this thread yet
+            self.ts = self.post(text)
+        else:
+            wait = self.floor_s if urgent else self.interval_s
+            if not force and now - self._last < wait:
+                return  # the next event or the flush at a pause/the end shows it
+            self.update(self.ts, text)
+        self._sent, self._last = text, now
+
+
 class SlackReviewer(Reviewer):
     """Posts the review to Slack and detaches; ``mart slack serve`` answers it when someone clicks.
 
@@ -308,10 +394,14 @@ class SlackReviewer(Reviewer):
 
     name = "slack"
 
-    def __init__(self, channel: str | None = None, api_url: str | None = None, client: Any = None) -> None:
+    def __init__(self, channel: str | None = None, api_url: str | None = None, client: Any = None,
+                 live_interval_s: float = LIVE_INTERVAL_S) -> None:
         self.channel = channel
         self.api_url = api_url
         self._client = client
+        self.live_interval_s = live_interval_s
+        self._live_where: tuple[str, str] | None = None
+        self._live_progress: LiveProgress | None = None
 
     def check(self) -> None:
         """Fail at start, not after the baseline trial: every missing setting at once, then the token
@@ -353,21 +443,60 @@ class SlackReviewer(Reviewer):
         except (SlackApiError, SlackClientError, OSError) as e:  # progress is best-effort
             print(f"mart: could not post to the Slack thread ({_api_error(e)})", file=sys.stderr)
 
+    def _live(self) -> LiveProgress | None:
+        """The live message of the current review thread (a new one when a new review was posted)."""
+        where = self._thread()
+        if where is None:
+            return None
+        if self._live_where != where:
+            if self._live_progress is not None:
+                self._live_progress.push(force=True)  # the old thread's message shows where it stopped
+            self._live_where = where
+            self._live_progress = LiveProgress(post=lambda text: self._send(where, text),
+                                               update=lambda ts, text: self._edit(where, ts, text),
+                                               interval_s=self.live_interval_s)
+        return self._live_progress
+
+    def _send(self, where: tuple[str, str], text: str) -> str | None:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        try:
+            resp = self.client.chat_postMessage(channel=where[0], thread_ts=where[1], text=_clip(esc(text), 3000),
+                                                unfurl_links=False)
+            return resp["ts"]
+        except (SlackApiError, SlackClientError, OSError) as e:  # progress is best-effort
+            print(f"mart: could not post to the Slack thread ({_api_error(e)})", file=sys.stderr)
+            return None
+
+    def _edit(self, where: tuple[str, str], ts: str | None, text: str) -> None:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        if ts is None:
+            return
+        try:
+            self.client.chat_update(channel=where[0], ts=ts, text=_clip(esc(text), 3000))
+        except (SlackApiError, SlackClientError, OSError) as e:
+            print(f"mart: could not update the live progress in Slack ({_api_error(e)})", file=sys.stderr)
+
     def on_progress(self, event: Any, line: str) -> None:
         from mart.nodes.progress import HealthNotice, TrialDone, TrialStopped
 
+        live = self._live()
+        if live is not None:
+            live.event(event)
         if isinstance(event, (TrialDone, TrialStopped)) or (isinstance(event, HealthNotice)
                                                              and event.severity == "stop"):
             self._post_in_thread(line.strip())
 
     def on_finish(self, summary: dict[str, Any]) -> None:
-        sys_, learn = summary.get("system") or {}, summary.get("learning") or {}
+        from mart.graph.figures import stage_figures
+
+        if self._live_progress is not None:
+            self._live_progress.push(force=True)
+
         lines = [f":checkered_flag: mart run {summary.get('run_id')} completed"]
-        if sys_.get("best_throughput") is not None:
-            lines.append(f"system stage: {sys_.get('baseline_throughput') or 0:,.0f} → {sys_['best_throughput']:,.0f} "
-                         f"tok/s/GPU ({sys_.get('throughput_gain_pct') or 0:+.1f}%)")
-        if learn.get("best_score") is not None:
-            lines.append(f"learning stage: val score {learn.get('baseline_score') or 0:.4f} → {learn['best_score']:.4f}")
+        for f in stage_figures(summary):  # the terminal's and the report's figures and knob names
+            lines.append(f.sentence() + (f"; best config: {', '.join(f.config)}" if f.config else ""))
         lines += [f"note: {n}" for n in summary.get("notes") or []]
         if summary.get("report"):
             lines.append(f"report: {summary['report']}")
@@ -396,6 +525,9 @@ class SlackReviewer(Reviewer):
 
     def review(self, request: dict[str, Any]) -> None:
         from slack_sdk.errors import SlackApiError, SlackClientError
+
+        if self._live_progress is not None:  # the thread shows where the trials stand at the pause
+            self._live_progress.push(force=True)
 
         ledger = self.store.ledger if self.store else None
         posted = {m["interrupt_id"] for m in posted_messages(ledger)} if ledger is not None else set()

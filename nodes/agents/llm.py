@@ -38,6 +38,7 @@ from mart.nodes.agents.schedule import knob_stage
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
 from mart.state.search_space import ConfigError
+from mart.state.units import fmt_gb
 
 if TYPE_CHECKING:
     from mart.state.options import TuneOptions
@@ -277,16 +278,16 @@ class LLMProposer(_LLMStrategy, Proposer):
                 continue  # the same candidate again (e.g. repeated in a repair answer): keep one
             pred = ctx.predict(full) if ctx.stage == "system" else None
             if pred is not None and ctx.memory_limit_gb and pred.peak_gb > ctx.memory_limit_gb:
-                errors.append(f"candidate {i} ({_kv(changes)}): the job model predicts a peak of {pred.peak_gb:.1f} GB, "
-                              f"over the limit {ctx.memory_limit_gb:.1f} GB (per phase: "
+                errors.append(f"candidate {i} ({_kv(changes)}): the job model predicts a peak of {fmt_gb(pred.peak_gb)}, "
+                              f"over the limit {fmt_gb(ctx.memory_limit_gb)} (per phase: "
                               + ", ".join(f"{p} {v:.1f}" for p, v in pred.phase_gb.items() if v > 0) + ")")
                 continue
             peak = _safe_predict(ctx, full)
             if ctx.stage == "schedule" and peak is not None and ctx.memory_limit_gb and peak > ctx.memory_limit_gb:
                 parent = _safe_predict(ctx, dict(ctx.base_config))
                 if parent is None or peak > parent:  # memory the transition adds (a longer budget, more rollouts)
-                    errors.append(f"candidate {i} ({_kv(changes)}): the memory model predicts a peak of {peak:.1f} GB, "
-                                  f"over the limit {ctx.memory_limit_gb:.1f} GB")
+                    errors.append(f"candidate {i} ({_kv(changes)}): the memory model predicts a peak of {fmt_gb(peak)}, "
+                                  f"over the limit {fmt_gb(ctx.memory_limit_gb)}")
                     continue
             inc = ctx.predict(ctx.full_config(ctx.best_overrides)) if pred is not None else None
             found[key] = Candidate(
@@ -435,7 +436,7 @@ def usable(chk: CandidateCheck) -> bool:
 def _over_limit(chk: CandidateCheck, limit_gb: float | None) -> str | None:
     if limit_gb is None or chk.predicted_memory_gb is None or chk.predicted_memory_gb <= limit_gb:
         return None
-    return f"predicted peak memory {chk.predicted_memory_gb:.2f} GB exceeds the limit {limit_gb:.2f} GB (risk set to high)"
+    return f"predicted peak memory {fmt_gb(chk.predicted_memory_gb)} exceeds the limit {fmt_gb(limit_gb)} (risk set to high)"
 
 
 def _check_summary(chk: CandidateCheck) -> str:

@@ -25,6 +25,7 @@ from mart.nodes.agents.schedule import RULES, knob_stage, severities, transition
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.agents import agents_in_config
 from mart.state.models import Candidate, HealthEvent, TrialRecord
+from mart.state.units import fmt_gb
 
 PROMPT_VERSION = "mart-agents/4"
 """Bump when a prompt's meaning changes; recorded with every LLM call."""
@@ -424,8 +425,8 @@ def format_job_model(ctx: AgentContext, top: int = 3) -> str:
     lines = ["", "# Job model (mart's calibrated per-phase model; every candidate is scored by it)"]
     inc = ctx.predict(ctx.full_config(ctx.best_overrides))
     if inc is not None:
-        lines.append(f"- current best predicted: {inc.throughput:.0f} tok/s/GPU, peak {inc.peak_gb:.1f} GB; "
-                     f"confidence {inc.confidence:.2f}; safety gap under the limit {inc.gap_gb:.1f} GB")
+        lines.append(f"- current best predicted: {inc.throughput:.0f} tok/s/GPU, peak {fmt_gb(inc.peak_gb)}; "
+                     f"confidence {inc.confidence:.2f}; safety gap under the limit {fmt_gb(inc.gap_gb)}")
         lines.append("- predicted seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in inc.phase_s.items()))
         lines.append("- predicted GB per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in inc.phase_gb.items() if v > 0))
     try:
@@ -434,12 +435,12 @@ def format_job_model(ctx: AgentContext, top: int = 3) -> str:
         best = []
     for c in best:
         lines.append(f"- model's pick: {_compact(c.overrides)} -> predicted {c.predicted_throughput or 0:.0f} tok/s/GPU "
-                     f"({(c.expected_gain or 0):+.1%}), peak {c.predicted_memory_gb or 0:.1f} GB")
+                     f"({(c.expected_gain or 0):+.1%}), peak {fmt_gb(c.predicted_memory_gb or 0)}")
     recent = [p for p in ctx.predictions if p.get("predicted_throughput")][-4:]
     for p in recent:
         lines.append(f"- track record {p['trial_id']}: predicted {p['predicted_throughput']:.0f} tok/s, "
-                     f"measured {p.get('throughput') or 0:.0f}; peak predicted {p.get('predicted_peak_gb') or 0:.1f} GB, "
-                     f"measured {p.get('peak_memory_gb') or 0:.1f} GB ({p.get('status')})")
+                     f"measured {p.get('throughput') or 0:.0f}; peak predicted {fmt_gb(p.get('predicted_peak_gb') or 0)}, "
+                     f"measured {fmt_gb(p.get('peak_memory_gb') or 0)} ({p.get('status')})")
     lines.append("- Use it: propose what the model misses (interactions, knobs it does not model, the reviewer's "
                  "wishes) or sharpen its picks; a candidate it predicts over the limit is sent back to you.")
     return "\n".join(lines) + "\n"
@@ -539,7 +540,7 @@ def _model_line(ctx: AgentContext, c: Candidate) -> list[str]:
     if pred is None or inc is None:
         return []
     line = (f"job model: predicted {pred.throughput / max(inc.throughput, 1e-9) - 1:+.1%} tok/s over the current best "
-            f"({pred.throughput:.0f} tok/s/GPU), peak {pred.peak_gb:.1f} GB")
+            f"({pred.throughput:.0f} tok/s/GPU), peak {fmt_gb(pred.peak_gb)}")
     if ctx.memory_limit_gb:
         sigma = max(pred.gap_gb / 2, 1e-6)
         p_over = 0.5 * math.erfc((ctx.memory_limit_gb - pred.peak_gb) / (sigma * math.sqrt(2)))
@@ -553,7 +554,7 @@ _MISSING = object()
 
 
 def _gb(v: float | None) -> str:
-    return "unknown" if v is None else f"{v:.2f} GB"
+    return "unknown" if v is None else f"{fmt_gb(v)}"
 
 
 def _num(v: float | None) -> str:

@@ -29,6 +29,7 @@ from mart.nodes.agents.model_search import Scored, search
 from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
+from mart.state.units import fmt_gb
 
 
 def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:
@@ -243,9 +244,9 @@ class RulesProposer(Proposer):
         phase_txt = f"{eff.phase} takes {share:.0%} of the step" if eff.phase in phase_share else "a general knob"
         mem_txt = ""
         if pred is not None and limit:
-            mem_txt = f"; predicted peak {pred:.2f} GB vs limit {limit:.2f} GB"
+            mem_txt = f"; predicted peak {fmt_gb(pred)} vs limit {fmt_gb(limit)}"
         elif headroom is not None:
-            mem_txt = f"; memory headroom {headroom:.2f} GB"
+            mem_txt = f"; memory headroom {fmt_gb(headroom)}"
         verb = "speeds up" if faster else "may speed up" if faster is None else "trades speed for memory in"
         why = (f"{spec.key}: {old!r} -> {new!r}. {phase_txt}; this {verb} that phase"
                f"{' (' + eff.note + ')' if eff.note else ''}{mem_txt}.")
@@ -500,18 +501,32 @@ def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = N
                    incumbent=ctx.best_overrides, tried=ctx.tried_keys(), check=ctx.config_errors,
                    n_out=4 * (n or ctx.num_candidates), stage=ctx.stage)
     base_pred = ctx.job_model.predict(ctx.best_overrides)
+    found = [s for s in found if _follows_feedback(s, ctx, fb)]
+    if fb.focus:
+        # the knobs the reviewer asked to move come first; when the model found no config that moves one, the
+        # coordinate proposer (which does) answers instead of the model's picks that ignore the request
+        asked = [s for s in found if _moves_focus(s, ctx, fb)]
+        if not asked:
+            return []
+        found = asked + [s for s in found if s not in asked]
     out: list[Candidate] = []
     for s in found:
-        if not _follows_feedback(s, ctx, fb):
-            continue
         out.append(Candidate(
             candidate_id="", stage=ctx.stage, overrides={**s.overrides}, source=source,
-            rationale=_model_rationale(ctx, s, base_pred), predicted_memory_gb=round(s.peak_gb, 3),
+            rationale=_model_rationale(ctx, s, base_pred) + (" The reviewer asked for this change."
+                                                              if _moves_focus(s, ctx, fb) else ""),
+            predicted_memory_gb=round(s.peak_gb, 3),
             predicted_throughput=round(s.throughput, 3),
             expected_gain=round(s.throughput / max(base_pred.throughput, 1e-9) - 1, 4)))
         if len(out) == (n or ctx.num_candidates):
             break
     return out
+
+
+def _moves_focus(s: Scored, ctx: AgentContext, fb: FeedbackRules) -> bool:
+    """The config moves a knob the reviewer asked to move."""
+    inc = ctx.full_config(ctx.best_overrides)
+    return any(k in fb.focus and inc.get(k, ctx.base_config.get(k)) != v for k, v in s.overrides.items())
 
 
 def _follows_feedback(s: Scored, ctx: AgentContext, fb: FeedbackRules) -> bool:
@@ -533,7 +548,7 @@ def _model_rationale(ctx: AgentContext, s: Scored, base_pred: Any) -> str:
     slow = max(s.phase_s, key=s.phase_s.get) if s.phase_s else "?"
     binding = max(s.phase_gb, key=s.phase_gb.get) if s.phase_gb else "?"
     return (f"job model: predicted {gain:+.1%} tok/s over the incumbent ({s.throughput:.0f} tok/s/GPU), peak "
-            f"{s.peak_gb:.1f} GB in {binding} (limit {ctx.memory_limit_gb:.1f}, safety gap {s.gap_gb:.1f}); "
+            f"{fmt_gb(s.peak_gb)} in {binding} (limit {fmt_gb(ctx.memory_limit_gb)}, safety gap {fmt_gb(s.gap_gb)}); "
             f"slowest phase {slow}. Moves: {', '.join(moves) or 'none'}.")
 
 
@@ -557,6 +572,8 @@ class RulesCritic(Critic):
         # stages 2 and 3 fix the system config: only memory a candidate adds can be held against it
         stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage != "system" else None
         siblings: set[str] = set()
+        focus = parse_feedback(ctx.feedback, ctx.search_space).focus
+        current = ctx.full_config(ctx.best_overrides)
         for cand in candidates:
             reasons: list[str] = []
             try:
@@ -581,7 +598,7 @@ class RulesCritic(Critic):
                 # stage 2 fixes the system config: only memory the candidate adds can be held against it
                 changes_memory = stage_base is None or pred > stage_base + max(0.5, 0.01 * limit)
                 if pred > limit and changes_memory:
-                    reasons.append(f"predicted peak memory {pred:.2f} GB exceeds the limit {limit:.2f} GB")
+                    reasons.append(f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}")
                 elif model_pred is not None and changes_memory:
                     sigma = max(model_pred.gap_gb / 2, 1e-6)
                     p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))
@@ -601,8 +618,13 @@ class RulesCritic(Critic):
             else:
                 gain = cand.expected_gain if cand.expected_gain is not None else 0.1
                 score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
+            asked = sorted(k for k, v in cand.overrides.items() if k in focus and current.get(k) != v)
+            if accepted and asked:
+                # the reviewer's request outranks the model's forecast: a knob they asked to move goes first
+                score += 1.0
+                reasons.append(f"moves {', '.join(ctx.search_space.edit_name(k) for k in asked)}, as the reviewer asked")
             if accepted:
-                txt = "unknown" if pred is None else f"{pred:.2f} GB"
+                txt = fmt_gb(pred, "unknown")
                 if model_pred is not None and ctx.stage == "system":
                     txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
                             f"P(over the limit) {p_over:.0%}")

@@ -223,11 +223,19 @@ class StagePolicy(abc.ABC):
         best: TrialRecord | None = (state.get("best") or {}).get(self.name)
         if base is None:
             return
+        baseline_value, best_value = self.result_values(state)
         view.ledger.set_stage_result(
             view.services.run_id, self.name, baseline_trial=base.trial_id, best_trial=best.trial_id if best else None,
-            baseline_value=base.objective(self.name), best_value=best.objective(self.name) if best else None,
+            baseline_value=baseline_value, best_value=best_value,
             best_config=(state.get("best_overrides") or {}).get(self.name, {}), note=note or "",
         )
+
+    def result_values(self, state: dict[str, Any]) -> tuple[float | None, float | None]:
+        """The baseline's and the best's objective as the stage reports them (its summary, the ledger's
+        ``stage_results``, hence the report): one figure per concept. Default: each trial's own objective."""
+        base = (state.get("baseline") or {}).get(self.name)
+        best = (state.get("best") or {}).get(self.name)
+        return (base.objective(self.name) if base else None), (best.objective(self.name) if best else None)
 
     # -- what people see --------------------------------------------------------------------------
     def review_context(self, view: StageView) -> dict[str, Any]:

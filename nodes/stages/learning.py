@@ -22,6 +22,7 @@ from mart.state.objectives import (
     RISK_AT_CLIFF,
     RISK_BELOW_COLLAPSE,
     Contender,
+    baseline_verdict,
     collapse_signals,
     learning_choice,
     move_size,
@@ -218,6 +219,8 @@ class LearningStage(StagePolicy):
             "noise": noise, "noise_dof": None if dof is None else round(dof, 1),
             "reevaluated": [r.get("confirms") for r in confirms],
             "confirm_budget": getattr(view.options, "learning_confirm_trials", 3), "why": why,
+            # the numbers behind "no candidate beat the baseline": the lead, the bar, the rule
+            "verdict": baseline_verdict(contenders, noise, dof=dof) if winner.is_baseline else None,
             "contenders": [{"trial_id": c.key, "mean": round(c.mean, 6), "runs": len(c.scores),
                             "spread": None if c.spread is None else round(c.spread, 6), "move": round(c.move, 3),
                             "signals": c.signals + ([c.risk_why] if c.risk_why else [])}
@@ -237,10 +240,16 @@ class LearningStage(StagePolicy):
             update.update(best=best, best_overrides=best_overrides)
         return update
 
-    # -- what people see --------------------------------------------------------------------------
-    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+    def result_values(self, state: dict[str, Any]) -> tuple[float | None, float | None]:
+        b_score, t_score, _ = self.figures(state)
+        return b_score, t_score
+
+    @staticmethod
+    def figures(state: dict[str, Any]) -> tuple[float | None, float | None, bool]:
+        """The stage's baseline and best scores as every channel shows them (terminal, ``--json``, report, Slack),
+        computed here once: the mean over each config's runs (seeds) once the final choice is made, not its luckiest
+        run; and whether the baseline was kept."""
         base, best = (state.get("baseline") or {}).get("learning"), (state.get("best") or {}).get("learning")
-        overrides = (state.get("best_overrides") or {}).get("learning", {})
         sel = (state.get("selection") or {}).get("learning") or {}
         b_score = base.score if base else None
         t_score = best.score if best else None
@@ -248,10 +257,23 @@ class LearningStage(StagePolicy):
             t_score = sel["mean"]  # the mean over its runs (seeds), not its luckiest run
             base_row = next((c for c in sel.get("contenders", []) if base and c["trial_id"] == base.trial_id), None)
             b_score = base_row["mean"] if base_row else b_score
+        kept = base is not None and best is not None and best.trial_id == base.trial_id
+        if kept:
+            t_score = b_score  # one figure: the baseline's, not a second rounding of it
+        return _clean(b_score), _clean(t_score), kept
+
+    # -- what people see --------------------------------------------------------------------------
+    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+        base, best = (state.get("baseline") or {}).get("learning"), (state.get("best") or {}).get("learning")
+        overrides = (state.get("best_overrides") or {}).get("learning", {})
+        sel = (state.get("selection") or {}).get("learning") or {}
+        b_score, t_score, kept = self.figures(state)
         part = {
-            "baseline_score": _clean(b_score),
-            "best_score": _clean(t_score),
-            "score_gain": _clean(t_score - b_score) if t_score is not None and b_score is not None else None,
+            "baseline_score": b_score,
+            "best_score": t_score,
+            "score_gain": (0.0 if kept else _clean(t_score - b_score)) if t_score is not None and b_score is not None
+            else None,
+            "kept_baseline": kept,
             "best_config": overrides,
             "best_config_by_agent": config_by_agent(overrides),
             # selection under noise: the winner's score is a mean over `best_score_runs` seeds
@@ -261,5 +283,6 @@ class LearningStage(StagePolicy):
             "reevaluated": sel.get("reevaluated", []),
             "contenders": sel.get("contenders", []),
         }
-        notes = baseline_notes("learning", base, best, (state.get("exhausted") or {}).get("learning"), services)
+        notes = baseline_notes("learning", base, best, (state.get("exhausted") or {}).get("learning"), services,
+                               why=sel.get("verdict"))
         return {"learning": part}, notes

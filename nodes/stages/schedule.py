@@ -24,7 +24,7 @@ from typing import Any
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.nodes.stages.learning import LearningStage
 from mart.state.models import TrialRecord
-from mart.state.objectives import collapse_signals, validation_noise, validation_series
+from mart.state.objectives import baseline_verdict, collapse_signals, validation_noise, validation_series
 from mart.state.schedule import (
     Node,
     children,
@@ -337,6 +337,10 @@ class ScheduleStage(StagePolicy):
         by_id = {n["id"]: n for n in nodes}
         base = LearningStage().base_config(view)
         static = next((c for c in ranked if c.is_baseline), None)
+        if winner is not None and winner is static:  # the static schedule kept: say why, as stage 2 does
+            verdict = baseline_verdict(ranked, noise, baseline="the static schedule")
+            if verdict and not verdict.startswith("no change"):
+                notes.append(f"the static schedule is kept: {verdict}")
         result: dict[str, Any] = {
             "segments": [], "final_score": None, "final_score_spread": None, "final_score_runs": 0,
             "static_best_score": _round(static.mean) if static else None, "gain": None,

@@ -13,6 +13,7 @@ from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.state.agents import group_by_agent
+from mart.state.units import fmt_gb
 
 
 def _clean(v: float | None) -> float | None:
@@ -20,7 +21,7 @@ def _clean(v: float | None) -> float | None:
 
 
 def _fmt_gb(v: float | None) -> str:
-    return "?" if v is None else f"{v:.2f} GB"
+    return fmt_gb(v)
 
 
 def config_by_agent(overrides: dict[str, Any]) -> dict[str, Any] | None:
@@ -45,8 +46,10 @@ def candidate_plan(view: StageView, stage: str, budget: int, free: int, *, kinds
     return Plan(propose=min(free, left)) if free > 0 else Plan()
 
 
-def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | None, services: Any) -> list[str]:
-    """What a stage's summary says about its baseline and outcome (stages 1 and 2 alike)."""
+def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | None, services: Any,
+                   why: str | None = None) -> list[str]:
+    """What a stage's summary says about its baseline and outcome (stages 1 and 2 alike); ``why``: the numbers
+    behind a kept baseline (stage 2's verdict)."""
     objective = {"system": "throughput", "learning": "score"}[stage]
     notes = []
     if base_rec is not None and base_rec.status.value != "completed":
@@ -61,7 +64,8 @@ def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | No
         notes.append(f"{stage} stage: no feasible config - every trial failed, ran out of memory, was stopped "
                      f"or exceeded the memory margin; nothing is recommended for this stage")
     elif base_rec is not None and best_rec is not None and best_rec.trial_id == base_rec.trial_id:
-        notes.append(f"{stage} stage: no candidate beat the baseline; the baseline config is kept")
+        notes.append(f"{stage} stage: no candidate beat the baseline; the baseline config is kept"
+                     + (f": {why}" if why else ""))
     if exhausted:
         notes.append(f"{stage} stage ended early: {exhausted}")
     return notes
@@ -101,11 +105,13 @@ class SystemStage(StagePolicy):
         overrides = (state.get("best_overrides") or {}).get("system", {})
         b_thr = base.throughput if base else None
         t_thr = best.throughput if best else None
-        gain = (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
+        kept = base is not None and best is not None and best.trial_id == base.trial_id
+        gain = 0.0 if kept and t_thr else (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
         part = {
             "baseline_throughput": _clean(b_thr),
             "best_throughput": _clean(t_thr),
             "throughput_gain_pct": _clean(gain),
+            "kept_baseline": kept,
             "best_config": overrides,
             "best_config_by_agent": config_by_agent(overrides),
             "memory_limit_gb": _clean(services.memory_limit_gb()),

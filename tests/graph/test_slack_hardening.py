@@ -211,7 +211,7 @@ def test_socket_mode_click_is_acked_and_continues_the_run(tmp_path):
                     ack = acks.get(timeout=max(0.1, deadline - time.monotonic()))
                     if ack["envelope_id"] == "env-alice":
                         break
-                [upd] = stub.wait_for("chat.update")
+                [upd] = stub.wait_for("chat.update", lambda c: bool(c["params"].get("blocks")))
                 assert f"<@{ALICE}> approved" in json.dumps(upd["params"]["blocks"])
                 assert service.wait_idle(timeout=30)
             finally:

@@ -53,6 +53,11 @@ def TOP(call) -> bool:
     """A review message (trial results go into its thread, with thread_ts)."""
     return not call["params"].get("thread_ts")
 
+
+def DECIDED(call) -> bool:
+    """An update of a review message (the decision, as blocks), not of the thread's live progress message."""
+    return bool(call["params"].get("blocks"))
+
 def mart(*args: str, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mart.graph.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
@@ -186,7 +191,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     # 4. Alice approves: the message says who decided what, a trial runs, review #2 is posted
     status, _ = signed_post(url, click(msg1, ACTION_APPROVE))
     assert status == 200
-    [upd] = stub.wait_for("chat.update")
+    [upd] = stub.wait_for("chat.update", DECIDED)
     assert upd["params"]["ts"] == msg1["reply"]["ts"] and upd["params"]["channel"] == CHANNEL
     assert f"<@{ALICE}> approved" in json.dumps(upd["params"]["blocks"])
     assert not any(b["type"] == "actions" for b in upd["params"]["blocks"])
@@ -195,6 +200,19 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert len(rows) == 2 and rows[1]["candidate_id"] == only(paused["pending_review"])["candidate_id"]
     [rev] = Ledger.open(run_dir).table_rows("reviews")
     assert rev["action"] == "approve" and rev["channel"] == "slack" and ALICE in rev["reviewer"]
+    # the decision went back with review #1's interrupt id; review #2 carries its own
+    value2 = json.loads(next(b for b in msg2["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"])
+    assert value2["interrupt"] != value["interrupt"] and value2["review"] == 2
+    # review #1's thread showed the trial live: a progress message naming it, edited once it had ended
+    wait_paused(run_dir)
+    thread1 = msg1["reply"]["ts"]
+    [live] = [c for c in stub.of("chat.postMessage")
+              if c["params"].get("thread_ts") == thread1 and "running now" in c["params"]["text"]]
+    assert rows[1]["trial_id"] in live["params"]["text"] and "step" in live["params"]["text"]
+    edits = [c for c in stub.of("chat.update") if c["params"]["ts"] == live["reply"]["ts"]]
+    assert edits and "no trial running" in edits[-1]["params"]["text"]
+    assert any(rows[1]["trial_id"] in c["params"]["text"] and "✓" in c["params"]["text"]
+               for c in stub.of("chat.postMessage") if c["params"].get("thread_ts") == thread1)
 
     # 5. a second click on the decided message: an ephemeral note, nothing else
     wait_paused(run_dir)
@@ -202,7 +220,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert status == 200
     note = stub.wait_for("chat.postEphemeral", count=2)[1]
     assert note["params"]["user"] == ALICE and "already decided" in note["params"]["text"]
-    assert len(trials(run_dir)) == 2 and len(stub.of("chat.update")) == 1 and len([c for c in stub.of("chat.postMessage") if TOP(c)]) == 2
+    assert len(trials(run_dir)) == 2 and len([u for u in stub.of("chat.update") if DECIDED(u)]) == 1 and len([c for c in stub.of("chat.postMessage") if TOP(c)]) == 2
 
     # 6. reject with feedback through the form: a revised candidate comes back as review #3
     status, _ = signed_post(url, click(msg2, ACTION_REJECT))
@@ -216,7 +234,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     assert status == 200 and "errors" not in body
     msg3 = stub.wait_for("chat.postMessage", TOP, count=3)[2]
     wait_paused(run_dir)
-    upd2 = stub.wait_for("chat.update", count=2)[1]
+    upd2 = stub.wait_for("chat.update", DECIDED, count=2)[1]
     assert upd2["params"]["ts"] == msg2["reply"]["ts"] and "rejected" in json.dumps(upd2["params"]["blocks"])
     reviews = Ledger.open(run_dir).table_rows("reviews")
     assert reviews[-1]["action"] == "reject" and reviews[-1]["feedback"] == FEEDBACK
@@ -308,3 +326,28 @@ def test_tune_with_slack_needs_a_token_and_a_channel(tmp_path, monkeypatch):
     assert out.exit_code == 2 and "no reviewers" in out.output
     out = CliRunner().invoke(app, [*serve, "--reviewer", ALICE], env={"SLACK_BOT_TOKEN": TOKEN})
     assert out.exit_code == 2 and "SLACK_SIGNING_SECRET" in out.output
+
+
+def test_live_progress_stays_within_slacks_rate_limits():
+    from mart.graph.reviewers.slack import LiveProgress
+    from mart.nodes.progress import TrialDone, TrialLaunched, TrialStep
+
+    now = [0.0]
+    posts, edits = [], []
+    live = LiveProgress(post=lambda text: posts.append((now[0], text)) or "ts1",
+                        update=lambda ts, text: edits.append((now[0], text)), interval_s=5.0, floor_s=1.0,
+                        clock=lambda: now[0])
+    for i in range(4):  # four trials in flight, each logging a step every 0.1 s for a minute
+        live.event(TrialLaunched(trial_id=f"t{i}", stage="learning", kind="candidate", horizon=600, changes=["lr=1"]))
+    for k in range(600):
+        now[0] = k * 0.1
+        for i in range(4):
+            live.event(TrialStep(trial_id=f"t{i}", stage="learning", step=k + 1, val_score=0.5))
+    now[0] = 60.0
+    live.event(TrialDone(trial_id="t0", status="completed", eligible=True))
+    live.push(force=True)
+    assert len(posts) == 1 and "t0" in posts[0][1] and any("t3" in text for _, text in edits)
+    times = [t for t, _ in edits]
+    assert len(edits) <= 60 / 5.0 + 2  # at most one edit per interval, plus the end and the flush
+    assert all(b - a >= 1.0 for a, b in zip(times, times[1:]))  # never two within Slack's 1 s
+    assert "t0" not in edits[-1][1] and "t1" in edits[-1][1] and "step 600/600" in edits[-1][1]

@@ -128,3 +128,52 @@ def test_studio_runs_the_graph_to_the_review_and_resumes(studio, tmp_path):
     assert state["next"] == ["human_review"] and state["interrupts"][0]["value"]["review_no"] == 2
     assert state["interrupts"][0]["id"] != intr["id"]
     assert proc.poll() is None
+
+
+def test_studio_review_form_is_the_typed_decision_and_stale_or_invalid_answers_are_refused(studio, tmp_path):
+    from pydantic import TypeAdapter
+
+    from mart.state.models import ReviewDecision
+
+    url, proc = studio
+    client = get_sync_client(url=url)
+    [assistant] = client.assistants.search(graph_id="mart")
+    aid = assistant["assistant_id"]
+    runs = tmp_path / "runs"
+    options = {"backend": "tests.support.toy_backend:make_backend", "runs_dir": str(runs), "system_trials": 4,
+               "learning_trials": 0, "system_horizon": 3, "watch_interval_s": 0.01, "quiet": True}
+    tid = client.threads.create()["thread_id"]
+    client.runs.wait(tid, aid, input={"options": options})
+    state = client.threads.get_state(tid)
+    [first] = state["interrupts"]
+    # the form Studio renders for the review: the typed decision (approve / edit / reject / respond per candidate)
+    schema = first["response_schema"]
+    assert schema == TypeAdapter(ReviewDecision).json_schema()
+    decision = schema["$defs"]["CandidateDecision"]["properties"]["type"]
+    assert set(decision["enum"]) == {"approve", "edit", "reject", "respond"}
+    run_dir = Path(state["values"]["run_dir"])
+
+    def trials():
+        return Ledger.open(run_dir).trials()
+
+    # answer review #1 by its interrupt id; review #2 is asked
+    client.runs.wait(tid, aid, command={"resume": {first["id"]: {"action": "approve", "reviewer": "ann"}}})
+    [second] = client.threads.get_state(tid)["interrupts"]
+    assert second["id"] != first["id"] and second["value"]["review_no"] == 2
+    ran = len(trials())
+
+    # a stale answer (review #1's id again, e.g. an old form): the server refuses it, nothing moves
+    stale = client.runs.wait(tid, aid, command={"resume": {first["id"]: {"action": "approve"}}}, raise_error=False,
+                             strict_resume=True)
+    assert stale["__error__"]["error"] == "UnknownInterruptError"  # strict resume on Studio's server (graph/studio.py)
+    assert client.runs.list(tid)[0]["status"] == "error"
+    state = client.threads.get_state(tid)
+    assert [i["id"] for i in state["interrupts"]] == [second["id"]] and len(trials()) == ran
+    assert not Ledger.open(run_dir).table_rows("reviews")[1:]  # only review #1's decision was recorded
+
+    # an edit of a key outside the catalogue: refused in band (the review is asked again, naming the key), no trial
+    client.runs.wait(tid, aid, command={"resume": {second["id"]: {"action": "edit", "edits": {"bogus_knob": 3}}}})
+    state = client.threads.get_state(tid)
+    [again] = state["interrupts"]
+    assert again["value"]["review_no"] == 2 and "bogus_knob" in (again["value"]["error"] or "")
+    assert len(trials()) == ran and proc.poll() is None

@@ -16,7 +16,7 @@ from mart.state.objectives import (
     pick_learning_winner,
     validation_noise,
 )
-from mart.state.options import TuneOptions
+from tests.support.cli import sim_stage2_options
 
 VAL = "val-core/task/reward/mean@1"
 
@@ -74,11 +74,7 @@ def test_a_collapsing_config_never_beats_a_healthy_one_with_a_close_score():
 
 
 def test_sim_session_re_evaluates_close_configs_once_and_reports_the_mean_and_spread(tmp_path: Path):
-    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-8b-1x8", "seed": 0, "clock": "poll"},
-                       approve="auto", agents="rules", runs_dir=str(tmp_path), seed=0, system_trials=2,
-                       learning_trials=6, learning_horizon=30, learning_confirm_trials=3, quiet=True, report=False,
-                       watch_interval_s=0.01)
-    summary = tune(opts)
+    summary = tune(sim_stage2_options(tmp_path, seed=0))
     learn = summary["learning"]
     ledger = Ledger.open(Path(summary.get("run_dir") or tmp_path / summary["run_id"]))
     try:

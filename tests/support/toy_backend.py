@@ -47,6 +47,16 @@ SPACE = SearchSpace(
 )
 
 
+#: two knobs whose last segments read the same (as verl's rollout and reference log-prob micro batches): summaries
+#: must tell them apart. The toy's trials ignore them (``ToyBackend(log_prob_knobs=True)`` adds them).
+ROLLOUT_LP = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+REF_LP = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+LOG_PROB_SPACE = SearchSpace(
+    backend="toy", constraints=SPACE.constraints,
+    params=[*SPACE.params, ParamSpec(ROLLOUT_LP, "system", "int", 2, "rollout log-prob micro batch", low=1, high=64),
+            ParamSpec(REF_LP, "system", "int", 2, "reference log-prob micro batch", low=1, high=64)])
+
+
 def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: float = 0.0,
              kl_onset_step: int = 3) -> tuple[list[dict], str]:
     """The trial's metric rows (step 0 first) and final status; ``memory_spike_gb`` is added to step 1's
@@ -154,19 +164,20 @@ class ToyBackend(Backend):
 
     def __init__(self, memory_capacity_gb: float | None = None, stream: bool = False,
                  base_overrides: dict | None = None, memory_spike_gb: float = 0.0, kl_onset_step: int = 3,
-                 max_parallel: int | None = None, **unused) -> None:
+                 max_parallel: int | None = None, log_prob_knobs: bool = False, **unused) -> None:
         self.capacity = memory_capacity_gb or 4.0
         self.max_parallel = max_parallel
         self.stream = stream
         self.memory_spike_gb = memory_spike_gb
         self.kl_onset_step = kl_onset_step
         self.base_overrides = dict(base_overrides or {})
+        self.space = LOG_PROB_SPACE if log_prob_knobs in (True, "true", "1") else SPACE
 
     def search_space(self) -> SearchSpace:
-        return SPACE
+        return self.space
 
     def base_config(self) -> dict:
-        return {**SPACE.defaults(), **self.base_overrides}
+        return {**self.space.defaults(), **self.base_overrides}
 
     def make_runner(self) -> TrialRunner:
         return ToyRunner(stream=self.stream, memory_spike_gb=self.memory_spike_gb, kl_onset_step=self.kl_onset_step)

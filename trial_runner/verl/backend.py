@@ -96,6 +96,13 @@ class VerlBackend(GpuBackendCapacity, Backend):
         # fail early on a bad entrypoint string
         VerlRunner(entrypoint, sample_gpu=False, python=self.verl_python)
 
+    def missing_requirement(self) -> str | None:
+        """verl itself, when trials run ``python -m verl.trainer.main_ppo`` in this interpreter (the default launch);
+        another entrypoint, interpreter or a Ray cluster brings its own."""
+        if self.entrypoint is None and self.verl_python is None and not self.ray_address and not verl_available():
+            return "verl is not installed: pip install -e '.[verl]' (or give --verl-entrypoint / --verl-python)"
+        return None
+
     @staticmethod
     def _import_script(entrypoint: str | None):
         """The run script an entrypoint runs, imported (see ``script.py``), or None for other launchers."""

@@ -1,0 +1,91 @@
+"""A session's result as text: one rendering of each figure for every channel that shows it.
+
+The numbers come from the summary (``StagePolicy.summary``, computed once; the ledger's ``stage_results`` holds
+the same ones), and the terminal table, Slack's final message and the report's headline all write them through
+the functions here, so a stage's baseline, best and gain read the same everywhere. Knob names are the keys'
+last segments, with the phase prefix where two of them would read the same (``display_names``); a stage whose
+baseline stayed the best says so instead of printing a signed zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mart.state.agents import group_by_agent
+from mart.state.config_values import format_value
+from mart.state.search_space import display_names
+
+KEPT = "kept the baseline"
+KEPT_STATIC = "kept the static config"
+
+
+def knob_lines(overrides: dict[str, Any] | None) -> list[str]:
+    """``name=value`` for each changed knob, unambiguous names; a multi-agent job's knobs one line per agent."""
+    shared, per_agent = group_by_agent(overrides or {})
+    names = display_names(shared)
+    lines = [f"{names[k]}={format_value(v)}" for k, v in sorted(shared.items(), key=lambda kv: names[kv[0]])]
+    for agent, knobs in per_agent.items():
+        own = display_names(knobs)
+        lines.append(f"agent {agent}: " + ", ".join(f"{own[k]}={format_value(v)}"
+                                                    for k, v in sorted(knobs.items(), key=lambda kv: own[kv[0]])))
+    return lines
+
+
+def knob_text(overrides: dict[str, Any] | None, sep: str = ", ") -> str:
+    return sep.join(knob_lines(overrides))
+
+
+@dataclass
+class StageFigure:
+    """One stage's row: what it measures, its baseline and best as text, the gain (or that nothing changed)."""
+
+    stage: str
+    label: str
+    baseline: str
+    best: str
+    gain: str
+    kept: bool
+    config: list[str]
+
+    def sentence(self) -> str:
+        """``learning stage (val score): 0.5304 → 0.5304, kept the baseline``."""
+        return f"{self.stage} stage ({self.label}): {self.baseline} → {self.best}, {self.gain}"
+
+
+def _num(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
+    """The figures of each stage the session ran, from its summary (``mart tune --json``'s object)."""
+    ran = summary.get("stages") or ["system", "learning"]  # a summary stored before --stages: both
+    out = []
+    sys_ = summary.get("system") or {}
+    if "system" in ran and sys_:
+        kept = bool(sys_.get("kept_baseline"))
+        gain = sys_.get("throughput_gain_pct")
+        out.append(StageFigure(
+            "system", "tok/s/GPU", _num(sys_.get("baseline_throughput"), ",.0f"), _num(sys_.get("best_throughput"), ",.0f"),
+            KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config"))))
+    learn = summary.get("learning") or {}
+    if "learning" in ran and learn:
+        kept = bool(learn.get("kept_baseline"))
+        gain = learn.get("score_gain")
+        runs = learn.get("best_score_runs") or 0
+        best = _num(learn.get("best_score"), ".4f") + (f" (mean of {runs} runs)" if runs > 1 and not kept else "")
+        out.append(StageFigure(
+            "learning", "val score", _num(learn.get("baseline_score"), ".4f"), best,
+            KEPT if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, knob_lines(learn.get("best_config"))))
+    sched = summary.get("schedule")
+    if sched is not None:
+        segs = sched.get("segments") or []
+        kept = bool(segs) and not any(s.get("changes") for s in segs)
+        gain = sched.get("gain")
+        lines = [f"steps {s['from_step']}-{s['to_step']}: " + (knob_text(s["changes"]) if s.get("changes") else
+                                                               "unchanged") for s in segs] or ["no complete schedule"]
+        out.append(StageFigure(
+            "schedule", f"val score, {sched.get('branches_run')} segment-trials",
+            _num(sched.get("static_best_score"), ".4f"), _num(sched.get("final_score"), ".4f"),
+            KEPT_STATIC if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, lines))
+    return out
