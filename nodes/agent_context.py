@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mart.nodes import stages
@@ -34,7 +35,7 @@ def trial_from_row(row: dict[str, Any]) -> TrialRecord:
     )
 
 
-def build_job_model(state: dict[str, Any], services, history: list[TrialRecord]) -> JobModel | None:
+def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecord]) -> JobModel | None:
     """The job model calibrated on every finished trial (stage 1's, then stage 2's), or None when the
     backend cannot describe its job."""
     job = services.job_description()
@@ -58,7 +59,7 @@ def build_job_model(state: dict[str, Any], services, history: list[TrialRecord])
     return model.fit(obs)
 
 
-def build_agent_context(state: dict[str, Any], services, slots: int = 1) -> AgentContext:
+def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> AgentContext:
     """What the agents see at a decision point that fills ``slots`` free trial slots (the trials still in flight
     are ``pending``: never proposed again, and spread away from by a batch)."""
     stage = state["stage"]

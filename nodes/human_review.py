@@ -13,6 +13,7 @@ Code before ``interrupt`` only reads (an answer to a question is computed once a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
@@ -65,7 +66,7 @@ def prediction_text(cand: Candidate, record: list[dict[str, Any]]) -> str | None
     return "; ".join(parts)
 
 
-def candidate_view(state: dict[str, Any], services: Any, cand: Candidate, critiques: list[Any],
+def candidate_view(state: Mapping[str, Any], services: Any, cand: Candidate, critiques: list[Any],
                    prediction_record: list[dict[str, Any]]) -> dict[str, Any]:
     """One candidate as a reviewer sees it (JSON-friendly)."""
     stage = state["stage"]
@@ -93,7 +94,7 @@ def candidate_view(state: dict[str, Any], services: Any, cand: Candidate, critiq
     }
 
 
-def build_review_request(state: dict[str, Any], services: Any) -> dict[str, Any]:
+def build_review_request(state: Mapping[str, Any], services: Any) -> dict[str, Any]:
     """The interrupt payload (JSON-friendly): what any reviewer channel shows."""
     batch: Batch = state["batch"]
     stage = state["stage"]
@@ -152,7 +153,7 @@ def check_decision(decision: ReviewDecision, picks: list[Candidate], space, stag
     return {cid: (d, apply_decision(d, by_id[cid], space, stage, base)) for cid, d in per.items()}
 
 
-def _answer(services: Any, state: dict[str, Any], review_id: str, n: int, cand: Candidate | None, question: str) -> str:
+def _answer(services: Any, state: Mapping[str, Any], review_id: str, n: int, cand: Candidate | None, question: str) -> str:
     """The agents' answer to a reviewer's question, computed once per question and kept in the ledger (the node
     runs again from its first line on every resume)."""
     key = f"{review_id}:q{n}"
@@ -169,7 +170,8 @@ def _answer(services: Any, state: dict[str, Any], review_id: str, n: int, cand: 
 
 def human_review(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["launch_trial", "proposer"]]:
     services = services_for(state, runtime)
-    batch: Batch = state["batch"]
+    batch = state["batch"]
+    assert batch is not None, "human_review runs only after the critic filled a batch"
     picks = list(batch.picks)
     stage = state["stage"]
     policy = stages.get(stage)

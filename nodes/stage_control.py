@@ -4,6 +4,7 @@ to do with the free trial slots, hands a finished stage over to the next one, an
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
@@ -16,7 +17,7 @@ from mart.nodes.stages import StageView
 from mart.state.graph_state import GRAPH_VERSION, Batch, TuningState, running_trials
 
 
-def enter_stage(state: dict[str, Any], services: Services, stage: str) -> dict[str, Any]:
+def enter_stage(state: Mapping[str, Any], services: Services, stage: str) -> dict[str, Any]:
     """The state update that starts ``stage`` (its baseline comes from its first plan)."""
     update: dict[str, Any] = {"stage": stage, "round": 0, "feedback": [], "batch": None, "waiting": {}}
     update.update(stages.get(stage).enter(StageView({**state, **update}, services)))
@@ -67,11 +68,11 @@ def stage_control(state: TuningState, runtime: Runtime[Services]
     if not plan.done:
         raise RuntimeError(f"the {stage} stage waits, but no trial is in flight (plan: {plan})")
     # the stage is over: its winner, then the next stage (or the end)
-    state = {**state, **update}
+    state = {**state, **update}  # type: ignore[typeddict-item]  # a plain merged view from here on
     out_of_time = view.out_of_time()
     concluded, stop = policy.conclude(StageView(state, services), "wall-clock budget spent" if out_of_time else None)
     update.update(concluded)
-    state = {**state, **concluded}
+    state = {**state, **concluded}  # type: ignore[typeddict-item]
     if out_of_time:
         return Command(goto="finish", update=update)
     if stop:
@@ -90,7 +91,7 @@ def finish(state: TuningState, runtime: Runtime[Services]) -> dict[str, Any]:
     return {"status": "completed", "summary": summary}
 
 
-def build_summary(state: dict[str, Any], services: Services) -> dict[str, Any]:
+def build_summary(state: Mapping[str, Any], services: Services) -> dict[str, Any]:
     """The session's result in the documented JSON shape: each stage's part and notes (``StagePolicy.summary``),
     the trial counts, the agents' usage; ``schedule`` and ``parallel`` only when they apply."""
     parts: dict[str, Any] = {}
@@ -118,14 +119,15 @@ def build_summary(state: dict[str, Any], services: Services) -> dict[str, Any]:
         "agents": services.ledger.agent_usage(services.run_id),
         **{k: v for k, v in parts.items() if k not in ("system", "learning")},
     }
-    if services.slots_note():
-        notes.append(services.slots_note())
+    slots_note = services.slots_note()
+    if slots_note:
+        notes.append(slots_note)
     if services.options.parallel > 1:
         summary["parallel"] = parallel_summary(state, services, trials)
     return summary
 
 
-def parallel_summary(state: dict[str, Any], services: Services, trials: list[dict[str, Any]]) -> dict[str, Any]:
+def parallel_summary(state: Mapping[str, Any], services: Services, trials: list[dict[str, Any]]) -> dict[str, Any]:
     """How the slots were used: their number, the session's wall time, and the share of slot-time trials ran."""
     slots = services.trial_slots()
     wall = max(1e-9, time.time() - float(state.get("started_at") or time.time()))

@@ -7,6 +7,7 @@ by the nodes (no accumulating reducers).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -87,7 +88,7 @@ class TuningState(InputState, total=False):
     """The session's final summary (``mart.nodes.stages.summary.build_summary``)."""
 
 
-def running_trials(state: dict[str, Any], stage: str | None = None) -> list[RunningTrial]:
+def running_trials(state: Mapping[str, Any], stage: str | None = None) -> list[RunningTrial]:
     """The trials in flight, in launch order (sequence), of one stage or all."""
     out = [RunningTrial.model_validate(r) if isinstance(r, dict) else r for r in (state.get("running") or {}).values()]
     return [r for r in out if stage is None or r.record.stage == stage]

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from urllib.parse import quote
 
 import sqlite_utils
+from pydantic import BaseModel, ConfigDict
 
 from mart.state.models import Candidate, Critique, HealthEvent, ReviewDecision, TrialRecord
 
@@ -59,6 +60,59 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
 }
 
 
+class _Row(BaseModel):
+    # a ledger written by a newer mart may hold more columns: they are kept, not refused
+    model_config = ConfigDict(extra="allow")
+
+
+class TrialRow(_Row):
+    """One row of ``trials`` as read: the JSON columns decoded, every column typed (a value of the wrong type is
+    a damaged ledger and fails here, naming the column, instead of deep in a node)."""
+
+    trial_id: str
+    run_id: str | None = None
+    seq: int | None = None
+    stage: str | None = None
+    kind: str | None = None
+    candidate_id: str | None = None
+    config: dict[str, Any] = {}
+    overrides: dict[str, Any] | None = None
+    status: str | None = None
+    reason: str | None = None
+    handle: dict[str, Any] | None = None
+    trial_dir: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    steps_done: int | None = None
+    horizon: int | None = None
+    throughput: float | None = None
+    peak_memory_gb: float | None = None
+    score: float | None = None
+    early_stopped: bool = False
+    wall_s: float | None = None
+    parent_trial: str | None = None
+    parent_checkpoint: str | None = None
+    parent_step: int | None = None
+    seed: int | None = None
+    confirms: str | None = None
+    slot: int | None = None
+    queued_at: float | None = None
+    launch_token: str | None = None
+
+
+class RunRow(_Row):
+    """One row of ``runs`` as read (options and summary decoded)."""
+
+    run_id: str
+    created_at: float | None = None
+    updated_at: float | None = None
+    status: str | None = None
+    options: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    pid: int | None = None
+
+
 def connect_readonly(path: Path) -> sqlite3.Connection:
     """A read-only connection; falls back to ``immutable=1`` where SQLite cannot even make its WAL index
     (read-only media)."""
@@ -100,7 +154,7 @@ class Ledger:
 
     def ensure_schema(self) -> None:
         for name, (columns, pk) in _SCHEMAS.items():
-            table = self.db[name]
+            table = self.db.table(name)
             if not table.exists():
                 table.create(columns, pk=pk)
                 continue
@@ -118,19 +172,23 @@ class Ledger:
         for key in ("options", "summary", "snapshot"):
             if key in row and not isinstance(row[key], str) and row[key] is not None:
                 row[key] = _json(row[key])
-        if not self.db["runs"].count_where("run_id = ?", [run_id]):
+        if not self.db.table("runs").count_where("run_id = ?", [run_id]):
             row.setdefault("created_at", time.time())
-        self.db["runs"].upsert(row, pk="run_id", alter=True)
+        self.db.table("runs").upsert(row, pk="run_id", alter=True)
 
     def run(self, run_id: str | None = None) -> dict[str, Any] | None:
-        rows = list(self.db["runs"].rows_where("run_id = ?", [run_id]) if run_id else self.db["runs"].rows)
+        row = self.run_row(run_id)
+        return None if row is None else row.model_dump()
+
+    def run_row(self, run_id: str | None = None) -> RunRow | None:
+        rows = list(self.db.table("runs").rows_where("run_id = ?", [run_id]) if run_id else self.db.table("runs").rows)
         if not rows:
             return None
         row = dict(rows[0])
         for key in ("options", "summary", "snapshot"):
             if row.get(key):
                 row[key] = json.loads(row[key])
-        return row
+        return RunRow.model_validate(row)
 
     # -- trials -----------------------------------------------------------------------------------
     def upsert_trial(self, record: TrialRecord, *, run_id: str, seq: int | None = None, **extra: Any) -> None:
@@ -147,28 +205,34 @@ class Ledger:
             row["seq"] = seq
         for key, value in extra.items():
             row[key] = _json(value) if isinstance(value, (dict, list)) else value
-        self.db["trials"].upsert(row, pk="trial_id", alter=True)
+        self.db.table("trials").upsert(row, pk="trial_id", alter=True)
 
     def set_trial_fields(self, trial_id: str, **fields: Any) -> None:
         fields = {k: (_json(v) if isinstance(v, (dict, list)) else v) for k, v in fields.items()}
-        self.db["trials"].update(trial_id, fields, alter=True)
+        self.db.table("trials").update(trial_id, fields, alter=True)
 
     def trial(self, trial_id: str) -> dict[str, Any] | None:
-        rows = list(self.db["trials"].rows_where("trial_id = ?", [trial_id]))
-        return self._decode_trial(rows[0]) if rows else None
+        rows = list(self.db.table("trials").rows_where("trial_id = ?", [trial_id]))
+        return self._decode_trial(rows[0]).model_dump() if rows else None
 
     def trials(self, stage: str | None = None) -> list[dict[str, Any]]:
+        """Every trial (of ``stage``) in launch order, as plain dicts of :class:`TrialRow`."""
+        return [r.model_dump() for r in self.trial_rows(stage)]
+
+    def trial_rows(self, stage: str | None = None) -> list[TrialRow]:
         where, args = ("stage = ?", [stage]) if stage else (None, [])
-        return [self._decode_trial(r) for r in self.db["trials"].rows_where(where, args, order_by="seq")]
+        return [self._decode_trial(r) for r in self.db.table("trials").rows_where(where, args, order_by="seq")]
 
     @staticmethod
-    def _decode_trial(row: dict[str, Any]) -> dict[str, Any]:
+    def _decode_trial(row: dict[str, Any]) -> TrialRow:
         row = dict(row)
         for key in ("config", "overrides", "handle"):
             if row.get(key):
                 row[key] = json.loads(row[key])
+            elif key == "config":
+                row[key] = {}
         row["early_stopped"] = bool(row.get("early_stopped"))
-        return row
+        return TrialRow.model_validate(row)
 
     # -- metrics ----------------------------------------------------------------------------------
     def add_metrics(self, trial_id: str, records: Iterable[Any]) -> int:
@@ -177,21 +241,21 @@ class Ledger:
             for rec in records for k, v in rec.data.items()
         ]
         if rows:
-            self.db["metrics"].upsert_all(rows, pk=("trial_id", "step", "key"))
+            self.db.table("metrics").upsert_all(rows, pk=("trial_id", "step", "key"))
         return len(rows)
 
     def metric_records(self, trial_id: str) -> list[Any]:
         from mart.state.metrics import StepRecord
 
         by_step: dict[int, dict[str, float]] = {}
-        for r in self.db["metrics"].rows_where("trial_id = ?", [trial_id], order_by="step"):
+        for r in self.db.table("metrics").rows_where("trial_id = ?", [trial_id], order_by="step"):
             by_step.setdefault(r["step"], {})[r["key"]] = math.nan if r["value"] is None else r["value"]
         return [StepRecord(step=s, data=d) for s, d in sorted(by_step.items())]
 
     # -- agents and reviews -----------------------------------------------------------------------
     def add_proposals(self, run_id: str, round_: int, candidates: list[Candidate]) -> None:
         now = time.time()
-        self.db["proposals"].upsert_all([
+        self.db.table("proposals").upsert_all([
             {"candidate_id": c.candidate_id, "run_id": run_id, "stage": c.stage, "round": round_,
              "overrides": _json(c.overrides), "rationale": c.rationale, "source": c.source,
              "predicted_memory_gb": _num(c.predicted_memory_gb), "expected_gain": _num(c.expected_gain),
@@ -200,8 +264,8 @@ class Ledger:
 
     def predictions(self, run_id: str) -> dict[str, dict[str, Any]]:
         """candidate_id -> what was predicted before it ran (throughput, peak) and who proposed it."""
-        if "predicted_throughput" not in self.db["proposals"].columns_dict:
-            self.db["proposals"].add_column("predicted_throughput", float)
+        if "predicted_throughput" not in self.db.table("proposals").columns_dict:
+            self.db.table("proposals").add_column("predicted_throughput", float)
         sql = ("select candidate_id, predicted_throughput, predicted_memory_gb, source from proposals where run_id = ?")
         return {cid: {"predicted_throughput": thr, "predicted_memory_gb": mem, "source": src}
                 for cid, thr, mem, src in self.db.execute(sql, [run_id]).fetchall()}
@@ -235,7 +299,7 @@ class Ledger:
         """The critic's verdicts; ``picks``: the candidate (or, for a batch, candidates) it chose."""
         now = time.time()
         chosen = set([picks] if isinstance(picks, str) else picks or [])
-        self.db["critiques"].upsert_all([
+        self.db.table("critiques").upsert_all([
             {"candidate_id": c.candidate_id, "run_id": run_id, "accepted": int(c.accepted),
              "picked": int(c.candidate_id in chosen), "reasons": _json(c.reasons),
              "predicted_memory_gb": _num(c.predicted_memory_gb), "risk": c.risk, "score": _num(c.score),
@@ -246,18 +310,18 @@ class Ledger:
                    review_no: int | None = None) -> None:
         """One candidate's decision (``decision`` holds that one, ``decisions[0]``)."""
         d = decision.decisions[0]
-        self.db["reviews"].upsert({
+        self.db.table("reviews").upsert({
             "review_id": review_id, "run_id": run_id, "candidate_id": candidate_id, "action": d.type,
             "edits": _json(d.edits), "feedback": d.message, "reviewer": decision.reviewer,
             "channel": decision.channel, "created_at": time.time(), "review_no": review_no,
         }, pk="review_id", alter=True)
 
     def review_answer(self, answer_id: str) -> str | None:
-        rows = list(self.db["review_answers"].rows_where("answer_id = ?", [answer_id]))
+        rows = list(self.db.table("review_answers").rows_where("answer_id = ?", [answer_id]))
         return rows[0]["answer"] if rows else None
 
     def set_review_answer(self, run_id: str, answer_id: str, question: str, answer: str) -> None:
-        self.db["review_answers"].upsert({"answer_id": answer_id, "run_id": run_id, "question": question,
+        self.db.table("review_answers").upsert({"answer_id": answer_id, "run_id": run_id, "question": question,
                                           "answer": answer, "created_at": time.time()}, pk="answer_id")
 
     def rejected_overrides(self, run_id: str, stage: str) -> list[dict[str, Any]]:
@@ -268,7 +332,7 @@ class Ledger:
 
     def add_health_events(self, events: list[HealthEvent]) -> None:
         if events:
-            self.db["health_events"].upsert_all([
+            self.db.table("health_events").upsert_all([
                 {"event_id": f"{e.trial_id}:{e.scoped_rule}:{e.step}", "trial_id": e.trial_id, "step": e.step,
                  "rule": e.rule, "severity": e.severity, "message": e.message, "value": _num(e.value),
                  "agent": e.agent, "created_at": time.time()} for e in events
@@ -279,12 +343,12 @@ class Ledger:
         return [
             HealthEvent(trial_id=r["trial_id"], step=r["step"], rule=r["rule"], severity=r["severity"],
                         message=r["message"], value=r["value"], agent=r.get("agent"))
-            for r in self.db["health_events"].rows_where(where, args, order_by="created_at")
+            for r in self.db.table("health_events").rows_where(where, args, order_by="created_at")
         ]
 
     def add_agent_calls(self, run_id: str, prefix: str, calls: list[Any]) -> None:
         if calls:
-            self.db["agent_calls"].upsert_all([
+            self.db.table("agent_calls").upsert_all([
                 {"call_id": f"{prefix}:{i}", "run_id": run_id, "role": c.role, "strategy": c.strategy,
                  "ok": int(c.ok), "fallback_reason": c.fallback_reason, "error": c.error, "model": c.model,
                  "prompt_version": c.prompt_version, "prompt_tokens": c.prompt_tokens,
@@ -294,7 +358,7 @@ class Ledger:
             ], pk="call_id", alter=True)
 
     def agent_usage(self, run_id: str) -> dict[str, Any]:
-        rows = list(self.db["agent_calls"].rows_where("run_id = ?", [run_id]))
+        rows = list(self.db.table("agent_calls").rows_where("run_id = ?", [run_id]))
         return {
             "calls": len(rows),
             "fallbacks": sum(1 for r in rows if r["fallback_reason"]),
@@ -307,7 +371,7 @@ class Ledger:
         }
 
     def set_profile(self, run_id: str, stage: str, trial_id: str, profile: Any) -> None:
-        self.db["profiles"].upsert({"run_id": run_id, "stage": stage, "trial_id": trial_id,
+        self.db.table("profiles").upsert({"run_id": run_id, "stage": stage, "trial_id": trial_id,
                                     "profile": profile.model_dump_json()}, pk=("run_id", "stage"))
 
     def set_stage_result(self, run_id: str, stage: str, **fields: Any) -> None:
@@ -317,7 +381,7 @@ class Ledger:
         for k in ("baseline_value", "best_value"):
             if k in row:
                 row[k] = _num(row[k])
-        self.db["stage_results"].upsert(row, pk=("run_id", "stage"), alter=True)
+        self.db.table("stage_results").upsert(row, pk=("run_id", "stage"), alter=True)
 
     def table_rows(self, name: str) -> list[dict[str, Any]]:
-        return list(self.db[name].rows)
+        return list(self.db.table(name).rows)

@@ -173,11 +173,11 @@ class ReviewDecision(BaseModel):
         """Each candidate's decision (``ValueError`` naming what is wrong: an unknown id, a candidate decided
         twice or not at all)."""
         named = [d for d in self.decisions if d.candidate_id is not None]
-        unknown = sorted({d.candidate_id for d in named} - set(candidate_ids))
+        unknown = sorted({d.candidate_id for d in named if d.candidate_id} - set(candidate_ids))
         if unknown:
             raise ValueError(f"no candidate {', '.join(map(str, unknown))} in this review (its candidates: "
                              f"{', '.join(candidate_ids)})")
-        seen = [d.candidate_id for d in named]
+        seen = [d.candidate_id for d in named if d.candidate_id]
         twice = sorted({c for c in seen if seen.count(c) > 1})
         if twice:
             raise ValueError(f"candidate {', '.join(map(str, twice))} decided twice")

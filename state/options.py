@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 StageName = Literal["system", "learning", "schedule"]
 STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
-DEFAULT_STAGES: tuple[str, ...] = ("system", "learning")
+DEFAULT_STAGES: tuple[StageName, ...] = ("system", "learning")
 
 
 class TuneOptions(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
@@ -28,7 +29,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     running = {rt.record.trial_id: rt for rt in running_trials(state)}
     update: dict[str, Any] = {}
     trials_done = dict(state.get("trials_done") or {})
-    view_state: dict[str, Any] = dict(state)
+    view_state: Mapping[str, Any] = dict(state)
     for tid, rt in list(running.items()):
         if not rt.finished:
             continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -54,7 +55,7 @@ class Plan:
 class StageView:
     """What a policy decides from: the graph state, the services, and the trials in flight."""
 
-    def __init__(self, state: dict[str, Any], services: Any) -> None:
+    def __init__(self, state: Mapping[str, Any], services: Any) -> None:
         self.state = state
         self.services = services
         self.options = services.options
@@ -230,7 +231,7 @@ class StagePolicy(abc.ABC):
             best_config=(state.get("best_overrides") or {}).get(self.name, {}), note=note or "",
         )
 
-    def result_values(self, state: dict[str, Any]) -> tuple[float | None, float | None]:
+    def result_values(self, state: Mapping[str, Any]) -> tuple[float | None, float | None]:
         """The baseline's and the best's objective as the stage reports them (its summary, the ledger's
         ``stage_results``, hence the report): one figure per concept. Default: each trial's own objective."""
         base = (state.get("baseline") or {}).get(self.name)
@@ -243,7 +244,7 @@ class StagePolicy(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+    def summary(self, state: Mapping[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
         """The stage's part of the session summary (``{key: part}``) and its notes."""
 
 

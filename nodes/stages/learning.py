@@ -13,6 +13,7 @@ The pure parts: ``mart.state.objectives`` (pooled_noise, collapse_signals, learn
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
@@ -97,8 +98,8 @@ class LearningStage(StagePolicy):
         confirms = [r for r in rows.values() if r.get("kind") == "confirm"]
         queued = [r for r in view.queued(self.name) if r.kind == "confirm"]
         left = getattr(view.options, "learning_confirm_trials", 3) - len(confirms) - len(queued)
-        rerun = {r.get("confirms") for r in confirms} | {r.confirms for r in queued}
-        out = []
+        rerun = {c for c in [*(r.get("confirms") for r in confirms), *(r.confirms for r in queued)] if c}
+        out: list[TrialRecord] = []
         while left > 0 and len(out) < free:
             c = next_reevaluation(contenders, noise, rerun, dof=dof)
             if c is None:
@@ -240,12 +241,12 @@ class LearningStage(StagePolicy):
             update.update(best=best, best_overrides=best_overrides)
         return update
 
-    def result_values(self, state: dict[str, Any]) -> tuple[float | None, float | None]:
+    def result_values(self, state: Mapping[str, Any]) -> tuple[float | None, float | None]:
         b_score, t_score, _ = self.figures(state)
         return b_score, t_score
 
     @staticmethod
-    def figures(state: dict[str, Any]) -> tuple[float | None, float | None, bool]:
+    def figures(state: Mapping[str, Any]) -> tuple[float | None, float | None, bool]:
         """The stage's baseline and best scores as every channel shows them (terminal, ``--json``, report, Slack),
         computed here once: the mean over each config's runs (seeds) once the final choice is made, not its luckiest
         run; and whether the baseline was kept."""
@@ -263,7 +264,7 @@ class LearningStage(StagePolicy):
         return _clean(b_score), _clean(t_score), kept
 
     # -- what people see --------------------------------------------------------------------------
-    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+    def summary(self, state: Mapping[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
         base, best = (state.get("baseline") or {}).get("learning"), (state.get("best") or {}).get("learning")
         overrides = (state.get("best_overrides") or {}).get("learning", {})
         sel = (state.get("selection") or {}).get("learning") or {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
@@ -47,7 +48,7 @@ def initial_state() -> dict[str, Any]:
     return {"expanding": None, "expanded": [], "notes": []}
 
 
-def schedule_state(state: dict[str, Any]) -> dict[str, Any]:
+def schedule_state(state: Mapping[str, Any]) -> dict[str, Any]:
     return {**initial_state(), **(state.get("schedule") or {})}
 
 
@@ -115,7 +116,7 @@ def next_boundary(options: Any, step: int) -> int:
     return next(b for b in options.schedule_boundaries() if b > step)
 
 
-def diagnosis_input(state: dict[str, Any], services: Any) -> tuple[list, list, tuple[int, int] | None]:
+def diagnosis_input(state: Mapping[str, Any], services: Any) -> tuple[list, list, tuple[int, int] | None]:
     """The expanding node's path metric records, its health events, and the segment to propose for."""
     expanding = schedule_state(state)["expanding"]
     if not expanding:
@@ -292,7 +293,7 @@ class ScheduleStage(StagePolicy):
         # the static path to the horizon: the reference every schedule is compared with
         if spine_open and used < budget:
             return Plan(launch=[self.child_record(view, spine[-1])], update=keep())
-        rechecks = []
+        rechecks: list[TrialRecord] = []
         for leaf_id in recheck_plan(nodes, depth, noise):
             if any(n.get("confirms") == leaf_id for n in nodes):
                 continue
@@ -388,7 +389,7 @@ class ScheduleStage(StagePolicy):
         nxt = next((b for b in view.options.schedule_boundaries() if b > step), step)
         return {"parent_trial": parent, "segment": [step, nxt]}
 
-    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+    def summary(self, state: Mapping[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
         result = (state.get("schedule") or {}).get("result")
         if result is not None:
             return {"schedule": schedule_summary(result)}, [f"schedule stage: {n}" for n in result.get("notes", [])]

@@ -9,6 +9,7 @@ would only re-run an infeasible config.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
@@ -100,7 +101,7 @@ class SystemStage(StagePolicy):
             return {}, "skipped: stage 1 found no feasible system config (see the system notes)"
         return {}, None
 
-    def summary(self, state: dict[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
+    def summary(self, state: Mapping[str, Any], services: Any) -> tuple[dict[str, Any], list[str]]:
         base, best = (state.get("baseline") or {}).get("system"), (state.get("best") or {}).get("system")
         overrides = (state.get("best_overrides") or {}).get("system", {})
         b_thr = base.throughput if base else None

@@ -77,3 +77,27 @@ def test_trial_upserts_keep_launch_fields(tmp_path):
     assert row["overrides"] == {"k": 1}
     assert row["status"] == "completed" and row["throughput"] == 12.5 and row["ended_at"] == 201.0
     assert len(ledger.table_rows("trials")) == 1
+
+
+def test_trial_rows_are_typed_and_a_column_of_the_wrong_type_is_named(tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from mart.state.ledger import TrialRow
+
+    ledger = _ledger(tmp_path)
+    rec = TrialRecord(trial_id="t1", stage="system", config={"a": 1}, status=TrialStatus.COMPLETED, throughput=12.5,
+                      early_stopped=True)
+    ledger.upsert_trial(rec, run_id="r", seq=1, handle={"pid": 7})
+    [row] = ledger.trial_rows()
+    assert isinstance(row, TrialRow)
+    assert (row.config, row.handle, row.throughput, row.early_stopped, row.seq) == ({"a": 1}, {"pid": 7}, 12.5, True, 1)
+    assert ledger.trials() == [row.model_dump()]  # the dict readers are the same rows
+    # a column a newer mart added is kept, not refused
+    ledger.db.execute("alter table trials add column future_col text")
+    ledger.db.execute("update trials set future_col = 'x'")
+    assert ledger.trial("t1")["future_col"] == "x"
+    # a damaged value fails on read, naming its column
+    ledger.db.execute("update trials set throughput = 'fast'")
+    with pytest.raises(ValidationError, match="throughput"):
+        ledger.trials()
