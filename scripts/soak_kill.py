@@ -100,7 +100,9 @@ class Soak:
                 break
             time.sleep(0.05)
         delay = self.rng.uniform(self.args.min_wait, self.args.max_wait)
-        in_window = self.rng.random() < self.args.launch_window_share
+        # spread evenly rather than drawn: that share of the kills so far lands in the launch window (a draw can
+        # miss the window in every kill of a short soak)
+        in_window = self.window_kills < self.args.launch_window_share * (self.kills + 1)
         try:
             if in_window and run is not None:
                 self.wait_for_a_launch(proc, run, delay)
