@@ -27,6 +27,7 @@ from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of
 from mart.nodes.agents.model_search import Scored, search
 from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
+from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
 from mart.state.units import fmt_gb
@@ -258,8 +259,8 @@ class RulesProposer(Proposer):
         key = spec.key
         rules = {e.rule for e in ctx.health_events if e.trial_id in {t.trial_id for t in ctx.history
                                                                       if t.stage == "learning"}}
-        unstable = rules & {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"}
-        collapsed = "entropy_collapse" in rules
+        unstable = rules & rule_names(INSTABILITY)
+        collapsed = bool(rules & rule_names(EXPLORATION))
         score, why = _learning_prior(key, direction, unstable, collapsed)
         score, why = multi_agent_move(ctx, key, direction, score, why, new=new)
         m = self._momentum(ctx, key, direction)
@@ -275,7 +276,8 @@ class RulesProposer(Proposer):
         agent is answered by that agent's knobs first), and the momentum of every moved agent's key."""
         trials = {t.trial_id for t in ctx.history if t.stage == ctx.stage}
         team_rules = {e.rule for e in ctx.health_events if e.trial_id in trials and e.agent is None}
-        score, why = _learning_prior(rest, direction, team_rules & _UNSTABLE, "entropy_collapse" in team_rules)
+        score, why = _learning_prior(rest, direction, team_rules & rule_names(INSTABILITY),
+                                     bool(team_rules & rule_names(EXPLORATION)))
         f = agent_findings(ctx)
         sick = sorted(set(f.health) | f.copying)
         if sick:
@@ -306,8 +308,6 @@ class RulesProposer(Proposer):
 # change no answer suggest fewer rounds. Knobs shared by all agents keep the single-agent scores above. A
 # remedy scores above the single-agent priors (0.8 at most without a finding): a finding outranks a prior.
 
-_UNSTABLE = frozenset({"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"})
-_PATHOLOGIES = frozenset({"agent_copying", "reward_concentration", "stale_debate_rounds"})
 
 
 @dataclass
@@ -340,27 +340,28 @@ def agent_findings(ctx: AgentContext) -> AgentFindings:
             f.copying.add(e.agent)
         elif e.rule == "reward_concentration":
             f.concentrated.add(e.agent)
-        elif e.rule not in _PATHOLOGIES:
+        elif e.rule not in rule_names(TEAM):
             f.health.setdefault(e.agent, set()).add(e.rule)
     return f
 
 
 def _agent_remedy(rest: str, direction: str, rules: set[str], copying: bool) -> tuple[float, str] | None:
     """The score of moving one of a sick agent's own knobs (``rest`` = the key after ``agents.<i>.``)."""
-    if rules & _UNSTABLE:
+    if rules & rule_names(INSTABILITY):
         if rest.endswith("optim.lr"):
             return (1.2, "lower its learning rate") if direction == "down" else (0.02, "a larger step would worsen it")
         if "kl" in rest:
             return (0.9, "raise its KL penalty to hold it near the reference") if direction == "up" else (
                 0.05, "less KL would let it drift further")
-    if "entropy_collapse" in rules or copying:
+    collapsed = bool(rules & rule_names(EXPLORATION))
+    if collapsed or copying:
         if rest.endswith("entropy_coeff") and direction == "up":
             return 0.9, "an entropy bonus keeps it exploring"
         if rest.endswith("rollout.temperature") and direction == "up":
             return 0.75, "a higher sampling temperature gives it answers of its own"
         if rest.endswith("clip_ratio_high") and direction == "up":
             return 0.6, "clip-higher (DAPO) lets its low-probability tokens grow"
-        if rest.endswith("optim.lr") and direction == "down" and "entropy_collapse" in rules:
+        if rest.endswith("optim.lr") and direction == "down" and collapsed:
             return 0.8, "a smaller step collapses more slowly"
     return None
 
