@@ -20,8 +20,9 @@ from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 
 __all__ = ["FACTS", "KnobEffect", "effect_of", "knob_facts", "reference_record"]
 
-#: the fields of a record that say what the agents know about the knob (the job model reads verl's records by key)
-FACTS = ("effect", "prior", "move", "zero_start", "aliases")
+#: the fields of a record that say what the tuner knows about the knob. ``model`` only passes to a record of the
+#: same key (the job model reads verl's keys, a per-agent copy's too), never to another backend's name for it.
+FACTS = ("effect", "model", "prior", "move", "zero_start", "aliases")
 
 #: the records that define the facts, by their key without verl's ``actor_rollout_ref.`` prefix
 _REFERENCE: dict[str, ParamSpec] = {
@@ -42,7 +43,8 @@ def knob_facts(spec: ParamSpec) -> ParamSpec:
     ref = reference_record(spec.means or spec.key)
     if ref is None or ref is spec:
         return spec
-    missing = {f: getattr(ref, f) for f in FACTS if getattr(spec, f) in (None, ()) and getattr(ref, f) not in (None, ())}
+    facts = FACTS if spec.means is None else tuple(f for f in FACTS if f != "model")
+    missing = {f: getattr(ref, f) for f in facts if getattr(spec, f) in (None, ()) and getattr(ref, f) not in (None, ())}
     return dataclasses.replace(spec, **missing) if missing else spec
 
 
