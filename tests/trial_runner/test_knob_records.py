@@ -26,6 +26,7 @@ from mart.trial_runner.local.backend import LocalBackend
 from mart.trial_runner.local.space import SEARCH_SPACE as LOCAL
 from mart.trial_runner.local.space import team_search_space
 from mart.trial_runner.marti.backend import MartiBackend
+from mart.trial_runner.sim import learning as SL
 from mart.trial_runner.sim import multi_agent as MA
 from mart.trial_runner.sim.learning import LearningKnobs
 from mart.trial_runner.sim.model import search_space as sim_space
@@ -81,6 +82,15 @@ def test_the_simulators_learning_defaults_are_the_catalogues(scenario):
     assert LearningKnobs.from_config({}, sc) == LearningKnobs.from_config(defaults, sc)
 
 
+def test_the_simulator_models_every_choice_of_a_categorical_learning_knob():
+    """The simulator's per-choice tables cover the catalogue's choices: a choice it lacks would fall back to a
+    neutral factor silently, so the benchmark could not tell it from the default."""
+    agg, kl = VERL["actor_rollout_ref.actor.loss_agg_mode"], VERL["actor_rollout_ref.actor.kl_loss_type"]
+    for name in ("AGG_SCALE", "AGG_QUALITY", "AGG_LENGTH"):
+        assert set(getattr(SL, name)) == set(agg.choices), f"sim.learning.{name} vs {agg.key}'s choices"
+    assert set(SL.KL_TYPE_HAZARD) == set(kl.choices), f"sim.learning.KL_TYPE_HAZARD vs {kl.key}'s choices"
+
+
 def test_the_multi_agent_catalogue_keeps_the_verl_records_facts():
     space = sim_space(MA_SCENARIO)
     copies = [p for p in space.params if split_knob(p.key)[1] in MA.PER_AGENT_KEYS]
@@ -122,15 +132,26 @@ def test_a_record_that_names_another_backends_knob_names_a_real_one():
                 assert reference_record(p.means) is not None, f"{name}: {p.key} means an unknown knob {p.means}"
 
 
-@pytest.mark.parametrize("backend", ["verl", "local", "marti"])
+def _meant(p) -> str:
+    """The verl knob a record is (itself, a per-agent copy of one, or what its ``means`` names)."""
+    ref = reference_record(p.means or p.key)
+    return ref.key if ref is not None else p.key
+
+
+@pytest.mark.parametrize("backend", ["verl", "local", "local-debate", "sim-debate", "marti"])
 def test_every_alias_of_a_knob_reaches_that_knob(backend):
+    """An alias reaches its knob; one several records share is one knob's (a shared knob and each agent's copy
+    of it: the first, the shared one, wins), never two different knobs' (the reviewer's words would go to
+    whichever comes first)."""
     space = catalogues()[backend]
+    owners: dict[str, list] = {}
     for p in space.params:
         for alias in knob_facts(p).aliases:
-            owners = [q.key for q in space.params if alias in knob_facts(q).aliases]
-            if owners[0] != p.key:
-                continue  # a name several knobs share goes to the first (the shared one, before the agents')
-            assert parse_feedback([f"raise the {alias}"], space).up == {p.key}, (alias, p.key)
+            owners.setdefault(alias, []).append(p)
+    assert owners
+    for alias, records in owners.items():
+        assert len({_meant(p) for p in records}) == 1, f"{alias!r} names different knobs: {[p.key for p in records]}"
+        assert parse_feedback([f"raise the {alias}"], space).up == {records[0].key}, (alias, records[0].key)
 
 
 @pytest.mark.parametrize("backend", ["verl", "local", "marti"])
