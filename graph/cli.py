@@ -663,9 +663,10 @@ def knobs(
         space = load_backend(backend, **_backend_options(backend_option)).search_space()
     except (ValueError, TypeError) as e:
         _fail(str(e))
+    from mart.nodes.agents.knob_effects import knob_facts
     from mart.state.agents import knob_agent
 
-    params = [p for p in space.params if stage is None or p.stage == stage]
+    params = [knob_facts(p) for p in space.params if stage is None or p.stage == stage]  # what the agents know of each
     # a multi-agent job's knobs: the shared ones first, then each agent's (agents.<i>.*) together
     params.sort(key=lambda p: -1 if knob_agent(p.key) is None else knob_agent(p.key))
     if as_json:

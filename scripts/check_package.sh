@@ -26,6 +26,24 @@ for t in $tops; do
 done
 echo "wheel top level: $tops"
 
+# every file of a package folder is in the wheel: setuptools packages only the folders pyproject.toml lists, so a
+# new folder left off that list works from the checkout and is missing for users (tests/test_packaging.py checks
+# the list; this checks the wheel itself)
+python3 - "$whl" <<'PY'
+import subprocess, sys, zipfile
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+roots = ("mart", "graph", "tools", "nodes", "trial_runner", "state")
+files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *roots], capture_output=True, text=True,
+                       check=True).stdout.split()
+files = [f for f in files if "__pycache__" not in f and not f.endswith(".pyc")]
+missing = [f for f in files if (f if f.startswith("mart/") else "mart/" + f) not in names]
+if missing:
+    print("files of package folders missing from the wheel (list their folders in [tool.setuptools] packages):",
+          *missing, sep="\n  ")
+    sys.exit(1)
+print(f"wheel holds all {len(files)} files of the package folders")
+PY
+
 python3 -m pip install -q --no-deps --no-compile --target "$tmp/site" "$whl"
 # run from the scratch folder, so the repository's own folders are not importable
 (cd "$tmp" && PYTHONPATH="$tmp/site" lint-imports "$repo/pyproject.toml")

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mart.state.metrics import StepRecord
+from mart.state.search_space import KnobEffect, ParamSpec
 
 _METRIC = re.compile(r"^agent(\d+)/(.+)$")
 _KNOB = re.compile(r"^agents\.(\d+)\.(.+)$")
@@ -33,6 +34,26 @@ SHAPING_MODE = "reward.shaping_mode"
 SHAPING_ALPHA = "reward.shaping_alpha"
 HISTORY_SCOPE = "reward.history_scope"
 SHAPING_KNOBS = (SHAPING_MODE, SHAPING_ALPHA, HISTORY_SCOPE)
+#: concurrent workflow tasks of an asynchronous rollout on a verl job (MARTI's OPENRLHF_ASYNC_NUM_TASKS; 0 = sync)
+ASYNC_TASKS = "rollout.async_num_tasks"
+
+# The records of the workflow knobs the multi-agent catalogues share (the local team's, the simulator's); a backend
+# keeps their facts and may narrow the range or set its own default (``dataclasses.replace``).
+ASYNC_TASKS_PARAM = ParamSpec(
+    ASYNC_TASKS, "system", "int", 0,
+    "MARTI's concurrent workflow tasks (OPENRLHF_ASYNC_NUM_TASKS; a task = one prompt's group): 0 = synchronous "
+    "rounds with a barrier each; more tasks overlap the rounds, too few starve vLLM",
+    low=0, high=2048, model="async",
+    effect=KnobEffect("up", 0.0, phase="gen", note="concurrent workflow tasks overlap the stages' barriers; too few "
+                      "starve the engines"),
+    # 0 = synchronous, where doubling stays at 0: MARTI's published async figures use 512 workers (chain 612.6 s ->
+    # 498.4 s)
+    zero_start=512)
+NUM_ROUNDS_PARAM = ParamSpec(
+    NUM_ROUNDS, "learning", "int", 2,
+    "debate rounds: each round's prompt shows the previous answers (longer prompts)", low=1, high=4,
+    move="count",  # one round more or less, not twice as many
+    effect=KnobEffect("down", 0.3, phase="gen", note="each round is one more generation pass per agent"))
 
 
 def split_metric(key: str) -> tuple[int | None, str]:

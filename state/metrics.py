@@ -10,6 +10,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+THROUGHPUT_KEY = "perf/throughput"
+#: verl 0.9 renames the actor's memory metrics to actor/perf/...; accept both.
+MEMORY_KEYS = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
+#: the device-wide peak a runner measured with NVML (whole GPU, less what other processes held before launch);
+#: when present it is the peak (the torch metrics miss vLLM's KV cache and the other workers).
+DEVICE_MEMORY_KEY = "mart/device_peak_memory_gb"
+
 
 @dataclass
 class StepRecord:

@@ -11,14 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mart.state.metrics import StepRecord, last_value, mean_over_steps
+from mart.state.health import UNHEALTHY, rule_names
+from mart.state.metrics import (  # noqa: F401 - the metric keys the objectives read, re-exported
+    DEVICE_MEMORY_KEY,
+    MEMORY_KEYS,
+    THROUGHPUT_KEY,
+    StepRecord,
+    last_value,
+    mean_over_steps,
+)
+from mart.state.trajectory import Trajectory, not_nan, residual_std
 
-THROUGHPUT_KEY = "perf/throughput"
-#: verl 0.9 renames the actor's memory metrics to actor/perf/...; accept both.
-MEMORY_KEYS = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
-#: the device-wide peak a runner measured with NVML (whole GPU, less what other processes held before launch);
-#: when present it is the peak (the torch metrics miss vLLM's KV cache and the other workers).
-DEVICE_MEMORY_KEY = "mart/device_peak_memory_gb"
 THROUGHPUT_WINDOW = (3, 5)
 
 
@@ -82,22 +85,12 @@ def unscored_reason(records: list[StepRecord], prefix: str = "val-core/") -> str
 
 
 # --- stage 2 under noise: the trajectory behind a score -----------------------------------------------
-#: health rules whose events mark a trajectory as unhealthy (warnings included: a collapse that had not yet
-#: persisted long enough to stop the trial is still a collapse signal)
-COLLAPSE_RULES = frozenset({"entropy_collapse", "reward_collapse", "kl_blowup", "grad_norm_explosion", "nan",
-                            "response_clipping"})
 ENTROPY_COLLAPSE_RATIO = 0.15  # as the health monitor's entropy_collapse rule
 
 
 def validation_series(records: list[StepRecord], prefix: str = "val-core/") -> list[tuple[int, float]]:
-    """(step, value) of the first finite validation metric under ``prefix`` in each record."""
-    out = []
-    for rec in records:
-        for k, v in rec.data.items():
-            if k.startswith(prefix) and not math.isnan(v):
-                out.append((rec.step, v))
-                break
-    return out
+    """(step, value) of the first validation metric under ``prefix`` with a value (not NaN) in each record."""
+    return Trajectory(records).prefixed(prefix, keep=not_nan)
 
 
 def validation_noise(series: list[tuple[int, float]]) -> float | None:
@@ -106,20 +99,18 @@ def validation_noise(series: list[tuple[int, float]]) -> float | None:
     tail = series[len(series) // 2:]
     if len(tail) < 4:
         return None
-    xs, ys = [float(s) for s, _ in tail], [v for _, v in tail]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    rss = sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys))
-    return math.sqrt(rss / (len(tail) - 2))
+    return residual_std(tail)
 
 
 def collapse_signals(records: list[StepRecord], rules_fired: list[str], noise: float | None,
                      prefix: str = "val-core/") -> list[str]:
     """Why a trajectory looks unhealthy (empty = healthy): health events of the collapse rules, a validation
     score that fell from its best by more than 3x the noise (the best of several noisy points sits ~1.3
-    noise above the truth), an entropy below 0.15 x its early level."""
-    signals = sorted({f"health: {r}" for r in rules_fired if r in COLLAPSE_RULES})
+    noise above the truth), an entropy below 0.15 x its early level. The collapse rules are the registered
+    rules of the unhealthy kinds (``mart.state.health.UNHEALTHY``; their warnings count too: a collapse that had
+    not yet persisted long enough to stop the trial is still a collapse signal)."""
+    collapse_rules = rule_names(*UNHEALTHY)
+    signals = sorted({f"health: {r}" for r in rules_fired if r in collapse_rules})
     series = validation_series(records, prefix)
     if len(series) >= 3:
         best = max(v for _, v in series)
@@ -127,7 +118,7 @@ def collapse_signals(records: list[StepRecord], rules_fired: list[str], noise: f
         tol = 3 * noise if noise else 0.0
         if drop > max(tol, 0.01 * max(abs(best), 1e-9)):
             signals.append(f"validation fell {drop:.4g} from its best {best:.4g}")
-    ent = [r.data["actor/entropy"] for r in records if not math.isnan(r.data.get("actor/entropy", math.nan))]
+    ent = [v for _, v in Trajectory(records).series("actor/entropy", keep=not_nan)]
     if len(ent) >= 4:
         early = sum(ent[:2]) / 2
         if early > 0 and ent[-1] < ENTROPY_COLLAPSE_RATIO * early:

@@ -1,7 +1,11 @@
 """Typed search-space parameters and cross-parameter constraints (one catalogue per backend).
 
-A ``ParamSpec`` validates and coerces a single value (errors name the key and the rule); a
-``SearchSpace`` validates a whole override mapping, including the cross-parameter ``Constraint``s.
+A ``ParamSpec`` is the one record of a knob: its key, stage, type, range, default and description, and what the
+tuner knows about it (``effect``: how it moves a step's time and memory; ``model``: the job model's name for it;
+``prior``: the agents' stage-2 move rule; ``move``: how one-knob moves step it; ``aliases``: the words reviewers
+use). Every other table of knob facts is derived from these records (docs/architecture.md, "One record per
+knob"). It validates and coerces a single value (errors name the key and the rule); a ``SearchSpace``
+validates a whole override mapping, including the cross-parameter ``Constraint``s.
 Agent-proposed configs only ever become overrides through ``SearchSpace.validate_overrides``:
 unknown keys are refused, so nothing an agent writes reaches a command line unchecked.
 """
@@ -11,11 +15,40 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
 Kind = Literal["int", "float", "log", "categorical", "bool"]
 StageName = Literal["system", "learning"]
+Move = Literal["scale", "step", "count"]
+#: the agents' stage-2 priors (``mart.nodes.agents.rules``): which rule of thumb moves a learning knob
+Prior = Literal["lr", "rollout_n", "entropy", "temperature", "clip_high", "clip_low", "kl"]
+PRIORS: tuple[str, ...] = ("lr", "rollout_n", "entropy", "temperature", "clip_high", "clip_low", "kl")
+
+
+@dataclass(frozen=True)
+class KnobEffect:
+    """How a knob moves a training step's time and peak memory: the agents' priors where no job model
+    predicts it (verl's perf-tuning guide; docs/agents.md).
+
+    Args:
+        faster: the direction that speeds its phase up: ``"up"``/``"down"`` for numbers, True/False (on/off)
+            for switches; None when it does not speed anything up.
+        memory_elasticity: peak memory ~ value ** elasticity (numbers).
+        memory_factor_on: the peak memory factor of turning a switch on.
+        note: why, in a few words (shown in the agents' rationales).
+        phase: the step phase it speeds up; None (the default) = the knob's own phase (``ParamSpec.phase``).
+    """
+
+    faster: Any = None
+    memory_elasticity: float = 0.0
+    memory_factor_on: float = 1.0
+    note: str = ""
+    phase: str | None = None
+
+
+#: the effect of a knob nothing is known about: acts on the whole step, in no known direction
+NEUTRAL_EFFECT = KnobEffect(phase="all")
 
 
 class ConfigError(ValueError):
@@ -62,6 +95,19 @@ class ParamSpec:
         default: the backend's default value (the baseline).
         description: what the knob does, shown to agents and reviewers.
         nullable: ``None`` is allowed (verl's ``null`` defaults).
+        effect: how it moves a step's time and memory (None: nothing known, ``NEUTRAL_EFFECT``).
+        model: the name the job model reads it under (``mart.nodes.agents.job_model.KNOBS``: ``util``,
+            ``ppo_micro``, ...); None when the job model does not model it.
+        prior: the agents' stage-2 rule of thumb for it (one of ``PRIORS``: ``lr``, ``kl``, ...); None: a
+            neutral prior.
+        move: how the agents' one-knob moves step it: ``scale`` (x2, /2), ``step`` (+-(high - low)/5) or
+            ``count`` (+-1); None: by its kind (see ``mart.nodes.agents.rules``).
+        zero_start: the value a move up from 0 tries (0 meaning "off", where doubling would stay at 0).
+        aliases: what people call it in free-text feedback, beside the names read off its key.
+        means: the verl key of the knob this one is under another backend's name (MARTI's
+            ``actor_learning_rate`` means ``actor_rollout_ref.actor.optim.lr``): the facts it leaves unset are
+            that knob's (``mart.nodes.agents.knob_effects.knob_facts``; a verl key, or a per-agent copy of one,
+            means itself).
     """
 
     key: str
@@ -73,6 +119,13 @@ class ParamSpec:
     high: float | None = None
     choices: tuple[Any, ...] | None = None
     nullable: bool = False
+    effect: KnobEffect | None = None
+    model: str | None = None
+    prior: Prior | None = None
+    move: Move | None = None
+    zero_start: float | None = None
+    aliases: tuple[str, ...] = ()
+    means: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind in ("int", "float", "log"):
@@ -82,6 +135,15 @@ class ParamSpec:
                 raise ValueError(f"`low > 0` must hold for log parameter {self.key}, but got {self.low}.")
         if self.kind == "categorical" and not self.choices:
             raise ValueError(f"categorical parameter {self.key} needs choices.")
+        if self.prior is not None and self.prior not in PRIORS:
+            raise ValueError(f"`prior` of {self.key} must be one of {list(PRIORS)}, but got {self.prior!r}.")
+        if self.effect is not None and self.effect.phase is None:  # the phase is the knob's own unless it says
+            object.__setattr__(self, "effect", replace(self.effect, phase=self.phase))
+
+    @property
+    def known_effect(self) -> KnobEffect:
+        """Its effect, or the neutral one when nothing is known about it."""
+        return self.effect or NEUTRAL_EFFECT
 
     def validate(self, value: Any) -> Any:
         """Return ``value`` coerced to this knob's type, or raise ``ConfigError`` naming the rule."""
@@ -149,6 +211,14 @@ class ParamSpec:
         d = {k: getattr(self, k) for k in ("key", "stage", "kind", "default", "description", "low", "high")}
         d["choices"] = list(self.choices) if self.choices else None
         d["nullable"] = self.nullable
+        if self.effect is not None:
+            d["effect"] = {k: getattr(self.effect, k) for k in ("phase", "faster", "memory_elasticity",
+                                                                "memory_factor_on", "note")}
+        for k in ("model", "prior", "move", "zero_start", "means"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.aliases:
+            d["aliases"] = list(self.aliases)
         return d
 
 

@@ -3,8 +3,9 @@
 "keep it simple: try enforce_eager or chunked prefill" -> try enforce_eager, try chunked_prefill.
 "don't touch max_num_seqs or the micro batch; raise the memory share" -> leave both alone, raise the share.
 
-A knob is recognised by its full key, its short name (``micro_batch``), its last segment, or those words
-with spaces for underscores (the longest match wins when names overlap). Feedback is read phrase by phrase
+A knob is recognised by its full key, its short name (``micro_batch``), its last segment, those words with
+spaces for underscores, or what its record says people call it (``ParamSpec.aliases``: "learning rate"; the
+longest match wins when names overlap). Feedback is read phrase by phrase
 (split at ``. ; : ! ?``, commas and "but"): an intent word applies to the knobs after it in its phrase until
 another intent word (so a negation covers "X or Y"), and a knob with no intent before it takes the first
 one after it ("micro batch higher"). A negation turns the verb after it around ("don't increase lr" forbids
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from mart.nodes.agents.knob_effects import knob_facts
 from mart.state.search_space import SearchSpace
 
 # intent words -> kind; multi-word phrases first (matched as whole words)
@@ -35,28 +37,6 @@ _INTENTS: list[tuple[str, str]] = [
     ("tune", "try"), ("adjust", "try"), ("consider", "try"), ("explore", "try"), ("focus on", "try"),
 ]
 SAFE_MEMORY = ("memory", "oom", "safer", "conservative", "risky", "too aggressive")
-# what people call knobs (matched on the key's suffix), beside the names derived from the key
-SYNONYMS: dict[str, tuple[str, ...]] = {
-    "rollout.gpu_memory_utilization": ("memory share", "memory utilization", "gpu memory utilization",
-                                       "kv cache share", "gmu"),
-    "rollout.tensor_model_parallel_size": ("tp", "tensor parallel", "tensor parallelism", "rollout tp"),
-    "rollout.max_num_seqs": ("concurrency", "num seqs", "concurrent sequences"),
-    "actor.ppo_micro_batch_size_per_gpu": ("micro batch", "micro-batch", "micro batch size", "micro batches"),
-    "model.enable_gradient_checkpointing": ("checkpointing", "activation checkpointing", "recompute"),
-    "actor.use_dynamic_bsz": ("dynamic batch", "dynamic batching", "dynamic bsz"),
-    "rollout.log_prob_micro_batch_size_per_gpu": ("log prob micro batch", "log-prob micro batch"),
-    "ref.log_prob_micro_batch_size_per_gpu": ("ref micro batch", "ref log prob micro batch"),
-    "actor.fsdp_config.param_offload": ("param offload", "parameter offload", "actor offload"),
-    "ref.fsdp_config.param_offload": ("ref offload", "reference offload"),
-    "actor.fsdp_config.optimizer_offload": ("optimizer offload",),
-    "actor.optim.lr": ("learning rate",),
-    "actor.kl_loss_coef": ("kl coef", "kl coefficient", "kl weight"),
-    "actor.entropy_coeff": ("entropy bonus", "entropy coefficient"),
-    "rollout.n": ("rollouts per prompt", "group size", "samples per prompt"),
-    # learning knobs by the names papers give them (DAPO's clip-higher, a length budget)
-    "actor.clip_ratio_high": ("clip higher", "clip-higher", "upper clip", "clip high"),
-    "data.max_response_length": ("response length", "length budget", "max length", "response budget"),
-}
 FILLER = {"ppo", "per", "gpu", "size", "log", "prob", "enable", "use"}
 
 
@@ -119,7 +99,7 @@ def _all_aliases(space: SearchSpace) -> dict[str, set[str]]:
     preferred: dict[str, str] = {}
     for p in space.params:
         names = {shorts.get(p.key, ""), shorts.get(p.key, "").replace("_", " ")}
-        names |= {n for suffix, syn in SYNONYMS.items() if p.key.endswith(suffix) for n in syn}
+        names |= set(knob_facts(p).aliases)  # what people call the knob (its record), beside its key's names
         for n in names - {""}:
             preferred.setdefault(n, p.key)
             raw[p.key].add(n)

@@ -38,42 +38,25 @@ from typing import Any
 
 import numpy as np
 
-from mart.state.agents import agent_knob, agents_in_config
+from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
 from mart.state.job import JobDescription
+from mart.state.search_space import ParamSpec
+from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 
 GIB = 1024.0**3
 ARR = "actor_rollout_ref"
 R, A, REF, M = f"{ARR}.rollout.", f"{ARR}.actor.", f"{ARR}.ref.", f"{ARR}.model."
 
-#: model knob -> (verl key, verl's default when neither the config nor the catalogue has it)
-KNOBS: dict[str, tuple[str, Any]] = {
-    "util": (R + "gpu_memory_utilization", 0.5),
-    "tp": (R + "tensor_model_parallel_size", 1),
-    "mns": (R + "max_num_seqs", 256),
-    "mnbt": (R + "max_num_batched_tokens", 8192),
-    "chunked": (R + "enable_chunked_prefill", True),
-    "prefix": (R + "enable_prefix_caching", True),
-    "eager": (R + "enforce_eager", False),
-    "free_cache": (R + "free_cache_engine", True),
-    "lp_micro": (R + "log_prob_micro_batch_size_per_gpu", 8),
-    "ref_micro": (REF + "log_prob_micro_batch_size_per_gpu", 8),
-    "ppo_micro": (A + "ppo_micro_batch_size_per_gpu", 4),
-    "dyn": (A + "use_dynamic_bsz", False),
-    "tok_cap": (A + "ppo_max_token_len_per_gpu", 16384),
-    "sp": (A + "ulysses_sequence_parallel_size", 1),
-    "fsdp2": (A + "strategy", "fsdp"),
-    "param_off": (A + "fsdp_config.param_offload", False),
-    "opt_off": (A + "fsdp_config.optimizer_offload", False),
-    "ref_off": (REF + "fsdp_config.param_offload", False),
-    "ckpt": (M + "enable_gradient_checkpointing", True),
-    "act_off": (M + "enable_activation_offload", False),
-    "remove_pad": (M + "use_remove_padding", True),
-    "ent_chunk": (A + "entropy_from_logits_with_chunking", False),
-    "ent_ckpt": (A + "entropy_checkpointing", False),
-    # concurrent workflow tasks of an asynchronous multi-agent rollout (MARTI's OPENRLHF_ASYNC_NUM_TASKS;
-    # 0 = synchronous stages, each ending at a barrier); absent from a single-agent job's catalogue
-    "async": ("rollout.async_num_tasks", 0),
-}
+#: the catalogue records the model reads (``ParamSpec.model`` names them): verl's knobs, and the concurrent workflow
+#: tasks of an asynchronous multi-agent rollout (MARTI's OPENRLHF_ASYNC_NUM_TASKS; 0 = synchronous stages, each
+#: ending at a barrier), absent from a single-agent job's catalogue
+MODEL_SPECS: dict[str, ParamSpec] = {p.model: p for p in (*VERL_SPACE.params, ASYNC_TASKS_PARAM) if p.model}
+#: model knob -> (verl key, the catalogue's default when the config does not set it)
+KNOBS: dict[str, tuple[str, Any]] = {name: (p.key, p.default) for name, p in MODEL_SPECS.items()}
+#: the numeric knobs (by their records' kinds): calibration compares configs in doublings of these, in equality of
+#: the switches and named choices
+NUMERIC_KNOBS = frozenset(name for name, p in MODEL_SPECS.items() if p.kind in ("int", "float", "log") or (
+    p.kind == "categorical" and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in p.choices or ())))
 #: knobs that only the rollout phase reads / only the training passes read; the rest are shared
 ROLLOUT_KNOBS = ("util", "tp", "mns", "mnbt", "chunked", "prefix", "eager", "async")
 TRAIN_KNOBS = ("lp_micro", "ref_micro", "ppo_micro", "dyn", "tok_cap", "sp", "fsdp2", "ckpt", "act_off",
@@ -476,7 +459,7 @@ class JobModel:
             d = np.zeros(size)
             for name in KNOBS:
                 a, b = np.asarray(k[name], dtype=float), ko[name]
-                if name in ("util", "mns", "mnbt", "lp_micro", "ref_micro", "ppo_micro", "tok_cap", "tp", "sp", "async"):
+                if name in NUMERIC_KNOBS:
                     d = d + np.minimum(np.abs(np.log2(np.maximum(a, 1e-3) / max(b, 1e-3))), 2.0) * 0.5
                 else:
                     d = d + (a != b)

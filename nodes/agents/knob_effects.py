@@ -1,58 +1,56 @@
-"""What each known knob does, as priors for the rules agents and the memory model.
+"""What the agents know about a knob, read off its catalogue record (``ParamSpec``: effect, prior, move rule,
+aliases).
 
-``phase`` is the step phase the knob mainly speeds up; ``faster`` the direction that speeds it up
-("up"/"down" for numbers, True/False for switches); ``memory_elasticity`` how peak memory scales with
-a numeric knob (peak ∝ value ** e); ``memory_factor_on`` the memory factor of turning a switch on.
-Sources: verl's perf-tuning guide (see docs/agents.md); unknown knobs get a neutral effect.
+A record that leaves a fact unset means the verl knob its key names (the local workload's and a plugin's knobs
+speak verl's keys; each agent's copy ``agents.<i>.<key>`` is that knob for one agent), or the one its ``means``
+names (another backend's name for a verl knob: MARTI's), so every fact is written once, in the verl catalogue's record (``mart.trial_runner.verl.space``) or in the shared workflow knobs'
+(``mart.state.agents``). ``KnobEffect``: ``phase`` is the step phase the knob mainly speeds up; ``faster`` the
+direction that speeds it up ("up"/"down" for numbers, True/False for switches); ``memory_elasticity`` how peak
+memory scales with a numeric knob (peak ∝ value ** e); ``memory_factor_on`` the memory factor of turning a switch
+on (sources: verl's perf-tuning guide, docs/agents.md). Unknown knobs get a neutral effect.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
 
+from mart.state.agents import ASYNC_TASKS_PARAM, NUM_ROUNDS_PARAM
+from mart.state.search_space import NEUTRAL_EFFECT, KnobEffect, ParamSpec
+from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 
-@dataclass(frozen=True)
-class KnobEffect:
-    phase: str = "all"
-    faster: Any = None
-    memory_elasticity: float = 0.0
-    memory_factor_on: float = 1.0
-    note: str = ""
+__all__ = ["FACTS", "KnobEffect", "effect_of", "knob_facts", "reference_record"]
 
+#: the fields of a record that say what the tuner knows about the knob. ``model`` only passes to a record of the
+#: same key (the job model reads verl's keys, a per-agent copy's too), never to another backend's name for it.
+FACTS = ("effect", "model", "prior", "move", "zero_start", "aliases")
 
-# Matched on the key's suffix, most specific first.
-EFFECTS: dict[str, KnobEffect] = {
-    "rollout.max_num_seqs": KnobEffect("gen", "up", 0.15, note="more sequences decoded concurrently"),
-    "rollout.max_num_batched_tokens": KnobEffect("gen", "up", 0.1, note="larger prefill/decode batches"),
-    "rollout.gpu_memory_utilization": KnobEffect("gen", "up", 0.6, note="more KV cache, more concurrency"),
-    "rollout.tensor_model_parallel_size": KnobEffect("gen", "down", -0.2, note="less TP communication for small models"),
-    "rollout.log_prob_micro_batch_size_per_gpu": KnobEffect("old_log_prob", "up", 0.2, note="fewer, larger forward passes"),
-    "ref.log_prob_micro_batch_size_per_gpu": KnobEffect("ref", "up", 0.2, note="fewer, larger forward passes"),
-    "actor.ppo_micro_batch_size_per_gpu": KnobEffect("update_actor", "up", 0.3, note="fewer, larger backward passes"),
-    "actor.ppo_max_token_len_per_gpu": KnobEffect("update_actor", "up", 0.3, note="larger token-balanced micro batches"),
-    "actor.use_dynamic_bsz": KnobEffect("update_actor", True, 0.0, 1.05, note="packs micro batches by tokens"),
-    "model.enable_gradient_checkpointing": KnobEffect("update_actor", False, 0.0, 0.7, note="recompute saves activations"),
-    "actor.fsdp_config.param_offload": KnobEffect("update_actor", False, 0.0, 0.8, note="offload saves GPU memory"),
-    "actor.fsdp_config.optimizer_offload": KnobEffect("update_actor", False, 0.0, 0.75, note="offload saves GPU memory"),
-    "ref.fsdp_config.param_offload": KnobEffect("ref", False, 0.0, 0.9, note="offload saves GPU memory"),
-    "rollout.enforce_eager": KnobEffect("gen", False, 0.0, 0.97, note="CUDA graphs speed up decode"),
-    "rollout.enable_chunked_prefill": KnobEffect("gen", True, 0.0, 1.0),
-    "model.use_remove_padding": KnobEffect("update_actor", True, 0.0, 0.9, note="no compute on padding"),
-    # learning knobs (the memory model ignores them, except the number of rollouts)
-    "rollout.n": KnobEffect("all", "down", 0.3),
-    # multi-agent workflows (MARTI): every debate round is one more generation pass per agent, its prompt
-    # carrying the other agents' previous answers
-    "workflow.num_rounds": KnobEffect("gen", "down", 0.3, note="each round is one more generation pass per agent"),
-    "rollout.async_num_tasks": KnobEffect("gen", "up", 0.0, note="concurrent workflow tasks overlap the stages' "
-                                          "barriers; too few starve the engines"),
+#: the records that define the facts, by their key without verl's ``actor_rollout_ref.`` prefix
+_REFERENCE: dict[str, ParamSpec] = {
+    p.key.removeprefix("actor_rollout_ref."): p for p in (*VERL_SPACE.params, ASYNC_TASKS_PARAM, NUM_ROUNDS_PARAM)
 }
 
 
-def effect_of(key: str) -> KnobEffect:
-    """The effect of a knob, matched on its suffix: a per-agent knob (``agents.<i>.actor.ppo_micro_batch_size_per_gpu``)
-    has the effect of the same knob in a single-agent job, on that agent's share of the step."""
-    for suffix, eff in EFFECTS.items():
-        if key.endswith(suffix):
-            return eff
-    return KnobEffect()
+def reference_record(key: str) -> ParamSpec | None:
+    """The verl (or shared workflow) record a key names: the one its key ends with (at a dot)."""
+    for suffix, spec in _REFERENCE.items():
+        if key == suffix or key.endswith("." + suffix):
+            return spec
+    return None
+
+
+def knob_facts(spec: ParamSpec) -> ParamSpec:
+    """``spec`` with the facts it leaves unset taken from the record it means (``means``, else its key)."""
+    ref = reference_record(spec.means or spec.key)
+    if ref is None or ref is spec:
+        return spec
+    facts = FACTS if spec.means is None else tuple(f for f in FACTS if f != "model")
+    missing = {f: getattr(ref, f) for f in facts if getattr(spec, f) in (None, ()) and getattr(ref, f) not in (None, ())}
+    return dataclasses.replace(spec, **missing) if missing else spec
+
+
+def effect_of(knob: ParamSpec | str) -> KnobEffect:
+    """The effect of a knob (a record, or a bare key: the record it names)."""
+    if isinstance(knob, ParamSpec):
+        return knob_facts(knob).known_effect
+    ref = reference_record(knob)
+    return ref.known_effect if ref is not None else NEUTRAL_EFFECT

@@ -1,8 +1,8 @@
 """Memory model used by the critic: predicts a config's peak memory from the trials seen so far.
 
 Peak memory scales with a knob as ``value ** elasticity`` (booleans: a factor). Elasticities start from
-priors (``knob_effects``) and are replaced by what pairs of trials that differ in exactly that knob
-measured. A prediction starts from the nearest measured config and applies the differing knobs.
+priors (the knobs' records, ``knob_effects``) and are replaced by what pairs of trials that differ in exactly
+that knob measured. A prediction starts from the nearest measured config and applies the differing knobs.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mart.nodes.agents.knob_effects import effect_of
+from mart.nodes.agents.knob_effects import KnobEffect, effect_of
 from mart.state.models import TrialRecord, TrialStatus
+from mart.state.search_space import ParamSpec
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -28,9 +29,15 @@ class MemoryModel:
     observations: list[tuple[dict[str, Any], float]] = field(default_factory=list)
     learned: dict[str, float] = field(default_factory=dict)
     capacity_gb: float | None = None
+    effects: dict[str, KnobEffect] = field(default_factory=dict)
+    """The priors of the knobs given as records (a bare key's: ``effect_of(key)``)."""
 
     @classmethod
-    def fit(cls, history: list[TrialRecord], keys: list[str], capacity_gb: float | None = None) -> "MemoryModel":
+    def fit(cls, history: list[TrialRecord], keys: list[str] | list[ParamSpec],
+            capacity_gb: float | None = None) -> "MemoryModel":
+        """Fit on the trials; ``keys``: the catalogue's keys, or its records (whose effects are the priors)."""
+        effects = {k.key: effect_of(k) for k in keys if isinstance(k, ParamSpec)}
+        keys = [k.key if isinstance(k, ParamSpec) else k for k in keys]
         obs = []
         for t in history:
             peak = t.peak_memory_gb
@@ -38,7 +45,7 @@ class MemoryModel:
                 peak = max(peak or 0.0, capacity_gb)  # an OOM config needs at least the capacity
             if peak is not None and math.isfinite(peak) and peak > 0:
                 obs.append(({k: t.config.get(k) for k in keys}, peak))
-        model = cls(observations=obs, capacity_gb=capacity_gb)
+        model = cls(observations=obs, capacity_gb=capacity_gb, effects=effects)
         for i, (ca, pa) in enumerate(obs):
             for cb, pb in obs[i + 1:]:
                 diff = [k for k in keys if ca.get(k) != cb.get(k)]
@@ -68,7 +75,7 @@ class MemoryModel:
             value = config.get(key)
             if value == ref_value:
                 continue
-            eff = effect_of(key)
+            eff = self.effects.get(key) or effect_of(key)
             if isinstance(value, bool) or isinstance(ref_value, bool):
                 factor = self.learned.get(key, eff.memory_factor_on)
                 pred *= factor if value else 1.0 / factor

@@ -24,16 +24,18 @@ import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
-from mart.nodes.agents.knob_effects import effect_of
+from mart.nodes.agents.knob_effects import effect_of, knob_facts
 from mart.nodes.agents.model_search import Scored, search
 from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
+from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
 from mart.state.units import fmt_gb
 
 
 def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:
-    """Neighbouring values of a knob: (direction, value)."""
+    """Neighbouring values of a knob: (direction, value); how far by its record's ``move`` rule."""
+    spec = knob_facts(spec)
     if spec.kind == "bool":
         return [("up" if not value else "down", not bool(value))]
     if spec.kind == "categorical":
@@ -48,15 +50,16 @@ def _moves(spec: ParamSpec, value: Any) -> list[tuple[str, Any]]:
             out.append(("down", choices[i - 1]))
         return out
     assert spec.low is not None and spec.high is not None
-    if spec.key == names.NUM_ROUNDS and value is not None:  # one round more or less, not twice as many
+    if spec.move == "count" and value is not None:  # one more or one less (debate rounds), not twice as many
         return [(d, v) for d, v in (("up", int(value) + 1), ("down", int(value) - 1)) if spec.low <= v <= spec.high]
-    if spec.key.endswith("async_num_tasks") and value == 0:  # 0 = synchronous: doubling stays at 0
-        # MARTI's published async figures use 512 workers (chain 612.6 s -> 498.4 s)
-        return [("up", int(min(spec.high, max(spec.low, 512))))]
+    if spec.zero_start is not None and value == 0:  # 0 = off, where doubling stays at 0: the record's start value
+        return [("up", spec.validate(min(spec.high, max(spec.low, spec.zero_start))))]
     if value is None:  # a null default (verl's micro batches): start from a small concrete value
         return [("up", spec.validate(max(spec.low, min(spec.high, 4 if spec.kind == "int" else spec.low))))]
     v = float(value)
-    if spec.kind in ("int", "log") or (v > 0 and spec.high / max(spec.low, 1e-12) >= 8):
+    scale = spec.move == "scale" or (spec.move is None and (
+        spec.kind in ("int", "log") or (v > 0 and spec.high / max(spec.low, 1e-12) >= 8)))
+    if scale:
         ups, downs = v * 2, v / 2
     else:
         step = (spec.high - spec.low) / 5
@@ -81,33 +84,33 @@ def _direction_matches(direction: str, faster: Any) -> bool | None:
     return direction == faster
 
 
-def _learning_prior(key: str, direction: str, unstable: set[str], collapsed: bool) -> tuple[float, str]:
-    """The stage-2 prior of moving one learning knob (matched on the key's suffix, so a per-agent key
-    ``agents.<i>.<verl key>`` has its verl key's prior)."""
+def _learning_prior(prior: str | None, direction: str, unstable: set[str], collapsed: bool) -> tuple[float, str]:
+    """The stage-2 prior of moving one learning knob, by its record's ``prior`` (a per-agent copy of a knob
+    carries the knob's)."""
     # priors: GRPO on small models usually gains from a larger lr and more rollouts per prompt
     score, why = 0.2, ""
-    if key.endswith("optim.lr"):
+    if prior == "lr":
         score = 0.8 if direction == "up" else 0.3
         why = "a larger step size learns faster on a short horizon" if direction == "up" else "a smaller step size is safer"
         if unstable:
             score = 1.0 if direction == "down" else 0.05
             why = f"instability seen ({', '.join(sorted(unstable))}): lower the learning rate"
-    elif key.endswith("rollout.n"):
+    elif prior == "rollout_n":
         score = 0.5 if direction == "up" else 0.15
         why = "more rollouts per prompt give better group baselines" if direction == "up" else "fewer rollouts, cheaper steps"
-    elif key.endswith("entropy_coeff"):
+    elif prior == "entropy":
         score = 0.7 if collapsed and direction == "up" else 0.15
         why = "entropy collapsed: an entropy bonus keeps exploring" if collapsed else "entropy regularisation"
-    elif key.endswith("rollout.temperature"):
+    elif prior == "temperature":
         score = 0.5 if collapsed and direction == "up" else 0.2 if direction == "down" else 0.1
         why = "sampling temperature shapes exploration"
-    elif key.endswith("clip_ratio_high"):
+    elif prior == "clip_high":
         score = 0.45 if direction == "up" else 0.1
         why = "clip-higher (DAPO) lets low-probability tokens grow, against entropy collapse"
-    elif key.endswith("clip_ratio_low"):
+    elif prior == "clip_low":
         score = 0.1
         why = "lower clip bound"
-    elif "kl" in key:
+    elif prior == "kl":
         score = 0.6 if unstable and direction == "up" else 0.2 if direction == "down" else 0.1
         why = "a KL penalty keeps the policy near the reference" if direction == "up" else "less KL regularisation lets the policy move"
     return score, why
@@ -223,7 +226,7 @@ class RulesProposer(Proposer):
         return m
 
     def _system_score(self, ctx, spec, direction, old, new, fb) -> tuple[float, str]:
-        eff = effect_of(spec.key)
+        eff = effect_of(spec)
         phase_share = {p.name: p.share for p in ctx.profile.phases} if ctx.profile else {}
         share = phase_share.get(eff.phase, 0.25 if eff.phase == "all" else 0.05)
         faster = _direction_matches(direction, eff.faster)
@@ -258,9 +261,9 @@ class RulesProposer(Proposer):
         key = spec.key
         rules = {e.rule for e in ctx.health_events if e.trial_id in {t.trial_id for t in ctx.history
                                                                       if t.stage == "learning"}}
-        unstable = rules & {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"}
-        collapsed = "entropy_collapse" in rules
-        score, why = _learning_prior(key, direction, unstable, collapsed)
+        unstable = rules & rule_names(INSTABILITY)
+        collapsed = bool(rules & rule_names(EXPLORATION))
+        score, why = _learning_prior(knob_facts(spec).prior, direction, unstable, collapsed)
         score, why = multi_agent_move(ctx, key, direction, score, why, new=new)
         m = self._momentum(ctx, key, direction)
         score *= 1.0 + 0.5 * max(-1.5, min(m, 2.0))
@@ -275,7 +278,9 @@ class RulesProposer(Proposer):
         agent is answered by that agent's knobs first), and the momentum of every moved agent's key."""
         trials = {t.trial_id for t in ctx.history if t.stage == ctx.stage}
         team_rules = {e.rule for e in ctx.health_events if e.trial_id in trials and e.agent is None}
-        score, why = _learning_prior(rest, direction, team_rules & _UNSTABLE, "entropy_collapse" in team_rules)
+        prior = knob_facts(ctx.search_space[next(iter(moved))]).prior  # every moved key: a copy of one knob
+        score, why = _learning_prior(prior, direction, team_rules & rule_names(INSTABILITY),
+                                     bool(team_rules & rule_names(EXPLORATION)))
         f = agent_findings(ctx)
         sick = sorted(set(f.health) | f.copying)
         if sick:
@@ -306,8 +311,6 @@ class RulesProposer(Proposer):
 # change no answer suggest fewer rounds. Knobs shared by all agents keep the single-agent scores above. A
 # remedy scores above the single-agent priors (0.8 at most without a finding): a finding outranks a prior.
 
-_UNSTABLE = frozenset({"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan"})
-_PATHOLOGIES = frozenset({"agent_copying", "reward_concentration", "stale_debate_rounds"})
 
 
 @dataclass
@@ -340,27 +343,28 @@ def agent_findings(ctx: AgentContext) -> AgentFindings:
             f.copying.add(e.agent)
         elif e.rule == "reward_concentration":
             f.concentrated.add(e.agent)
-        elif e.rule not in _PATHOLOGIES:
+        elif e.rule not in rule_names(TEAM):
             f.health.setdefault(e.agent, set()).add(e.rule)
     return f
 
 
-def _agent_remedy(rest: str, direction: str, rules: set[str], copying: bool) -> tuple[float, str] | None:
-    """The score of moving one of a sick agent's own knobs (``rest`` = the key after ``agents.<i>.``)."""
-    if rules & _UNSTABLE:
-        if rest.endswith("optim.lr"):
+def _agent_remedy(prior: str | None, direction: str, rules: set[str], copying: bool) -> tuple[float, str] | None:
+    """The score of moving one of a sick agent's own knobs (``prior``: the knob record's)."""
+    if rules & rule_names(INSTABILITY):
+        if prior == "lr":
             return (1.2, "lower its learning rate") if direction == "down" else (0.02, "a larger step would worsen it")
-        if "kl" in rest:
+        if prior == "kl":
             return (0.9, "raise its KL penalty to hold it near the reference") if direction == "up" else (
                 0.05, "less KL would let it drift further")
-    if "entropy_collapse" in rules or copying:
-        if rest.endswith("entropy_coeff") and direction == "up":
+    collapsed = bool(rules & rule_names(EXPLORATION))
+    if collapsed or copying:
+        if prior == "entropy" and direction == "up":
             return 0.9, "an entropy bonus keeps it exploring"
-        if rest.endswith("rollout.temperature") and direction == "up":
+        if prior == "temperature" and direction == "up":
             return 0.75, "a higher sampling temperature gives it answers of its own"
-        if rest.endswith("clip_ratio_high") and direction == "up":
+        if prior == "clip_high" and direction == "up":
             return 0.6, "clip-higher (DAPO) lets its low-probability tokens grow"
-        if rest.endswith("optim.lr") and direction == "down" and "entropy_collapse" in rules:
+        if prior == "lr" and direction == "down" and collapsed:
             return 0.8, "a smaller step collapses more slowly"
     return None
 
@@ -466,7 +470,8 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
         own = f.health.get(agent, set())
         copying = agent in f.copying
         if own or copying:
-            remedy = _agent_remedy(rest, direction, own, copying)
+            remedy = _agent_remedy(knob_facts(ctx.search_space[key]).prior if key in ctx.search_space else None,
+                                   direction, own, copying)
             if remedy is not None:
                 shown = sorted(own | ({"agent_copying"} if copying else set()))
                 return remedy[0], f"agent {agent} showed {', '.join(shown)} while this stage ran: {remedy[1]}"

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash
+from mart.state.trajectory import Trajectory, mean, rel_slope, tail
 
 if TYPE_CHECKING:
     from mart.nodes.agents.base import AgentContext
@@ -55,7 +57,6 @@ CLIP_RATIO_WARN = 0.05
 before its 16k stage)."""
 FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
-UNSTABLE_EVENTS = {"kl_blowup", "grad_norm_explosion", "reward_collapse", "nan", "loss_spike"}
 COLLAPSE_BLOCKS = ("collapse",)
 CAPACITY_KNOBS = ("rollout.n", "max_response_length", "train_batch_size")
 """LLMZero's capacity knobs: they accumulate across segments (never shrunk by the rules; the critic halves the
@@ -99,47 +100,6 @@ class Diagnosis(BaseModel):
 # --------------------------------------------------------------------------- diagnosis
 
 
-def _series(records: Sequence[StepRecord], keys: Sequence[str] | str) -> list[tuple[int, float]]:
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    for key in keys:  # the first key the stream has wins (kl_loss before ppo_kl)
-        pts = [(r.step, r.data[key]) for r in records if key in r.data and math.isfinite(r.data[key])]
-        if pts:
-            return pts
-    return []
-
-
-def _val_series(records: Sequence[StepRecord]) -> list[tuple[int, float]]:
-    key = next((k for r in records for k in sorted(r.data) if k.startswith(VAL_PREFIX)
-                and math.isfinite(r.data[k])), None)
-    return _series(records, key) if key else []
-
-
-def _mean(pts: Sequence[tuple[int, float]]) -> float:
-    return sum(v for _, v in pts) / len(pts)
-
-
-def _rel_slope(pts: Sequence[tuple[int, float]]) -> float | None:
-    """Least-squares slope per step divided by the mean magnitude (relative change per step)."""
-    if len(pts) < 2:
-        return None
-    xs = [float(s) for s, _ in pts]
-    ys = [v for _, v in pts]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    if var == 0:
-        return None
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
-    scale = sum(abs(y) for y in ys) / len(ys)
-    return slope / scale if scale > 1e-12 else 0.0
-
-
-def _tail(pts: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
-    if not pts:
-        return []
-    last = pts[-1][0]
-    return [p for p in pts if p[0] > last - window] or pts[-1:]
-
-
 def _r(v: float | None, n: int = 4) -> float | None:
     return None if v is None or not math.isfinite(v) else float(f"{v:.{n}g}")
 
@@ -150,7 +110,8 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     ``window``: steps of the last segment that slopes and current levels are measured over (default: the last
     third of the trajectory, at least 3 steps). ``health_events``: the health monitor's rule names or messages.
     """
-    recs = sorted(records, key=lambda r: r.step)
+    traj = Trajectory(records).sorted_by_step()
+    recs = traj.records
     events = [str(e) for e in health_events]
     if not recs:
         return Diagnosis(health_events=events)
@@ -160,14 +121,16 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     now_w = max(1, min(w, 3))
 
     def level(pts: list[tuple[int, float]]) -> float | None:
-        return _mean(_tail(pts, now_w)) if pts else None
+        return mean(tail(pts, now_w)) if pts else None
 
     def slope(pts: list[tuple[int, float]]) -> float | None:
-        return _rel_slope(_tail(pts, w))
+        return rel_slope(tail(pts, w))
 
-    ent, kl, clipf = _series(recs, ENTROPY), _series(recs, KL_KEYS), _series(recs, CLIPFRAC)
-    gn, rl, rc = _series(recs, GRAD_NORM), _series(recs, RESP_LEN), _series(recs, RESP_CLIP)
-    rew, val = _series(recs, REWARD_KEYS), _val_series(recs)
+    # one key per metric for the whole trajectory: the first the stream has (kl_loss before ppo_kl)
+    ent, kl, clipf = traj.first_series(ENTROPY), traj.first_series(KL_KEYS), traj.first_series(CLIPFRAC)
+    gn, rl, rc = traj.first_series(GRAD_NORM), traj.first_series(RESP_LEN), traj.first_series(RESP_CLIP)
+    val_key = traj.first_key(VAL_PREFIX)
+    rew, val = traj.first_series(REWARD_KEYS), traj.first_series(val_key) if val_key else []
     d = Diagnosis(step=recs[-1].step, health_events=events)
     if ent:
         d.entropy_start = _r(ent[0][1])
@@ -182,12 +145,12 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     d.response_clip_ratio = _r(level(rc))
     d.reward, d.reward_slope = _r(level(rew)), _r(slope(rew), 3)
     if rew:  # the best smoothed level (a 3-step mean), so one lucky step is not the reference
-        d.reward_best = _r(max(_mean(rew[max(0, i - now_w + 1): i + 1]) for i in range(len(rew))))
+        d.reward_best = _r(max(mean(rew[max(0, i - now_w + 1): i + 1]) for i in range(len(rew))))
     if val:
         d.val_score = _r(val[-1][1])
         d.val_best = _r(max(v for _, v in val))
         if len(val) >= 3:  # a slope through two noisy points says nothing
-            d.val_slope = _r(_rel_slope(_tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
+            d.val_slope = _r(rel_slope(tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
     _find(d)
     return d
 
@@ -241,7 +204,7 @@ def _find(d: Diagnosis) -> None:
                 else f"validation fell from {d.val_best:.3g} to {d.val_score:.3g}" if val_fall
                 else "the health monitor saw a reward collapse")
         add("collapse", 1.0, f"training collapses: {what}")
-    bad = sorted({e for e in d.health_events for rule in UNSTABLE_EVENTS if rule in e})
+    bad = sorted({e for e in d.health_events for rule in rule_names(INSTABILITY) if rule in e})
     if bad:
         add("instability", 0.9, "health events: " + ", ".join(bad))
     if d.val_score is not None and d.val_best is not None and d.val_best > 0 \
@@ -445,7 +408,7 @@ def severities(ctx: AgentContext) -> dict[str, float]:
     def seen(rule: str) -> bool:
         return any(rule in t for t in texts)
 
-    if any(seen(r) for r in UNSTABLE_EVENTS):
+    if any(seen(r) for r in rule_names(INSTABILITY)):
         sev["instability"] = max(sev.get("instability", 0.0), 0.9)
     if seen("entropy_collapse"):
         sev["entropy_collapse"] = max(sev.get("entropy_collapse", 0.0), 0.7)

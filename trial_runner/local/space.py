@@ -4,12 +4,18 @@ Defaults are the backend's defaults (``mart.trial_runner.local.config``); ranges
 meaningful. The system knobs change speed and memory, not the maths (micro-batching is exact and the
 rollout samples do not depend on chunking); the learning knobs change the learning. The defaults
 are conservative on purpose, as verl's are: small micro-batches and gradient checkpointing on.
+
+The keys are verl's, and so is what the tuner knows about each knob (its effect, the job model's name for it,
+the agents' prior, the words reviewers use): a record that leaves those facts unset means the verl catalogue's
+record of the same key (``mart.nodes.agents.knob_effects.knob_facts``), so they are written once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from mart.state.agents import NUM_ROUNDS_PARAM
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
 from mart.trial_runner.local.config import DEFAULTS, RULES, parse_overrides
 
@@ -74,11 +80,12 @@ SEARCH_SPACE = SearchSpace(
 
 
 # --- multi-agent (workflow.name set): per-agent learning knobs, workflow and shaping knobs -------------------
+#: each agent's copy of a shared learning knob: the shared record (type, range, default, facts) under the agent's key
 PER_AGENT_HELP = {
-    "actor.optim.lr": ("log", "Agent {i}'s AdamW learning rate (its own optimizer).", 1e-5, 3e-3),
-    "actor.kl_loss_coef": ("float", "Agent {i}'s KL-to-reference weight (with use_kl_loss).", 0.0, 0.1),
-    "actor.entropy_coeff": ("float", "Agent {i}'s entropy bonus.", 0.0, 0.02),
-    "rollout.temperature": ("float", "Agent {i}'s sampling temperature (diversity between agents feeds the debate).", 0.5, 1.5),
+    "actor.optim.lr": "Agent {i}'s AdamW learning rate (its own optimizer).",
+    "actor.kl_loss_coef": "Agent {i}'s KL-to-reference weight (with use_kl_loss).",
+    "actor.entropy_coeff": "Agent {i}'s entropy bonus.",
+    "rollout.temperature": "Agent {i}'s sampling temperature (diversity between agents feeds the debate).",
 }
 
 
@@ -92,16 +99,16 @@ def team_search_space(workflow: str, num_agents: int) -> SearchSpace:
     params = SYSTEM + [p for p in LEARNING if p.key not in replaced]
     for i in range(num_agents):
         for rel, shared in PER_AGENT.items():
-            kind, text, low, high = PER_AGENT_HELP[rel]
-            params.append(ParamSpec(key=agent_key(i, rel), stage="learning", kind=kind, default=DEFAULTS[shared],
-                                    description=text.format(i=i), low=low, high=high))
+            params.append(dataclasses.replace(SEARCH_SPACE[shared], key=agent_key(i, rel),
+                                              description=PER_AGENT_HELP[rel].format(i=i)))
 
     def team(key: str, kind: str, **kw: Any) -> ParamSpec:
         default, text = TEAM_KEYS[key][:2]
         return ParamSpec(key=key, stage="learning", kind=kind, default=default, description=text, **kw)
 
-    if workflow == "debate":
-        params.append(team("workflow.num_rounds", "int", low=1, high=3))
+    if workflow == "debate":  # the shared record, over the rounds a CPU debate affords
+        default, text = TEAM_KEYS[NUM_ROUNDS_PARAM.key][:2]
+        params.append(dataclasses.replace(NUM_ROUNDS_PARAM, default=default, description=text, high=3))
     params += [team("reward.shaping_mode", "categorical", choices=TEAM_KEYS["reward.shaping_mode"][5]),
                team("reward.shaping_alpha", "float", low=0.0, high=2.0),
                team("reward.history_scope", "int", low=1, high=3)]

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from mart.state.agents import ASYNC_TASKS, NUM_ROUNDS
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
 from mart.trial_runner.marti._flags import FLAGS
 
@@ -100,30 +101,36 @@ SHARED_PARAMS: list[ParamSpec] = [
     _P("micro_train_batch_size", "system", "int", _flag_default("micro_train_batch_size"),
        "Sequences per GPU in one forward/backward of each agent's actor update (DeepSpeed micro batch; gradients "
        "accumulate up to train_batch_size). Larger = faster update, more activation memory. Shared by all agents: "
-       "the actor reads the global flags.", low=1, high=64),
+       "the actor reads the global flags.", low=1, high=64,
+       means="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     _P("micro_rollout_batch_size", "system", "int", 1,
        "Micro batch of experience making (old/ref log-probs). MARTI's multi-agent experience maker asserts it is 1 "
        "(split_rollout_samples), so it is pinned here; listed so reviewers see why it does not move.", low=1, high=1),
     _P("vllm_gpu_memory_utilization", "system", "float", _flag_default("vllm_gpu_memory_utilization"),
        "Share of each GPU vLLM takes (weights + KV cache). With colocate_all_models the actor's DeepSpeed states "
        "share the GPU, so high values OOM the update; MARTI's debate example uses 0.6. Per agent: "
-       "agents.<i>.vllm_gpu_memory_utilization.", low=0.2, high=0.95),
+       "agents.<i>.vllm_gpu_memory_utilization.", low=0.2, high=0.95,
+       means="actor_rollout_ref.rollout.gpu_memory_utilization"),
     _P("vllm_num_engines", "system", "int", 1,
        "vLLM engines per agent (MARTI's default None = no vLLM, which the workflows and packing_samples cannot use; "
        "mart's baseline is 1). More engines = more rollout parallelism, more GPUs; with colocate_all_models "
        "engines x TP must equal the actor's GPUs.", low=1, high=16),
     _P("vllm_tensor_parallel_size", "system", "categorical", _flag_default("vllm_tensor_parallel_size"),
        "Tensor parallel degree of each vLLM engine. Smaller = more independent engines on the same GPUs, usually "
-       "faster when the model and its KV cache fit.", choices=(1, 2, 4, 8)),
+       "faster when the model and its KV cache fit.", choices=(1, 2, 4, 8),
+       means="actor_rollout_ref.rollout.tensor_model_parallel_size"),
     _P("colocate_all_models", "system", "bool", False,
        "Put actor, reference and vLLM engines of an agent on the same GPUs (a placement group). Halves the GPUs an "
        "agent needs; costs memory headroom and needs actor GPUs == engines x TP.", ),
     _P("gradient_checkpointing", "system", "bool", False,
-       "Recompute activations in the backward pass: less update memory, ~30% slower update."),
+       "Recompute activations in the backward pass: less update memory, ~30% slower update.",
+       means="actor_rollout_ref.model.enable_gradient_checkpointing"),
     _P("enforce_eager", "system", "bool", False,
-       "Disable CUDA graphs in vLLM: saves memory and capture time, slows decoding."),
+       "Disable CUDA graphs in vLLM: saves memory and capture time, slows decoding.",
+       means="actor_rollout_ref.rollout.enforce_eager"),
     _P("enable_prefix_caching", "system", "bool", False,
-       "vLLM prefix caching: the n samples of a prompt, and a debate's later rounds, share prompt KV cache."),
+       "vLLM prefix caching: the n samples of a prompt, and a debate's later rounds, share prompt KV cache.",
+       means="actor_rollout_ref.rollout.enable_prefix_caching"),
     _P("vllm_enable_sleep", "system", "bool", False,
        "Put vLLM to sleep (free its memory) during training; only with colocate_all_models (MARTI turns it off "
        "otherwise) and not with async_train."),
@@ -132,37 +139,48 @@ SHARED_PARAMS: list[ParamSpec] = [
     _P("zero_stage", "system", "categorical", _flag_default("zero_stage"),
        "DeepSpeed ZeRO stage of the actor/reference: 3 shards parameters too (less memory, more communication).",
        choices=(1, 2, 3)),
-    _P("adam_offload", "system", "bool", False, "Offload Adam states to CPU: less GPU memory, slower optimizer step."),
+    _P("adam_offload", "system", "bool", False, "Offload Adam states to CPU: less GPU memory, slower optimizer step.",
+       means="actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
     _P("packing_samples", "system", "bool", False,
-       "Pack sequences without padding in the update (needs vLLM and flash attention, which MARTI then forces)."),
+       "Pack sequences without padding in the update (needs vLLM and flash attention, which MARTI then forces).",
+       means="actor_rollout_ref.model.use_remove_padding"),
     _P(ASYNC_KEY, "system", "int", MARTI_ASYNC_DEFAULT,
        "Concurrent workflow tasks during rollout (env OPENRLHF_ASYNC_NUM_TASKS, read by MARTI's workflow wrapper; "
        "default 128; the paper measures 512 workers). More = more requests in flight per engine, more host memory.",
-       low=1, high=1024),
+       low=1, high=1024,
+       means=ASYNC_TASKS),
     # ------------------------------------------------------------------ learning (score)
     _P("actor_learning_rate", "learning", "log", _flag_default("actor_learning_rate"),
        "Actor learning rate (Adam), shared by every tuned agent at this MARTI commit (the optimizer reads the "
-       "global flag, not the agent's JSON).", low=1e-7, high=1e-4),
+       "global flag, not the agent's JSON).", low=1e-7, high=1e-4,
+       means="actor_rollout_ref.actor.optim.lr"),
     _P("init_kl_coef", "learning", "float", _flag_default("init_kl_coef"),
        "KL coefficient (a loss term with use_kl_loss, else a reward penalty); one controller for all agents.",
-       low=0.0, high=0.1),
+       low=0.0, high=0.1,
+       means="actor_rollout_ref.actor.kl_loss_coef"),
     _P("use_kl_loss", "learning", "bool", False, "KL to the reference as a loss term (GRPO style) instead of in "
-       "the reward."),
+       "the reward.",
+       means="actor_rollout_ref.actor.use_kl_loss"),
     _P("kl_estimator", "learning", "categorical", _flag_default("kl_estimator"),
        "KL estimator: k3 as a loss (GRPO), k1 in the reward; MARTI prints a recommendation otherwise.",
-       choices=("k1", "k2", "k3")),
+       choices=("k1", "k2", "k3"),
+       means="actor_rollout_ref.actor.kl_loss_type"),
     _P("entropy_loss_coef", "learning", "float", None,
        "Entropy bonus coefficient (None = off and not logged; 0 = logged only).", low=0.0, high=0.01,
-       nullable=True),
+       nullable=True,
+       means="actor_rollout_ref.actor.entropy_coeff"),
     _P("eps_clip", "learning", "float", _flag_default("eps_clip"), "PPO clip range.", low=0.05, high=0.5),
     _P("n_samples_per_prompt", "learning", "int", 2,
        "Responses per prompt per agent (the group of group_norm/rloo). Rollout work grows linearly with it. MARTI's "
        "default is 1, which its group estimators refuse; mart's baseline is 2 (the debate example).",
-       low=1, high=64),
+       low=1, high=64,
+       means="actor_rollout_ref.rollout.n"),
     _P("temperature", "learning", "float", _flag_default("temperature"),
-       "Sampling temperature of every agent without its own (agents.<i>.temperature).", low=0.1, high=1.5),
+       "Sampling temperature of every agent without its own (agents.<i>.temperature).", low=0.1, high=1.5,
+       means="actor_rollout_ref.rollout.temperature"),
     _P("top_p", "learning", "float", _flag_default("top_p"), "Nucleus sampling of every agent without its own.",
-       low=0.5, high=1.0),
+       low=0.5, high=1.0,
+       means="actor_rollout_ref.rollout.top_p"),
     _P("policy_loss_type", "learning", "categorical", _flag_default("policy_loss_type"),
        "Policy loss: token-level PPO clipping or GSPO's sequence-level ratio (the debate example uses gspo).",
        choices=("ppo", "gspo")),
@@ -171,7 +189,8 @@ SHARED_PARAMS: list[ParamSpec] = [
        choices=("group_norm", "dr_grpo", "rloo", "reinforce_baseline", "reinforce")),
     _P("workflow_args.num_rounds", "learning", "int", 2,
        "Debate rounds of the debate workflow (workflow_args JSON). More rounds = longer rollouts and more "
-       "per-agent samples per prompt; the paper's 8-round debate is ~3000 s per step.", low=1, high=8),
+       "per-agent samples per prompt; the paper's 8-round debate is ~3000 s per step.", low=1, high=8,
+       means=NUM_ROUNDS),
     _P("reward_alloc.name", "learning", "categorical", "margin",
        "Influence-aware reward shaping mode (reward_alloc JSON): margin (R + a(R - Q)), quality (R + a(QR - (1-Q)"
        "(1-R))) and their variants; None = raw rewards. The paper's ablation: no shaping 45.6 -> 36.6.",
@@ -190,10 +209,12 @@ def agent_params(n_agents: int) -> list[ParamSpec]:
         out += [
             _P(f"agents.{i}.temperature", "learning", "float", None,
                f"Sampling temperature of agent {i} alone (None: the shared temperature). Diverse agents debate "
-               "better; a too-cold critic agent copies the others.", low=0.1, high=1.5, nullable=True),
+               "better; a too-cold critic agent copies the others.", low=0.1, high=1.5, nullable=True,
+               means="actor_rollout_ref.rollout.temperature"),
             _P(f"agents.{i}.vllm_gpu_memory_utilization", "system", "float", None,
                f"vLLM memory share of agent {i}'s engines (None: the shared value); agents with larger models "
-               "or longer contexts need their own.", low=0.2, high=0.95, nullable=True),
+               "or longer contexts need their own.", low=0.2, high=0.95, nullable=True,
+               means="actor_rollout_ref.rollout.gpu_memory_utilization"),
         ]
     return out
 

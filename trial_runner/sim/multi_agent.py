@@ -36,6 +36,15 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mart.state.agents import (
+    ASYNC_TASKS,
+    ASYNC_TASKS_PARAM,
+    HISTORY_SCOPE,
+    NUM_ROUNDS,
+    NUM_ROUNDS_PARAM,
+    SHAPING_ALPHA,
+    SHAPING_MODE,
+)
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import system as S
@@ -47,11 +56,12 @@ A, R = f"{ARR}.actor.", f"{ARR}.rollout."
 #: the verl learning knobs every agent sets for itself (MARTI: each agent's JSON config); the others are shared
 PER_AGENT_KEYS: tuple[str, ...] = (A + "optim.lr", A + "use_kl_loss", A + "kl_loss_coef", A + "entropy_coeff",
                                    A + "clip_ratio_high", R + "temperature")
-ROUNDS_KEY = "workflow.num_rounds"
-SHAPING_MODE_KEY = "reward.shaping_mode"
-SHAPING_ALPHA_KEY = "reward.shaping_alpha"
-HISTORY_SCOPE_KEY = "reward.history_scope"
-ASYNC_KEY = "rollout.async_num_tasks"
+# the multi-agent knobs' names (mart.state.agents, where every layer reads them)
+ROUNDS_KEY = NUM_ROUNDS
+SHAPING_MODE_KEY = SHAPING_MODE
+SHAPING_ALPHA_KEY = SHAPING_ALPHA
+HISTORY_SCOPE_KEY = HISTORY_SCOPE
+ASYNC_KEY = ASYNC_TASKS
 SHAPING_MODES = ("none", "margin", "quality")
 HISTORY_SCOPES = ("step", "window", "all")
 
@@ -158,13 +168,9 @@ MA_FOCUS: dict[str, tuple[float, float] | None] = {
 
 
 def _ma_params(workflow: str, num_rounds: int) -> list[ParamSpec]:
-    out = [ParamSpec(ASYNC_KEY, "system", "int", 0,
-                     "MARTI's concurrent workflow tasks (OPENRLHF_ASYNC_NUM_TASKS; a task = one prompt's group): "
-                     "0 = synchronous rounds with a barrier each; more tasks overlap the rounds, too few starve vLLM",
-                     low=0, high=2048)]
+    out = [ASYNC_TASKS_PARAM]
     if workflow == "debate":
-        out.append(ParamSpec(ROUNDS_KEY, "learning", "int", num_rounds,
-                             "debate rounds: each round's prompt shows the previous answers (longer prompts)", low=1, high=4))
+        out.append(dataclasses.replace(NUM_ROUNDS_PARAM, default=num_rounds))
     out += [
         ParamSpec(SHAPING_MODE_KEY, "learning", "categorical", "none",
                   "per-agent reward shaping R + alpha*Delta: margin (R - Q) or quality (Q*R - (1-Q)(1-R)); none = "
