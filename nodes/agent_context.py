@@ -14,13 +14,6 @@ from mart.state.graph_state import running_trials
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import throughput_window
 
-VERL_PERF_GUIDE = (
-    "verl perf-guide order: rollout memory share (gpu_memory_utilization) and max_num_seqs/max_num_batched_tokens "
-    "-> smaller rollout TP -> remove padding -> micro-batch sizes (forward-only ~2x training) -> dynamic bsz with "
-    "ppo_max_token_len_per_gpu >= 2-3x(prompt+response) -> Ulysses SP for >32k -> FSDP2 -> entropy "
-    "chunking/checkpointing. Rule of thumb: mem_per_gpu x gpu_mem_util x TP > 2 x params."
-)
-
 
 def trial_from_row(row: dict[str, Any]) -> TrialRecord:
     return TrialRecord(
@@ -76,7 +69,7 @@ def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> A
     if job_model is not None:
         def predict_memory(config: dict[str, Any]) -> float | None:
             return job_model.predict(config).peak_gb
-    notes = [VERL_PERF_GUIDE] if services.backend.name in ("verl", "sim") and stage == "system" else []
+    notes: list[str] = []  # the backend's own notes (verl's perf guide) come from prompts.BACKEND_NOTES
     diagnosis = segment = None
     if stage == "schedule":
         from mart.nodes.agents.schedule import diagnose

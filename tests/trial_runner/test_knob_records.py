@@ -193,3 +193,26 @@ def test_the_docs_worked_example_is_one_record():
                        num_candidates=len(space.params) * 2)
     moves = {c.overrides[spec.key]: c.rationale for c in RulesProposer().propose(ctx) if spec.key in c.overrides}
     assert set(moves) == {4.7, 1.5} and all("lower clip bound" in why for why in moves.values())
+
+
+@pytest.mark.parametrize("workflow,agents", [("debate", 2), ("debate", 3), ("chain", 2)])
+def test_the_local_teams_search_ranges_lie_inside_the_valid_ranges(workflow, agents):
+    """The team knobs' valid ranges live in ``team_config.TEAM_KEYS``; the search space may search a part of a
+    range (what a CPU debate affords), never outside it, and its defaults are the valid table's."""
+    from mart.trial_runner.local.team_config import TEAM_KEYS
+
+    space = team_search_space(workflow, agents)
+    checked = 0
+    for p in space.params:
+        if p.key not in TEAM_KEYS:
+            continue
+        default, _, _, low, high, choices = TEAM_KEYS[p.key]
+        assert p.default == default, f"{p.key}: search default {p.default} != valid default {default}"
+        if choices is not None:
+            assert set(p.choices or ()) <= set(choices), f"{p.key}: searches choices outside {choices}"
+        if low is not None:
+            assert p.low is not None and p.low >= low, f"{p.key}: searches below its valid minimum {low}"
+        if high is not None:
+            assert p.high is not None and p.high <= high, f"{p.key}: searches above its valid maximum {high}"
+        checked += 1
+    assert checked >= 3
