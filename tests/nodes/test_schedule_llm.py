@@ -71,7 +71,7 @@ def test_bad_transitions_are_sent_back_with_mart_reasons(stub):
     repair = stub.completions()[1].messages[-1]["content"]
     assert "already tried from this checkpoint" in repair  # the sibling t9
     assert "predicts a peak of 80.00 GB, over the limit 60.00 GB" in repair  # a doubled budget
-    assert "is a system-stage knob; it cannot change in the learning stage" in repair
+    assert "is a system-stage knob; it cannot change in the schedule stage" in repair
     assert [c.overrides for c in cands] == [{CLIP_HIGH: 0.3}]
 
 

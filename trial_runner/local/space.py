@@ -40,7 +40,7 @@ SYSTEM = [
     _p(ACTOR + "use_dynamic_bsz", "bool", "Form micro-batches by token count (ppo_max_token_len_per_gpu), also for the log-prob passes.",
        stage="system"),
     _p(ACTOR + "ppo_max_token_len_per_gpu", "int", "Token cap of a dynamic micro-batch; must hold one longest sequence (max_prompt_length + max_response_length).",
-       stage="system", low=64, high=8192),
+       stage="system", low=64, high=8192, schedule=True),
     _p("actor_rollout_ref.model.enable_gradient_checkpointing", "bool", "Recompute activations in backward: much less update memory, ~1/3 more update compute.",
        stage="system"),
 ]
