@@ -8,6 +8,7 @@ summary's schedule chains segment to segment up to the horizon and compares it w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,20 @@ def test_schedule_session_on_the_sim_grows_a_tree_within_budget(tmp_path):
     # each segment's overrides are its full learning config against the base; a segment's changes its diff
     for a, b in zip(segs, segs[1:]):
         assert {**a["overrides"], **b["changes"]}.items() >= b["overrides"].items()
+    # its cost beside its score: GPU-hours of one run along the winner's path, the static path's, the search's,
+    # read back from the trials' own metric files (verl's file-logger lines)
+    def hours(trial_id: str) -> float:
+        row = ledger.trial(trial_id)
+        cfg = row["config"]
+        secs = 0.0
+        for line in (Path(row["trial_dir"]) / "metrics.jsonl").read_text().splitlines():
+            data = json.loads(line)["data"]
+            secs += data.get("timing_s/step", 0.0) + data.get("timing_s/testing", 0.0)
+        return secs * cfg["trainer.n_gpus_per_node"] * cfg["trainer.nnodes"] / 3600
+    assert sched["gpu_hours"] == pytest.approx(sum(hours(s["trial_id"]) for s in segs), rel=1e-5)
+    assert sched["static_gpu_hours"] == pytest.approx(sum(hours(n["id"]) for n in static), rel=1e-5)
+    assert sched["search_gpu_hours"] == pytest.approx(sum(hours(r["trial_id"]) for r in rows), rel=1e-5)
+    assert sched["gpu_hours"] > 0 and sched["search_gpu_hours"] > sched["static_gpu_hours"]
 
 
 def _nodes(rows: list[dict]) -> list[dict]:
