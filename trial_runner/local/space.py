@@ -78,6 +78,17 @@ SEARCH_SPACE = SearchSpace(
     constraints=[_constraint(name, description) for name, description, _ in RULES],
 )
 
+RESPONSE_LIMIT = _p("data.max_response_length", "int", "Generation cap in tokens; a response cut at it scores 0 in the "
+                    "long task (watch response_length/clip_ratio). Longer = more generation and update work per step.",
+                    stage="learning", low=4, high=48)
+LONG_SEARCH_SPACE = SearchSpace(
+    backend="local",
+    params=SYSTEM + LEARNING + [RESPONSE_LIMIT],
+    constraints=list(SEARCH_SPACE.constraints),
+)
+"""The catalogue of the long task (``local.task.name=digit_sort_long``): the response limit is a learning knob
+there, the capacity a staged schedule raises as answers lengthen (the default task's catalogue stays as it was)."""
+
 
 # --- multi-agent (workflow.name set): per-agent learning knobs, workflow and shaping knobs -------------------
 #: each agent's copy of a shared learning knob: the shared record (type, range, default, facts) under the agent's key
