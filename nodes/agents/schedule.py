@@ -732,17 +732,13 @@ _PHRASE_OF = {"collapse": "collapses", "entropy_collapse": "entropy fell", "entr
               "val_decline": "validation fell", "plateau": "stopped improving"}
 
 
-def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
-    """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
-    it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
-    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
-    hypothesis is still worth a branch)."""
-    sev = severities(ctx)
-    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None)
+def _best_answer(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, float]) -> tuple[float, str | None, str | None]:
+    """(score, pathology, phrase) of the finding ``overrides`` answers best (see ``transition_score``)."""
+    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None, start_limit=start_limit(ctx))
     parent = dict(ctx.base_config)
     new = ctx.full_config(overrides)
     moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
-    best, answered = 0.05, None
+    best, answer_of, answered = 0.05, None, None
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
         if not present or any(b in sev for b in rule.blocked_by):
@@ -766,7 +762,43 @@ def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[floa
         against = sum(1 for k, d in wanted if k in moved and moved[k] != d)
         score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
         if score > best:
-            best, answered = score, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+            best, answer_of, answered = score, answer, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+    return best, answer_of, answered
+
+
+def sibling_answers(ctx: AgentContext, sev: dict[str, float] | None = None) -> set[str]:
+    """The findings transitions already run from this checkpoint answer (each sibling's best answer)."""
+    if ctx.stage != "schedule" or not ctx.segment:
+        return set()
+    sev = severities(ctx) if sev is None else sev
+    parent = dict(ctx.base_config)
+    out = set()
+    for t in ctx.history:
+        if t.stage != ctx.stage or t.confirms or t.parent_step != ctx.segment[0]:
+            continue
+        changes = {k: v for k, v in t.config.items() if parent.get(k, _MISSING) != v}
+        if changes:
+            answer = _best_answer(ctx, changes, sev)[1]
+            if answer is not None:
+                out.add(answer)
+    return out
+
+
+def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
+    """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
+    it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
+    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
+    hypothesis is still worth a branch). One that answers a finding a sibling from the same checkpoint already
+    answers scores half: the branches of a checkpoint test distinct hypotheses first (each finding gets its
+    answer before a second idea for one, as the proposer orders them)."""
+    sev = severities(ctx)
+    best, answer, answered = _best_answer(ctx, overrides, sev)
+    if answer is not None and answer in sibling_answers(ctx, sev):
+        best *= 0.5
+        answered = (answered or "") + "; a sibling already answers this finding"
+    parent = dict(ctx.base_config)
+    new = ctx.full_config(overrides)
+    moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
     shrunk = [k.rsplit(".", 1)[-1] for k, d in moved.items() if d == "down"
               and any(k == c or k.endswith("." + c) for c in CAPACITY_KNOBS)]
     if shrunk and "collapse" not in sev:  # LLMZero: capacity accumulates; shrinking it is the odd move out

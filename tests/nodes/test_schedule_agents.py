@@ -321,3 +321,20 @@ def test_a_longer_limit_is_priced_by_the_job_model_and_refused_over_the_margin()
                                                            overrides={MAX_LEN: 4096})])
     assert not verdict.critiques[0].accepted and "exceeds the limit" in verdict.critiques[0].reasons[0]
     assert transition_candidates(cx(longer.peak_gb + 1))[0].overrides == {MAX_LEN: 4096}
+
+
+def test_the_critic_prefers_a_finding_no_sibling_has_answered_yet():
+    """A checkpoint's branches test distinct hypotheses first: with clip-higher already run from it against the
+    entropy collapse, the responses hitting the limit get their answer before a second entropy idea."""
+    both = diagnose(trajectory(**COLLAPSE, length=lambda s: 300 + 8 * s, clip=lambda s: 0.004 * s))
+    assert {"entropy_collapse", "length_clipping"} <= set(both.severity)
+    cands = [Candidate(candidate_id="hot", stage="schedule", overrides={TEMP: 1.1, CLIP_HIGH: 0.28}),
+             Candidate(candidate_id="long", stage="schedule", overrides={MAX_LEN: 1024})]
+    alone = RulesCritic().critique(ctx(diag=both, base=VERL_BASE), cands)
+    assert alone.pick == "hot"  # the more severe finding first
+    sibling = TrialRecord(trial_id="s1", stage="schedule", config={**VERL.defaults(), **VERL_BASE, CLIP_HIGH: 0.28},
+                          status=TrialStatus.COMPLETED, score=0.5, parent_step=10)
+    after = RulesCritic().critique(ctx(diag=both, base=VERL_BASE, history=[sibling]), cands)
+    assert after.pick == "long"
+    hot = next(c for c in after.critiques if c.candidate_id == "hot")
+    assert any("a sibling already answers this finding" in r for r in hot.reasons)
