@@ -9,6 +9,7 @@ summary's schedule chains segment to segment up to the horizon and compares it w
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,22 @@ def test_schedule_is_stored_reported_and_exportable(tmp_path):
     assert "## Schedule (stage 3)" in md and (run_dir / "report" / "schedule_tree.png").is_file()
     for s in segs:
         assert f"| {s['from_step']}-{s['to_step']} |" in md
+    # the schedule's cost beside its score wherever its score shows: the export, --json, the terminal, the report
+    sched = summary["schedule"]
+    hours = (sched["static_gpu_hours"], sched["gpu_hours"], sched["search_gpu_hours"])
+    assert all(h and h > 0 for h in hours)
+    assert (stored["static_gpu_hours"], stored["gpu_hours"]) == hours[:2]
+    as_json = json.loads(CliRunner().invoke(app, ["resume", summary["run_id"], "--runs-dir", str(tmp_path),
+                                                  "--json"]).stdout)["schedule"]
+    assert (as_json["static_gpu_hours"], as_json["gpu_hours"], as_json["search_gpu_hours"]) == hours
+    text = [format(h, ".3g") for h in hours]
+    terminal = CliRunner().invoke(app, ["resume", summary["run_id"], "--runs-dir", str(tmp_path)],
+                                  terminal_width=200).stdout
+    row = next(line for line in terminal.splitlines() if "GPU-hours of one run" in line)
+    cells = [c.strip() for c in re.split(r"[│|┃]", row) if c.strip()]
+    assert cells == ["schedule (GPU-hours of one run)", text[0], text[1], f"search: {text[2]}"], row
+    head = next(line for line in md.splitlines() if line.startswith("- **schedule stage**"))
+    assert f"GPU-hours of one run {text[0]} → {text[1]} (search {text[2]})" in head, head
 
 
 @pytest.mark.timeout(120)
