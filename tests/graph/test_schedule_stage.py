@@ -228,6 +228,10 @@ def test_schedule_is_stored_reported_and_exportable(tmp_path):
     assert cells == ["schedule (GPU-hours of one run)", text[0], text[1], f"search: {text[2]}"], row
     head = next(line for line in md.splitlines() if line.startswith("- **schedule stage**"))
     assert f"GPU-hours of one run {text[0]} → {text[1]} (search {text[2]})" in head, head
+    from mart.graph.figures import stage_figures  # Slack's final message: each stage's sentence
+
+    slack = next(f.sentence() for f in stage_figures(summary) if f.stage == "schedule")
+    assert slack.endswith(f"; GPU-hours of one run {text[0]} → {text[1]} (search {text[2]})"), slack
 
 
 @pytest.mark.timeout(120)
