@@ -51,7 +51,10 @@ from bench.baselines.space import REDRAWS, config_key, repair, sample_param, val
 A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
 SCENARIOS = ["qwen3-8b-1x8", "qwen3-8b-2x8", "qwen3-0.6b-1x8", "qwen3-0.6b-2x8"]
 QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
-METHODS = ["grid", "random", "mart"]
+METHODS = ["grid", "grid-eq", "random", "pb2", "pbt", "mart"]
+DEFAULT_METHODS = ["grid", "grid-eq", "random", "pb2", "mart"]
+#: the reference of the issue's target: the grid given the GPU-hours the schedules get (``grid-eq``)
+REFERENCE = "grid-eq"
 
 #: the static grid: the stage-2 knobs with the largest effects on the simulator and in the GRPO recipes
 #: (lr 1x/2x/4x verl's default, clip-higher as DAPO, a small entropy bonus), everything else the start config's
@@ -93,6 +96,7 @@ class MethodRun:
     segments: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)  # chosen: (from, to, overrides)
     measured: float | None = None  # the chosen schedule's measured final validation score
     segment_trials: int = 0
+    segment_trials_equivalent: int | None = None  # grid-eq: full-length trials x segments
     gpu_hours: float = 0.0  # spent by the search
     schedule_gpu_hours: float | None = None  # one training run with the chosen schedule
     noise_free: float | None = None
@@ -167,6 +171,188 @@ def run_grid(player: Player, bud: ScheduleBudget, start: dict[str, Any], res: Me
         res.measured, res.schedule_gpu_hours = best[0], best[2]
         res.segments = [(0, bud.total_steps, best[1])]
     res.extra["grid_trials"] = len(grid_points())
+
+
+def grid_eq_points(k: int) -> list[dict[str, Any]]:
+    """The ``k`` grid points a grid at the schedules' budget runs: the lr axis first (the knob with the largest
+    effect), then the rest of ``GRID`` in its order."""
+    pts = grid_points()
+    lr_axis = [p for p in pts if all(p[key] == vals[0] for key, vals in GRID.items() if key != A + "optim.lr")]
+    return (lr_axis + [p for p in pts if p not in lr_axis])[:max(1, k)]
+
+
+def run_grid_eq(player: Player, bud: ScheduleBudget, start: dict[str, Any], res: MethodRun) -> None:
+    """Grid search at the schedules' budget: as many full-length trials as the budget holds segment-trials for
+    (``budget // segments``: the same GPU-hours as a schedule search of the start config's segments)."""
+    best: tuple[float, dict[str, Any], float] | None = None
+    points = grid_eq_points(bud.budget // bud.segments)
+    for over in points:
+        cfg = {**start, **over}
+        score, _, hours = player.play(cfg, 0, bud.total_steps, None)
+        if score is not None and (best is None or score > best[0]):
+            best = (score, cfg, hours)
+    if best is not None:
+        res.measured, res.schedule_gpu_hours = best[0], best[2]
+        res.segments = [(0, bud.total_steps, best[1])]
+    res.extra["grid_trials"] = len(points)
+    res.segment_trials_equivalent = len(points) * bud.segments
+
+
+# ---------------------------------------------------------------------------------------------- PB2 / PBT
+#: the knobs a population-based search moves: those mart's transitions move (lr, clip-higher, entropy bonus,
+#: temperature, the KL anchor, and the capacity knobs response limit and rollout n), as PB2's continuous bounds
+PBT_BOUNDS: dict[str, tuple[float, float]] = {
+    "log10_lr": (-7.0, -5.0),  # lr 1e-7..1e-5, the focused space's range, searched on a log scale
+    "clip_high": (0.2, 0.32),
+    "entropy": (0.0, 0.005),
+    "temperature": (0.6, 1.2),
+    "kl": (0.0, 0.02),  # <= 1e-4: no KL loss, else use_kl_loss with this coefficient
+    "limit_mult": (1.0, 3.0),  # data.max_response_length as a multiple of the start's (DeepScaleR: x1 -> x3)
+    "n_mult": (1.0, 2.0),  # rollout.n as a multiple of the start's
+}
+
+
+def pbt_point(cfg: dict[str, Any], start: dict[str, Any]) -> dict[str, float]:
+    """A full config as PB2's point (the inverse of ``pbt_config``)."""
+    kl = float(cfg.get(A + "kl_loss_coef", 0.001)) if cfg.get(A + "use_kl_loss") else 0.0
+    return {"log10_lr": math.log10(float(cfg.get(A + "optim.lr", 1e-6))),
+            "clip_high": float(cfg.get(A + "clip_ratio_high", 0.2)), "entropy": float(cfg.get(A + "entropy_coeff", 0.0)),
+            "temperature": float(cfg.get(R + "temperature", 1.0)), "kl": kl,
+            "limit_mult": float(cfg["data.max_response_length"]) / float(start["data.max_response_length"]),
+            "n_mult": float(cfg[R + "n"]) / float(start[R + "n"])}
+
+
+def pbt_config(point: dict[str, float], start: dict[str, Any]) -> dict[str, Any]:
+    """PB2's point as a full config: the start's, with the population's knobs set (integers rounded to what verl
+    takes: the response limit to 256 tokens, rollout n to an integer)."""
+    clamp = {k: min(hi, max(lo, float(point[k]))) for k, (lo, hi) in PBT_BOUNDS.items()}
+    cfg = {**start, A + "optim.lr": float(f"{10 ** clamp['log10_lr']:.3g}"), A + "clip_ratio_high": round(clamp["clip_high"], 3),
+           A + "entropy_coeff": round(clamp["entropy"], 5), R + "temperature": round(clamp["temperature"], 3),
+           A + "use_kl_loss": clamp["kl"] > 1e-4,
+           "data.max_response_length": int(round(start["data.max_response_length"] * clamp["limit_mult"] / 256) * 256),
+           R + "n": max(2, int(round(start[R + "n"] * clamp["n_mult"])))}
+    if cfg[A + "use_kl_loss"]:
+        cfg[A + "kl_loss_coef"] = round(clamp["kl"], 5)
+    return cfg
+
+
+_RAY_READY = False
+
+
+def _ray_init() -> None:
+    """One local Ray for the process (Tune runs its trials as actors), shut down at exit."""
+    global _RAY_READY
+    if _RAY_READY:
+        return
+    import atexit
+    import os
+
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    atexit.register(ray.shutdown)
+    _RAY_READY = True
+
+
+def pbt_trainable(config: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """One population member: plays the schedule's segments through the sim backend's runner, one per Tune
+    iteration, each from the checkpoint PBT hands it (its own, or an exploited donor's)."""
+    import uuid
+
+    from ray import tune
+    from ray.tune import Checkpoint
+
+    from mart.trial_runner.registry import load_backend
+
+    backend = load_backend("sim", **ctx["opts"])
+    ends, start, base = ctx["ends"], ctx["start"], ctx["base"]
+    player = Player(backend, Path(ctx["workdir"]) / uuid.uuid4().hex[:8], ctx["seed"])
+    state: dict[str, Any] = {"segments": [], "trial_dir": None}
+    ck = tune.get_checkpoint()
+    if ck is not None:
+        with ck.as_directory() as d:
+            state = json.loads((Path(d) / "state.json").read_text())
+    cfg = pbt_config(config, start)
+    try:
+        while len(state["segments"]) < len(ends):
+            i = len(state["segments"])
+            a, b = (ends[i - 1] if i else 0), ends[i]
+            score, tdir, hours = player.play(cfg, a, b, state["trial_dir"])
+            with open(Path(ctx["workdir"]) / "segments.jsonl", "a") as log:  # the driver's count of trials and hours
+                log.write(json.dumps({"gpu_hours": hours, "score": score, "from": a, "to": b}) + "\n")
+            if score is not None:
+                state["segments"].append([a, b, {k: v for k, v in cfg.items() if base.get(k) != v}])
+                state["trial_dir"] = tdir
+                state["hours"] = state.get("hours", 0.0) + hours
+            # an OOM'd or failed segment leaves the member where it was, reported worst: PBT's exploit step hands
+            # it a better member's checkpoint and config at this boundary (the segment-trial is spent)
+            d = Path(tempfile.mkdtemp(prefix="pbt-ck-"))
+            (d / "state.json").write_text(json.dumps(state, default=str))
+            tune.report({"score": -1.0 if score is None else score, "done_segments": len(state["segments"]),
+                         "state": json.dumps(state, default=str)}, checkpoint=Checkpoint.from_directory(str(d)))
+    finally:
+        player.close()
+
+
+def run_population(task: dict[str, Any], bud: ScheduleBudget, workdir: Path, res: MethodRun,
+                   start: dict[str, Any], base: dict[str, Any], kind: str) -> None:
+    """PB2 (Parker-Holder et al., NeurIPS 2020; Ray Tune's ``PB2``) or PBT (Jaderberg et al. 2017; ``PopulationBasedTraining``):
+    a population of ``budget // segments`` members trains segment by segment; after each segment the worst
+    quantile copies a top member's checkpoint and config and explores a new config (PB2: a GP-bandit over
+    ``PBT_BOUNDS``; PBT: perturbations). Member 0 starts from the start config (mart's root), the others from
+    draws; the budget is the same number of segment-trials as mart's. The pick: the member with the best measured
+    final validation, its segments as it ran them (exploits included)."""
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from bench.compare import backend_options
+
+    _ray_init()
+    pop = max(2, bud.budget // bud.segments)
+    opts = backend_options("sim", task["scenario"], task["seed"], task.get("scenario_file"), task.get("perturb"))
+    opts["steps_per_poll"] = 10**6
+    ctx = {"opts": opts, "ends": bud.boundaries(), "start": start, "base": base, "seed": task["seed"],
+           "workdir": str(workdir)}
+    space = {k: tune.uniform(lo, hi) for k, (lo, hi) in PBT_BOUNDS.items()}
+    if kind == "pb2":
+        try:
+            from ray.tune.schedulers.pb2 import PB2
+
+            sched = PB2(time_attr="training_iteration", perturbation_interval=1, synch=True, quantile_fraction=0.34,
+                        hyperparam_bounds={k: list(v) for k, v in PBT_BOUNDS.items()})
+        except ImportError as e:  # PB2 needs GPy and scikit-learn: fall back to PBT, and say so
+            res.extra["pb2_unavailable"] = f"{type(e).__name__}: {e}; ran PBT instead"
+            kind = "pbt"
+    if kind == "pbt":
+        sched = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1, synch=True,
+                                        quantile_fraction=0.34, hyperparam_mutations=space)
+    res.extra["population"], res.extra["scheduler"] = pop, kind
+    tuner = tune.Tuner(
+        # a quarter CPU per member: the whole population runs at once (synchronous PBT waits for every member at
+        # each boundary; members queued behind cached actors would never start), the sim's trials are light
+        tune.with_resources(tune.with_parameters(pbt_trainable, ctx=ctx), {"cpu": 0.25}), param_space=space,
+        tune_config=tune.TuneConfig(scheduler=sched, num_samples=pop, metric="score", mode="max", reuse_actors=True,
+                                    search_alg=BasicVariantGenerator(points_to_evaluate=[pbt_point(start, start)],
+                                                                     random_state=task["seed"])),
+        run_config=tune.RunConfig(storage_path=str(workdir / "tune"), stop={"training_iteration": bud.segments}, verbose=int(__import__("os").environ.get("MART_TUNE_VERBOSE", "0")),
+                                  name=f"{kind}-{task['scenario']}-{task['seed']}"))
+    results = tuner.fit()
+    best: tuple[float, dict[str, Any]] | None = None
+    for r in results:
+        m = r.metrics or {}
+        if m.get("done_segments") == bud.segments and m.get("score", -1) >= 0 and m.get("state"):
+            if best is None or m["score"] > best[0]:
+                best = (float(m["score"]), json.loads(m["state"]))
+    log = [json.loads(line) for line in (workdir / "segments.jsonl").read_text().splitlines()] \
+        if (workdir / "segments.jsonl").exists() else []
+    res.segment_trials, res.gpu_hours = len(log), sum(float(x["gpu_hours"]) for x in log)
+    if best is not None:
+        res.measured = best[0]
+        res.segments = [(int(a), int(b), {**base, **over}) for a, b, over in best[1]["segments"]]
+        res.schedule_gpu_hours = float(best[1].get("hours", 0.0))
 
 
 def random_learning_config(space: Any, base: dict[str, Any], start: dict[str, Any], rng: random.Random,
@@ -278,18 +464,22 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         res.extra["start"] = dict(task.get("start") or {})
         if task["method"] == "mart":
             run_mart(task, bud, workdir, res, start)
+        elif task["method"] in ("pb2", "pbt"):
+            run_population(task, bud, workdir, res, start, base, task["method"])
         else:
             player = Player(backend, workdir, task["seed"])
             try:
-                (run_grid(player, bud, start, res) if task["method"] == "grid"
-                 else run_random(player, bud, start, res, task["seed"]))
+                run = {"grid": run_grid, "grid-eq": run_grid_eq}.get(task["method"])
+                run(player, bud, start, res) if run else run_random(player, bud, start, res, task["seed"])
             finally:
                 player.close()
             res.segment_trials, res.gpu_hours = player.n, player.gpu_hours
             res.extra["failures"] = player.failures
+        sc = sim_scenario(task["scenario"], *where)
         if res.segments:
-            sc = sim_scenario(task["scenario"], *where)
             res.noise_free = schedule_score_noise_free(res.segments, sc, bud.total_steps)
+        # the static path of the same start: the reference a schedule must never fall below beyond the noise
+        res.extra["static_path_noise_free"] = schedule_score_noise_free([(0, bud.total_steps, start)], sc, bud.total_steps)
     except Exception as e:  # noqa: BLE001 - one failing run is reported, not fatal
         res.error = f"{type(e).__name__}: {e}"
         res.extra["traceback"] = traceback.format_exc(limit=8)
@@ -321,40 +511,79 @@ def _stats(xs: list[float]) -> dict[str, float] | None:
     return None if not xs else {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+def _gains(by: dict, sc: str, seeds: list[int], m: str, ref: str) -> list[float]:
+    out = []
+    for s in seeds:
+        g, x = by.get((sc, s, ref)), by.get((sc, s, m))
+        if g and x and g.get("noise_free") and x.get("noise_free") is not None:
+            out.append(100 * (x["noise_free"] / g["noise_free"] - 1))
+    return out
+
+
+def below_static(run: dict[str, Any]) -> bool | None:
+    """Whether a mart run's pick scores below the static path of its start by more than the noise the stage
+    measured (``state.schedule.TIE_Z`` x the noise of a difference: what the stage could not have seen), None
+    without the figures."""
+    from mart.state.schedule import TIE_Z
+
+    noise = ((run.get("extra") or {}).get("summary_schedule") or {}).get("noise")
+    static = (run.get("extra") or {}).get("static_path_noise_free")
+    if noise is None or static is None or run.get("noise_free") is None:
+        return None
+    return run["noise_free"] < static - TIE_Z * float(noise) * math.sqrt(2)
+
+
 def build_report(runs: list[dict[str, Any]], bud: ScheduleBudget, refs: dict[str, dict[str, float]],
                  methods: list[str], start: str = "defaults") -> dict[str, Any]:
-    """Per scenario and overall: noise-free scores, gains over grid (per seed), trials and GPU-hours."""
+    """Per scenario and overall: noise-free scores, gains over the grid at equal GPU-hours (``grid-eq``, the
+    target's reference) and over the full grid (per seed), trials and GPU-hours, and for mart whether its pick
+    fell below the static path beyond the noise."""
     out: dict[str, Any] = {"total_steps": bud.total_steps, "segments": bud.segments, "branches": bud.branches,
                            "budget_segment_trials": bud.budget, "grid": {k: v for k, v in GRID.items()},
-                           "grid_full_trials": len(grid_points()), "start": START_TEXT[start],
+                           "grid_full_trials": len(grid_points()), "grid_eq_trials": len(grid_eq_points(
+                               bud.budget // bud.segments)), "reference": REFERENCE, "start": START_TEXT[start],
                            "target_gain_pct": TARGET_GAIN_PCT, "scenarios": {}, "overall": {}}
     by = {(r["scenario"], r["seed"], r["method"]): r for r in runs}
-    all_gains: dict[str, list[float]] = {m: [] for m in methods}
+    all_gains: dict[str, dict[str, list[float]]] = {m: {"grid": [], REFERENCE: []} for m in methods}
+    below: list[bool] = []
     for sc in sorted({r["scenario"] for r in runs}):
         seeds = sorted({r["seed"] for r in runs if r["scenario"] == sc})
         rep: dict[str, Any] = {**refs.get(sc, {}), "methods": {}}
         for m in methods:
             rows = [by.get((sc, s, m)) for s in seeds]
             nf = [r["noise_free"] for r in rows if r and r.get("noise_free") is not None]
-            gains = []
-            for s in seeds:
-                g, x = by.get((sc, s, "grid")), by.get((sc, s, m))
-                if g and x and g.get("noise_free") and x.get("noise_free") is not None:
-                    gains.append(100 * (x["noise_free"] / g["noise_free"] - 1))
-            all_gains[m] += gains
+            gains = {ref: _gains(by, sc, seeds, m, ref) for ref in ("grid", REFERENCE)}
+            for ref in gains:
+                all_gains[m][ref] += gains[ref]
             rep["methods"][m] = {
-                "noise_free": _stats(nf), "gain_vs_grid_pct": _stats(gains),
+                "noise_free": _stats(nf), "gain_vs_grid_pct": _stats(gains["grid"]),
+                "gain_vs_grid_eq_pct": _stats(gains[REFERENCE]),
+                "vs_static_path": _stats([r["noise_free"] - r["extra"]["static_path_noise_free"] for r in rows
+                                          if r and r.get("noise_free") is not None
+                                          and (r.get("extra") or {}).get("static_path_noise_free") is not None]),
                 "segment_trials": _stats([r["segment_trials"] for r in rows if r and not r.get("error")]),
                 "gpu_hours": _stats([r["gpu_hours"] for r in rows if r and not r.get("error")]),
                 "schedule_gpu_hours": _stats([r["schedule_gpu_hours"] for r in rows
                                               if r and r.get("schedule_gpu_hours") is not None]),
                 "errors": [r["error"] for r in rows if r and r.get("error")],
             }
+            if m == "mart":
+                flags = [below_static(r) for r in rows if r]
+                rep["methods"][m]["below_static_beyond_noise"] = sum(1 for f in flags if f)
+                below += [f for f in flags if f is not None]
         out["scenarios"][sc] = rep
     for m in methods:
-        out["overall"][m] = {"gain_vs_grid_pct": _stats(all_gains[m])}
-    mg = (out["overall"].get("mart") or {}).get("gain_vs_grid_pct")
+        out["overall"][m] = {"gain_vs_grid_pct": _stats(all_gains[m]["grid"]),
+                             "gain_vs_grid_eq_pct": _stats(all_gains[m][REFERENCE])}
+    mg = (out["overall"].get("mart") or {}).get("gain_vs_grid_eq_pct")
     out["target_met"] = None if not mg else mg["median"] >= TARGET_GAIN_PCT
+    pops = [m for m in ("pb2", "pbt") if m in methods]
+    if "mart" in methods and pops and mg:
+        pg = out["overall"][pops[0]]["gain_vs_grid_eq_pct"]
+        out["mart_vs_population"] = None if not pg else {"method": pops[0], "mart_median": mg["median"],
+                                                          "population_median": pg["median"],
+                                                          "at_least": mg["median"] >= pg["median"]}
+    out["mart_below_static_beyond_noise"] = None if not below else {"runs": len(below), "below": sum(below)}
     return out
 
 
@@ -368,10 +597,13 @@ def _cell(st: dict[str, float] | None, fmt: str) -> str:
 def render(report: dict[str, Any], methods: list[str]) -> str:
     lines = ["# Schedules vs static configs (simulator)", "",
              f"{report['total_steps']} total training steps, {report['segments']} segments, "
-             f"{report['branches']} branches, budget {report['budget_segment_trials']} segment-trials (mart, random); "
-             f"grid: {report['grid_full_trials']} full-length trials over `{json.dumps(report['grid'])}`; start: "
-             f"{report['start']}. Cells: median [min–max] over seeds. Noise-free = expected final score over the "
-             "collapse draw, without measurement noise.", ""]
+             f"{report['branches']} branches, budget {report['budget_segment_trials']} segment-trials (mart, random, "
+             f"pb2/pbt: a population of {max(2, report['budget_segment_trials'] // report['segments'])}); grid-eq: "
+             f"{report['grid_eq_trials']} full-length trials (the same segment-trials, the target's reference); grid: "
+             f"{report['grid_full_trials']} full-length trials over `{json.dumps(report['grid'])}` (4x the budget at "
+             f"4 segments); start: {report['start']}. Cells: median [min–max] over seeds. Noise-free = expected final "
+             "score over the collapse draw, without measurement noise; vs static path = the pick's noise-free score "
+             "minus the start config's run unchanged to T.", ""]
     for sc, rep in report["scenarios"].items():
         lines.append(f"## {sc}")
         if rep.get("static_optimum") is not None:
@@ -379,22 +611,35 @@ def render(report: dict[str, Any], methods: list[str]) -> str:
                          f"grid at {report['total_steps']} steps) {rep['static_optimum']:.4f}.")
         if rep.get("oracle_schedule") is not None:
             lines.append(f"Oracle schedule (noise-free beam search, each segment a config of that grid at 1x or 2x the "
-                         f"response limit): {rep['oracle_schedule']:.4f}; with the first segment at the defaults "
-                         f"(verl's defaults): {rep['oracle_schedule_from_defaults']:.4f}.")
-        lines += ["", "| method | noise-free final score | gain vs grid (%) | segment-trials | GPU-h spent | "
-                      "GPU-h of one run with the pick | errors |", "|---|---|---|---|---|---|---|"]
+                         f"response limit): {rep['oracle_schedule']:.4f} ({100 * (rep['oracle_schedule'] / rep['static_optimum'] - 1):+.2f}% "
+                         f"over the static optimum); with the first segment at the start: "
+                         f"{rep['oracle_schedule_from_defaults']:.4f}.")
+        lines += ["", "| method | noise-free final score | gain vs grid-eq (%) | gain vs grid (%) | vs static path | "
+                      "segment-trials | GPU-h spent | GPU-h of one run with the pick | errors |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for m in methods:
             r = rep["methods"][m]
-            lines.append(f"| {m} | {_cell(r['noise_free'], '{:.4f}')} | {_cell(r['gain_vs_grid_pct'], '{:+.2f}')} "
+            extra = f" ({r['below_static_beyond_noise']} below beyond noise)" if "below_static_beyond_noise" in r else ""
+            lines.append(f"| {m} | {_cell(r['noise_free'], '{:.4f}')} | {_cell(r['gain_vs_grid_eq_pct'], '{:+.2f}')} "
+                         f"| {_cell(r['gain_vs_grid_pct'], '{:+.2f}')} | {_cell(r['vs_static_path'], '{:+.4f}')}{extra} "
                          f"| {_cell(r['segment_trials'], '{:g}')} | {_cell(r['gpu_hours'], '{:.0f}')} "
                          f"| {_cell(r['schedule_gpu_hours'], '{:.1f}')} | {len(r['errors']) or ''} |")
         lines.append("")
     lines.append("## Overall (all scenarios x seeds)")
     for m in methods:
-        lines.append(f"- {m}: gain vs grid {_cell(report['overall'][m]['gain_vs_grid_pct'], '{:+.2f}')} %")
+        o = report["overall"][m]
+        lines.append(f"- {m}: gain vs grid-eq {_cell(o['gain_vs_grid_eq_pct'], '{:+.2f}')} %, vs grid "
+                     f"{_cell(o['gain_vs_grid_pct'], '{:+.2f}')} %")
     if report.get("target_met") is not None:
-        lines.append(f"- target (mart ≥ +{TARGET_GAIN_PCT:g}% over grid, median): "
+        lines.append(f"- target (mart ≥ +{TARGET_GAIN_PCT:g}% over grid at equal GPU-hours, median): "
                      f"{'met' if report['target_met'] else 'not met'}")
+    if report.get("mart_vs_population"):
+        mp = report["mart_vs_population"]
+        lines.append(f"- mart ≥ {mp['method']} (median gain vs grid-eq {mp['mart_median']:+.2f}% vs "
+                     f"{mp['population_median']:+.2f}%): {'yes' if mp['at_least'] else 'no'}")
+    if report.get("mart_below_static_beyond_noise"):
+        b = report["mart_below_static_beyond_noise"]
+        lines.append(f"- mart below the static path beyond the noise: {b['below']} of {b['runs']} runs")
     return "\n".join(lines) + "\n"
 
 
@@ -465,7 +710,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenario-file", action="append", default=[], help="a scenario YAML (repeatable)")
     p.add_argument("--perturb", type=int, default=None, help="redraw the simulator's hidden constants (model mismatch)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per scenario (default 5; 3 with --quick)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"of {METHODS} (pb2 falls back to pbt when GPy/scikit-learn are missing); grid and grid-eq "
+                        "always run: the gains' references")
     p.add_argument("--steps", type=int, default=ScheduleBudget.total_steps, help="total training steps T")
     p.add_argument("--segments", type=int, default=ScheduleBudget.segments)
     p.add_argument("--branches", type=int, default=ScheduleBudget.branches)
@@ -495,8 +742,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown method(s) {sorted(unknown)}; choose from {METHODS}")
-    if "grid" not in methods:
-        methods.insert(0, "grid")  # the reference of every gain
+    for ref in (REFERENCE, "grid"):  # the references of every gain
+        if ref not in methods:
+            methods.insert(0, ref)
     if "mart" in methods and (why := mart_schedule_available()):
         print(f"[schedules] skipping mart: {why}", file=sys.stderr)
         methods.remove("mart")
@@ -527,12 +775,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     done(fut.result())
 
     # the grid first: with --start grid, mart and random start from its pick of the same seed
-    run_all([t for t in tasks if t["method"] == "grid"])
+    statics = ("grid", REFERENCE)  # static references from the base config, whatever --start says
+    run_all([t for t in tasks if t["method"] in statics])
     if args.start == "grid":
-        picks = {(r["scenario"], r["seed"]): (r["segments"][0]["overrides"] if r["segments"] else {}) for r in runs}
+        picks = {(r["scenario"], r["seed"]): (r["segments"][0]["overrides"] if r["segments"] else {})
+                 for r in runs if r["method"] == "grid"}
         for t in tasks:
-            t["start"] = picks.get((t["scenario"], t["seed"]), {})
-    run_all([t for t in tasks if t["method"] != "grid"])
+            if t["method"] not in statics:
+                t["start"] = picks.get((t["scenario"], t["seed"]), {})
+    run_all([t for t in tasks if t["method"] not in statics])
     refs = {sc: references(sc, path, args.perturb, bud, args.oracle) for sc, path in files.items()}
     report = build_report(runs, bud, refs, methods, args.start)
     report["wall_s"] = time.monotonic() - t0

@@ -185,6 +185,8 @@ def _print_summary(summary: dict) -> None:
 
     for f in stage_figures(summary):  # the same figures and names as the report and Slack
         table.add_row(f"{f.stage} ({f.label})", f.baseline, f.best, f.gain, "\n".join(f.config) or "baseline")
+        if f.hours is not None:  # what one training run costs, beside what it scores
+            table.add_row(f"{f.stage} (GPU-hours of one run)", f.hours[0], f.hours[1], "", f"search: {f.hours[2]}")
     console.print(table)
     console.print(f"memory limit {fmt_gb(sys_['memory_limit_gb'], '-')}, best system peak "
                   f"{fmt_gb(sys_['best_peak_memory_gb'], '-')}; trials: {trials['total']} total, "

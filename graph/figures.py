@@ -47,10 +47,19 @@ class StageFigure:
     gain: str
     kept: bool
     config: list[str]
+    #: the schedule stage's cost as text: GPU-hours of one run with the static config, with the schedule, and of the
+    #: whole search (None where the backend reports no step timings, and for the other stages)
+    hours: tuple[str, str, str] | None = None
 
     def sentence(self) -> str:
-        """``learning stage (val score): 0.5304 → 0.5304, kept the baseline``."""
-        return f"{self.stage} stage ({self.label}): {self.baseline} → {self.best}, {self.gain}"
+        """``learning stage (val score): 0.5304 → 0.5304, kept the baseline``; a schedule's GPU-hours after it."""
+        text = f"{self.stage} stage ({self.label}): {self.baseline} → {self.best}, {self.gain}"
+        return text + (f"; {self.hours_text()}" if self.hours else "")
+
+    def hours_text(self) -> str:
+        """``GPU-hours of one run 7.06 → 7.06 (search 16.3)``."""
+        static, best, search = self.hours or ("-", "-", "-")
+        return f"GPU-hours of one run {static} → {best} (search {search})"
 
 
 def _num(v: Any, spec: str) -> str:
@@ -84,8 +93,12 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         gain = sched.get("gain")
         lines = [f"steps {s['from_step']}-{s['to_step']}: " + (knob_text(s["changes"]) if s.get("changes") else
                                                                "unchanged") for s in segs] or ["no complete schedule"]
+        hours = None
+        if any(sched.get(k) is not None for k in ("static_gpu_hours", "gpu_hours", "search_gpu_hours")):
+            hours = (_num(sched.get("static_gpu_hours"), ".3g"), _num(sched.get("gpu_hours"), ".3g"),
+                     _num(sched.get("search_gpu_hours"), ".3g"))
         out.append(StageFigure(
             "schedule", f"val score, {sched.get('branches_run')} segment-trials",
             _num(sched.get("static_best_score"), ".4f"), _num(sched.get("final_score"), ".4f"),
-            KEPT_STATIC if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, lines))
+            KEPT_STATIC if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, lines, hours))
     return out

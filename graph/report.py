@@ -549,7 +549,7 @@ def headline(data: RunData) -> list[tuple[str, str]]:
             continue
         f = figures.get(stage)
         if f is not None:
-            text = f"{f.baseline} → {f.best} {unit} ({f.gain})"
+            text = f"{f.baseline} → {f.best} {unit} ({f.gain})" + (f"; {f.hours_text()}" if f.hours else "")
         else:
             b, v = s.get("baseline_value"), s.get("best_value")
             gain = ""

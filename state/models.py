@@ -19,8 +19,9 @@ STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
 
 
 def knob_stage(stage: str) -> Stage:
-    """The catalogue stage whose knobs ``stage`` changes (a schedule changes learning knobs per segment)."""
-    return "learning" if stage == "schedule" else stage  # type: ignore[return-value]
+    """The catalogue selector of the knobs ``stage`` changes: a schedule changes the learning knobs per segment and
+    the token caps a longer response limit implies (``SearchSpace.stage_params("schedule")``; issue 24)."""
+    return stage  # type: ignore[return-value]
 
 
 class TrialStatus(str, enum.Enum):

@@ -127,3 +127,53 @@ def pick_schedule_winner(nodes: list[Node], depth: int, noise: float) -> tuple[C
         return None, []
     winner, _ = learning_choice(contenders, noise)
     return winner, sorted(contenders, key=lambda c: -c.mean)
+
+
+# --- GPU-hours: what a schedule costs beside what it scores ----------------------------------------------------------
+#: verl's timing keys of one step's work and of a validation pass (the metric stream every backend writes)
+STEP_TIMING, TEST_TIMING = "timing_s/step", "timing_s/testing"
+
+
+def gpu_count(config: dict[str, Any]) -> int:
+    """GPUs a trial of ``config`` holds (verl's ``trainer.n_gpus_per_node`` x ``trainer.nnodes``; 1 when unset)."""
+    def num(key: str) -> int:
+        try:
+            return max(1, int(config.get(key) or 1))
+        except (TypeError, ValueError):
+            return 1
+
+    return num("trainer.n_gpus_per_node") * num("trainer.nnodes")
+
+
+def gpu_hours(records: list[Any], config: dict[str, Any]) -> float | None:
+    """GPU-hours of one trial's own training and validation: the sum of its steps' ``timing_s/step`` and
+    ``timing_s/testing`` x its GPUs (start-up excluded: it does not depend on the knobs a schedule moves). None
+    without any timing (a backend that reports none)."""
+    seconds, seen = 0.0, False
+    for r in records:
+        data = getattr(r, "data", r)
+        for key in (STEP_TIMING, TEST_TIMING):
+            v = data.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                seconds += float(v)
+                seen = True
+    return seconds * gpu_count(config) / 3600.0 if seen else None
+
+
+def path_gpu_hours(nodes: list[Node], node_id: str) -> float | None:
+    """GPU-hours of the schedule ending at ``node_id``: its segments' (``gpu_hours`` of each node on the path),
+    None when one of them is unknown."""
+    total = 0.0
+    for n in path_to(nodes, node_id):
+        h = n.get("gpu_hours")
+        if h is None:
+            return None
+        total += float(h)
+    return total
+
+
+def search_gpu_hours(nodes: list[Node]) -> float | None:
+    """GPU-hours every segment-trial of the search used, re-evaluations included (a trial without timings, e.g.
+    one that failed at start, counts 0; None when no trial has any)."""
+    known = [float(n["gpu_hours"]) for n in nodes if n.get("gpu_hours") is not None]
+    return sum(known) if known else None

@@ -49,6 +49,8 @@ class KnobEffect:
 
 #: the effect of a knob nothing is known about: acts on the whole step, in no known direction
 NEUTRAL_EFFECT = KnobEffect(phase="all")
+StageSelector = Literal["system", "learning", "schedule"]
+"""A stage's knobs: ``schedule`` (stage 3) moves the learning knobs plus the system knobs flagged ``schedule``."""
 
 
 class ConfigError(ValueError):
@@ -108,6 +110,8 @@ class ParamSpec:
             ``actor_learning_rate`` means ``actor_rollout_ref.actor.optim.lr``): the facts it leaves unset are
             that knob's (``mart.nodes.agents.knob_effects.knob_facts``; a verl key, or a per-agent copy of one,
             means itself).
+        schedule: a system knob the schedule stage (stage 3) may move too, because a capacity change of a
+            segment implies it (a token cap that must hold the longest sequence once the response limit grows).
     """
 
     key: str
@@ -126,6 +130,11 @@ class ParamSpec:
     zero_start: float | None = None
     aliases: tuple[str, ...] = ()
     means: str | None = None
+    schedule: bool = False
+
+    def in_stage(self, stage: StageSelector) -> bool:
+        """Whether a stage's candidates may change this knob (``schedule``: learning knobs and flagged ones)."""
+        return self.stage == stage or (stage == "schedule" and (self.stage == "learning" or self.schedule))
 
     def __post_init__(self) -> None:
         if self.kind in ("int", "float", "log"):
@@ -305,14 +314,14 @@ class SearchSpace:
             raise ConfigError(" ".join(errors))
         return out
 
-    def stage_params(self, stage: StageName) -> list[ParamSpec]:
-        return [p for p in self.params if p.stage == stage]
+    def stage_params(self, stage: StageSelector) -> list[ParamSpec]:
+        return [p for p in self.params if p.in_stage(stage)]
 
-    def defaults(self, stage: StageName | None = None) -> dict[str, Any]:
-        return {p.key: p.default for p in self.params if stage is None or p.stage == stage}
+    def defaults(self, stage: StageSelector | None = None) -> dict[str, Any]:
+        return {p.key: p.default for p in self.params if stage is None or p.in_stage(stage)}
 
     def validate_overrides(
-        self, overrides: dict[str, Any], *, stage: StageName | None = None
+        self, overrides: dict[str, Any], *, stage: StageSelector | None = None
     ) -> dict[str, Any]:
         """Coerce and check each override; unknown keys and keys of another stage are refused."""
         out: dict[str, Any] = {}
@@ -322,7 +331,7 @@ class SearchSpace:
             if spec is None:
                 errors.append(f"`{key}` is not a tunable knob of the {self.backend} backend.")
                 continue
-            if stage is not None and spec.stage != stage:
+            if stage is not None and not spec.in_stage(stage):
                 errors.append(f"`{key}` is a {spec.stage}-stage knob; it cannot change in the {stage} stage.")
                 continue
             try:
@@ -342,11 +351,11 @@ class SearchSpace:
                 msgs.append(f"{c.name}: {msg}")
         return msgs
 
-    def describe(self, stage: StageName | None = None) -> str:
+    def describe(self, stage: StageSelector | None = None) -> str:
         """Human/LLM-readable listing of the knobs and constraints (one source of truth for prompts)."""
         lines = []
         for p in self.params:
-            if stage and p.stage != stage:
+            if stage and not p.in_stage(stage):
                 continue
             rng = f"one of {list(p.choices)}" if p.choices else ("bool" if p.kind == "bool" else f"{p.kind} in [{p.low}, {p.high}]")
             lines.append(f"- {p.key} ({rng}{', nullable' if p.nullable else ''}; default {p.default!r}): {p.description}")

@@ -172,6 +172,7 @@ class Observation:
     resp_mean: float | None = None
     resp_max: float | None = None
     prompt_mean: float | None = None
+    clip_ratio: float | None = None  # share of responses cut at the trial's max_response_length
     predicted_peak_gb: float | None = None  # what was predicted before it ran (accuracy record)
     predicted_throughput: float | None = None
 
@@ -242,6 +243,12 @@ class JobModel:
         prompt = (obs.prompt_mean if obs and obs.prompt_mean else None) or wl.prompt_length_mean or max_p / 2
         resp = (obs.resp_mean if obs and obs.resp_mean else None) or wl.response_length_mean or max_r / 2
         resp_max = (obs.resp_max if obs and obs.resp_max else None) or max_r
+        cut_at = _cut_limit(obs)
+        if cut_at is not None and max_r > cut_at:
+            # the measured responses were cut at a shorter limit: under this one the tail runs on to it (the step
+            # ends with its longest response), and the cut ones grow by about half the added room
+            resp_max = max_r
+            resp = resp + (obs.clip_ratio or 0.0) * (max_r - cut_at) / 2
         resp, resp_max = min(resp, max_r), min(max(resp_max, resp), max_r)
         uses_ref = bool(_num(_lookup(full, A + "use_kl_loss", agents), wl.uses_reference)) or bool(
             _num(_lookup(full, "algorithm.use_kl_in_reward", agents), False))
@@ -708,6 +715,18 @@ class JobModel:
         return bias
 
 
+def _cut_limit(obs: Observation | None) -> float | None:
+    """The response limit an observed trial's responses were cut at (its longest reached it, or some were
+    clipped), else None: lengths measured under it say nothing about a longer limit's tail."""
+    if obs is None:
+        return None
+    limit = obs.config.get("data.max_response_length")
+    if not isinstance(limit, (int, float)) or limit <= 0:
+        return None
+    cut = (obs.clip_ratio or 0.0) > 0 or (obs.resp_max is not None and obs.resp_max >= 0.98 * limit)
+    return float(limit) if cut else None
+
+
 def observation_from_records(config: dict[str, Any], records: list[Any], *, peak_gb: float | None, oom: bool,
                              throughput: float | None, window: tuple[int, int],
                              predicted_peak_gb: float | None = None,
@@ -733,5 +752,6 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
         phases["other"] = max(step - sum(phases.values()), 1e-3)
     return Observation(config=config, phases=phases, peak_gb=peak_gb, oom=oom, throughput=throughput,
                        resp_mean=mean("response_length/mean"), resp_max=mean("response_length/max"),
-                       prompt_mean=mean("prompt_length/mean"), predicted_peak_gb=predicted_peak_gb,
+                       prompt_mean=mean("prompt_length/mean"), clip_ratio=mean("response_length/clip_ratio"),
+                       predicted_peak_gb=predicted_peak_gb,
                        predicted_throughput=predicted_throughput)

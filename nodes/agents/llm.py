@@ -34,7 +34,7 @@ from mart.nodes.agents.prompts import (
     build_proposer_prompt,
     build_repair_message,
 )
-from mart.nodes.agents.schedule import knob_stage
+from mart.nodes.agents.schedule import capacity_errors, implied_caps, knob_stage
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
 from mart.state.search_space import ConfigError
@@ -258,6 +258,12 @@ class LLMProposer(_LLMStrategy, Proposer):
             except ConfigError as e:
                 errors.append(f"candidate {i}: {e}")
                 continue
+            if ctx.stage == "schedule":  # a longer limit brings the token caps it implies; caps move only with it
+                changes, _ = implied_caps(ctx, changes)
+                refused = capacity_errors(ctx, changes)
+                if refused:
+                    errors.append(f"candidate {i}: " + " ".join(refused))
+                    continue
             overrides = {**start, **changes}
             full = ctx.full_config(overrides)
             broken = ctx.config_errors(overrides)
@@ -419,6 +425,8 @@ def check_candidate(ctx: AgentContext, c: Candidate) -> CandidateCheck:
     except ConfigError as e:
         chk.validation_errors.append(str(e))
         overrides = dict(c.overrides)
+    if ctx.stage == "schedule":
+        chk.validation_errors.extend(capacity_errors(ctx, overrides))
     full = ctx.full_config(overrides)
     try:
         chk.constraint_errors.extend(ctx.config_errors(overrides))

@@ -26,7 +26,7 @@ from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of, knob_facts
 from mart.nodes.agents.model_search import Scored, search
-from mart.nodes.agents.schedule import knob_stage, transition_candidates, transition_score
+from mart.nodes.agents.schedule import capacity_errors, knob_stage, transition_candidates, transition_score
 from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
@@ -585,6 +585,8 @@ class RulesCritic(Critic):
                 ctx.search_space.validate_overrides(cand.overrides, stage=knob_stage(ctx.stage))
             except ConfigError as e:
                 reasons.append(str(e))
+            if ctx.stage == "schedule":  # token caps move only up, with the response limit they follow
+                reasons += capacity_errors(ctx, cand.overrides)
             full = ctx.full_config(cand.overrides)
             if not reasons:  # the backend's check (verl's validate_config) only on well-typed overrides
                 reasons += ctx.config_errors(cand.overrides)

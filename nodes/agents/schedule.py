@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
-from mart.state.models import Candidate, config_hash
+from mart.state.models import Candidate, config_hash, knob_stage
 from mart.state.trajectory import Trajectory, mean, rel_slope, tail
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ EXPLOSION_RATIO = 1.5
 CLIP_RATIO_WARN = 0.05
 """Share of responses cut at the length limit worth a larger budget (DeepScaleR's 8k stage grew 4.2% -> 6.5%
 before its 16k stage)."""
+CLIP_RISING_MIN = 0.02
+"""A smaller clip ratio that is still rising also asks for the next limit (the transitions' trigger, not a
+diagnosis finding): DeepScaleR raised 8k -> 16k once responses grew into the limit and the reward dropped."""
 FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 COLLAPSE_BLOCKS = ("collapse",)
@@ -80,6 +83,7 @@ class Diagnosis(BaseModel):
     response_length: float | None = None
     response_length_slope: float | None = None
     response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
+    response_clip_slope: float | None = Field(None, description="the clip ratio's relative change per step")
     reward: float | None = None
     reward_slope: float | None = None
     reward_best: float | None = Field(None, description="best level of the reward over the trajectory")
@@ -143,6 +147,7 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
     d.response_clip_ratio = _r(level(rc))
+    d.response_clip_slope = _r(slope(rc), 3)
     d.reward, d.reward_slope = _r(level(rew)), _r(slope(rew), 3)
     if rew:  # the best smoothed level (a 3-step mean), so one lucky step is not the reference
         d.reward_best = _r(max(mean(rew[max(0, i - now_w + 1): i + 1]) for i in range(len(rew))))
@@ -224,9 +229,9 @@ def _find(d: Diagnosis) -> None:
 # --------------------------------------------------------------------------- transitions
 
 
-def knob_stage(stage: str) -> str:
-    """The search-space stage whose knobs a tuning stage moves: ``schedule`` moves the learning knobs."""
-    return "learning" if stage == "schedule" else stage
+# ``knob_stage`` (one definition, ``mart.state.models``): ``schedule`` moves the learning knobs and the system knobs a
+# capacity change implies (``ParamSpec.schedule``: the token caps that must hold the longest sequence once
+# ``data.max_response_length`` grows; ``SearchSpace.stage_params("schedule")``)
 
 
 # Skywork-OR1's adaptive entropy control (or1_scripts/train/7b_8k.sh): target entropy 0.2, coefficient stepped by
@@ -246,7 +251,7 @@ class Move:
     how: str
     """``x2``, ``/2``, ``+0.1``, ``atleast:0.28``, ``atmost:0.2``, ``on``, ``off``, ``ent+``/``ent-`` (Skywork-OR1's
     entropy controller over one segment), ``temp+`` (POLARIS: +0.05 after a slight entropy fall, +0.1 after a
-    large one)."""
+    large one), ``stage+`` (DeepScaleR's staged response limit: the schedule's start limit added)."""
 
 
 @dataclass
@@ -291,9 +296,10 @@ RULES: list[Rule] = [
          "entropy runs away: sample cooler and close clip-higher (regularisation oscillates, LLMZero)",
          0.6, "temperature"),
     # responses cut at the limit: capacity, raised in stages
-    Rule("longer-budget", ("length_clipping",), [Move("max_response_length", "x2")],
-         "responses hit the length limit: double the budget, in stages as Skywork-OR1 (8k -> 16k -> 32k) and "
-         "DeepScaleR (8k -> 16k -> 24k) do", 0.9, "length",
+    Rule("longer-budget", ("length_clipping",), [Move("max_response_length", "stage+")],
+         "responses hit the length limit: raise the budget to the next stage, as DeepScaleR does (8k -> 16k -> "
+         "24k: the start limit added per stage; Skywork-OR1: 8k -> 16k -> 32k), with the token caps it implies",
+         0.9, "length",
          blocked_by=("collapse", "entropy_explosion")),  # runaway lengths are then a symptom
     # the policy drifts from the reference, or the run is unstable
     Rule("rescue", ("collapse",),
@@ -341,6 +347,8 @@ class _Info:
 
     segment_steps: int = DEFAULT_SEGMENT
     entropy_ratio: float | None = None
+    start_limit: float | None = None
+    """The schedule's first response limit (its root's): each stage of the staged budget adds it."""
 
 
 def _spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
@@ -375,6 +383,8 @@ def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
         nv = v if v >= ENT_COEF_MAX else min(ENT_COEF_MAX, v + ent_step)
     elif how == "ent-":
         nv = max(0.0, v - ent_step)
+    elif how == "stage+":  # DeepScaleR's staged budget: the start limit added per stage (the first stage doubles)
+        nv = v + (info.start_limit if info.start_limit and info.start_limit > 0 else v)
     elif how == "temp+":
         slight = info.entropy_ratio is not None and info.entropy_ratio >= 0.6
         nv = v + (0.05 if slight else 0.1)
@@ -414,6 +424,9 @@ def severities(ctx: AgentContext) -> dict[str, float]:
         sev["entropy_collapse"] = max(sev.get("entropy_collapse", 0.0), 0.7)
     if seen("response_clipping"):
         sev["length_clipping"] = max(sev.get("length_clipping", 0.0), 0.6)
+    if d is not None and d.response_clip_ratio is not None and d.response_clip_ratio >= CLIP_RISING_MIN \
+            and (d.response_clip_slope or 0) > FLAT_SLOPE:  # the clip ratio rising: the next limit is due
+        sev["length_clipping"] = max(sev.get("length_clipping", 0.0), min(0.8, 0.4 + 2.0 * d.response_clip_ratio))
     limit_key = _key(ctx, "max_response_length")
     if d is not None and d.response_length and limit_key:
         limit = ctx.base_config.get(limit_key)
@@ -492,7 +505,8 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     diag = ctx.diagnosis
     sev = severities(ctx)
     info = _Info(segment_steps=(ctx.segment[1] - ctx.segment[0]) if ctx.segment and ctx.segment[1] > ctx.segment[0]
-                 else DEFAULT_SEGMENT, entropy_ratio=diag.entropy_ratio if diag else None)
+                 else DEFAULT_SEGMENT, entropy_ratio=diag.entropy_ratio if diag else None,
+                 start_limit=start_limit(ctx))
     start: dict[str, Any] = {}  # transitions are changes of the parent branch's config (ctx.base_config)
     parent = ctx.full_config(start)
     # the parent's own config continuing is no transition (the stage runs it, or not, by itself)
@@ -501,6 +515,9 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     seg = f" for steps {ctx.segment[0]}-{ctx.segment[1]}" if ctx.segment else ""
 
     def make(overrides: dict[str, Any], score: float, rationale: str) -> Candidate | None:
+        overrides, caps = implied_caps(ctx, overrides)
+        if caps:
+            rationale += f" The token caps it implies follow: {', '.join(caps)}."
         full = ctx.full_config(overrides)
         if config_hash(full) in tried or ctx.config_errors(overrides):
             return None
@@ -544,10 +561,70 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     return _diverse(options, ctx.num_candidates)
 
 
+def start_limit(ctx: AgentContext) -> float | None:
+    """The response limit the schedule started with (its root segment's), else None (the stage's first round)."""
+    key = _key(ctx, "max_response_length")
+    if key is None:
+        return None
+    roots = [t for t in ctx.history if t.stage == "schedule" and t.parent_trial is None and not t.confirms]
+    value = roots[0].config.get(key) if roots else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _grew_capacity(ctx: AgentContext, overrides: dict[str, Any]) -> bool:
+    key = _key(ctx, "max_response_length")
+    if key is None or key not in overrides:
+        return False
+    old = ctx.base_config.get(key, ctx.search_space[key].default)
+    return _direction(old, overrides[key]) == "up"
+
+
+def implied_caps(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``overrides`` with the token caps a longer response limit implies (the system knobs flagged
+    ``ParamSpec.schedule``: verl's dynamic-batch ``ppo_max_token_len_per_gpu`` must hold the longest sequence, its
+    ``max_num_batched_tokens`` too without chunked prefill), each doubled until the backend's rules hold, and the
+    moves as text. Unchanged when the limit does not grow or no flagged knob is named by a broken rule."""
+    if not _grew_capacity(ctx, overrides):
+        return overrides, []
+    flagged = [p for p in ctx.search_space.params if p.schedule and p.kind == "int"]
+    out, moved = dict(overrides), []
+    for _ in range(6):  # 2^6: far past any response-limit stage
+        errors = ctx.config_errors(out)
+        hit = [p for p in flagged if any(p.key.rsplit(".", 1)[-1] in e for e in errors)]
+        if not errors or not hit:
+            break
+        for p in hit:
+            old = ctx.full_config(out).get(p.key, p.default)
+            if not isinstance(old, (int, float)) or old >= (p.high or old):
+                continue
+            out[p.key] = int(min(p.high or 2 * old, 2 * old))
+    for p in flagged:
+        if p.key in out and p.key not in overrides:
+            moved.append(f"{p.key.rsplit('.', 1)[-1]} {_fmt(ctx.base_config.get(p.key, p.default))}->{_fmt(out[p.key])}")
+    return out, moved
+
+
+def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
+    """Why a schedule transition's system knobs are refused: a flagged token cap (``ParamSpec.schedule``) may move
+    only up, and only with the response limit it follows (a schedule changes learning knobs, and the capacity they
+    imply)."""
+    out = []
+    grew = _grew_capacity(ctx, overrides)
+    for key, value in overrides.items():
+        spec = ctx.search_space[key] if key in ctx.search_space else None
+        if spec is None or spec.stage != "system" or not spec.schedule:
+            continue
+        if not grew or _direction(ctx.base_config.get(key, spec.default), value) != "up":
+            out.append(f"`{key}` is a system knob: a schedule may only raise it with data.max_response_length, "
+                       "as the longer limit implies")
+    return out
+
+
 def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackRules, info: _Info, make: Any,
                seg: str) -> _Option | None:
     """A transition moving a knob the reviewer named, the way they asked (or up, then down)."""
-    if key not in ctx.search_space or ctx.search_space[key].stage != knob_stage(ctx.stage):
+    if key not in ctx.search_space or not ctx.search_space[key].in_stage(knob_stage(ctx.stage)) \
+            or ctx.search_space[key].stage == "system":  # a token cap moves only with the limit it follows
         return None
     spec = ctx.search_space[key]
     old = ctx.full_config(start).get(key, spec.default)
@@ -645,6 +722,8 @@ def _finding_for(diag: Diagnosis | None, pathology: str) -> str:
         for phrase in diag.findings:
             if _PHRASE_OF.get(pathology, "@") in phrase:
                 return phrase[0].upper() + phrase[1:]
+        if pathology == "length_clipping" and diag.response_clip_ratio is not None:
+            return f"{diag.response_clip_ratio:.1%} of responses hit the length limit and the share is rising"
     return pathology.replace("_", " ").capitalize()
 
 
@@ -653,17 +732,13 @@ _PHRASE_OF = {"collapse": "collapses", "entropy_collapse": "entropy fell", "entr
               "val_decline": "validation fell", "plateau": "stopped improving"}
 
 
-def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
-    """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
-    it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
-    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
-    hypothesis is still worth a branch)."""
-    sev = severities(ctx)
-    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None)
+def _best_answer(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, float]) -> tuple[float, str | None, str | None]:
+    """(score, pathology, phrase) of the finding ``overrides`` answers best (see ``transition_score``)."""
+    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None, start_limit=start_limit(ctx))
     parent = dict(ctx.base_config)
     new = ctx.full_config(overrides)
     moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
-    best, answered = 0.05, None
+    best, answer_of, answered = 0.05, None, None
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
         if not present or any(b in sev for b in rule.blocked_by):
@@ -687,7 +762,43 @@ def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[floa
         against = sum(1 for k, d in wanted if k in moved and moved[k] != d)
         score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
         if score > best:
-            best, answered = score, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+            best, answer_of, answered = score, answer, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
+    return best, answer_of, answered
+
+
+def sibling_answers(ctx: AgentContext, sev: dict[str, float] | None = None) -> set[str]:
+    """The findings transitions already run from this checkpoint answer (each sibling's best answer)."""
+    if ctx.stage != "schedule" or not ctx.segment:
+        return set()
+    sev = severities(ctx) if sev is None else sev
+    parent = dict(ctx.base_config)
+    out = set()
+    for t in ctx.history:
+        if t.stage != ctx.stage or t.confirms or t.parent_step != ctx.segment[0]:
+            continue
+        changes = {k: v for k, v in t.config.items() if parent.get(k, _MISSING) != v}
+        if changes:
+            answer = _best_answer(ctx, changes, sev)[1]
+            if answer is not None:
+                out.add(answer)
+    return out
+
+
+def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
+    """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
+    it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
+    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
+    hypothesis is still worth a branch). One that answers a finding a sibling from the same checkpoint already
+    answers scores half: the branches of a checkpoint test distinct hypotheses first (each finding gets its
+    answer before a second idea for one, as the proposer orders them)."""
+    sev = severities(ctx)
+    best, answer, answered = _best_answer(ctx, overrides, sev)
+    if answer is not None and answer in sibling_answers(ctx, sev):
+        best *= 0.5
+        answered = (answered or "") + "; a sibling already answers this finding"
+    parent = dict(ctx.base_config)
+    new = ctx.full_config(overrides)
+    moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
     shrunk = [k.rsplit(".", 1)[-1] for k, d in moved.items() if d == "down"
               and any(k == c or k.endswith("." + c) for c in CAPACITY_KNOBS)]
     if shrunk and "collapse" not in sev:  # LLMZero: capacity accumulates; shrinking it is the odd move out

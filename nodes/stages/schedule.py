@@ -29,10 +29,13 @@ from mart.state.objectives import baseline_verdict, collapse_signals, validation
 from mart.state.schedule import (
     Node,
     children,
+    gpu_hours,
+    path_gpu_hours,
     path_to,
     pick_schedule_winner,
     rank_frontier,
     recheck_plan,
+    search_gpu_hours,
     static_path,
     usable,
 )
@@ -95,6 +98,9 @@ def tree_nodes(services: Any, *, with_signals: bool = True, prior_noise: float |
         if "_records" in n:
             fired = [r for p in path_to(nodes, n["id"]) for r in rules.get(p["id"], [])]
             n["signals"] = collapse_signals(n.pop("_records"), fired, noise, prefix)
+    # issue 24 (port): what each segment-trial cost, from its own timings
+    for n in nodes:
+        n["gpu_hours"] = gpu_hours(cache[n["id"]] if n["id"] in cache else ledger.metric_records(n["id"]), n["config"])
     return nodes, noise
 
 
@@ -139,13 +145,14 @@ def _tree_row(n: Node) -> dict[str, Any]:
     return {"trial_id": n["id"], "parent": n["parent"], "from_step": n["from_step"], "to_step": n["to_step"],
             "changes": dict(n["changes"]), "status": n["status"], "score": _round(n["score"]),
             "early_stopped": n["early_stopped"], "signals": list(n.get("signals") or []),
-            "confirms": n.get("confirms")}
+            "confirms": n.get("confirms"), "gpu_hours": _round(n.get("gpu_hours"))}
 
 
 def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The schedule stage's part of the summary: the winning schedule's segments, its final score against the
     static config's at equal total steps, and the tree (one row per segment-trial)."""
     keys = ("segments", "final_score", "final_score_spread", "final_score_runs", "static_best_score", "gain",
+            "gpu_hours", "static_gpu_hours", "search_gpu_hours",  # issue 24: the schedule's cost beside its score
             "branches_run", "budget", "boundaries", "noise", "winner", "reevaluated", "tree")
     return {k: result.get(k) for k in keys}
 
@@ -349,6 +356,10 @@ class ScheduleStage(StagePolicy):
             "boundaries": options.schedule_boundaries(), "winner": None,
             "reevaluated": sorted({n["confirms"] for n in nodes if n.get("confirms")}),
             "tree": [_tree_row(n) for n in nodes], "notes": list(notes),
+            # issue 24 (port): the schedule's cost beside its score (one training run along the winner's path, the
+            # static path's, and the whole search's)
+            "gpu_hours": None, "static_gpu_hours": _round(path_gpu_hours(nodes, static.key)) if static else None,
+            "search_gpu_hours": _round(search_gpu_hours(nodes)),
         }
         update: dict[str, Any] = {}
         if winner is not None:
@@ -358,7 +369,8 @@ class ScheduleStage(StagePolicy):
                  "overrides": {k: v for k, v in n["config"].items() if base.get(k, object()) != v},
                  "changes": dict(n["changes"]), "trial_id": n["id"]} for n in path]
             result.update(final_score=_round(winner.mean), final_score_spread=_round(winner.spread),
-                          final_score_runs=len(winner.scores), winner=winner.key)
+                          final_score_runs=len(winner.scores), winner=winner.key,
+                          gpu_hours=_round(path_gpu_hours(nodes, winner.key)))
             if static is not None:
                 result["gain"] = _round(winner.mean - static.mean)
             leaf = by_id[winner.key]

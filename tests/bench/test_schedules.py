@@ -34,10 +34,14 @@ def test_the_verdict_has_a_schedule_block_per_method(verdict) -> None:
     assert sched["total_steps"] == 10 and sched["segments"] == 2 and sched["grid_full_trials"] == 12
     rep = sched["scenarios"][SCENARIO]
     assert rep["static_optimum"] >= rep["default"]
-    grid, rnd = rep["methods"]["grid"], rep["methods"]["random"]
+    grid, rnd, eq = rep["methods"]["grid"], rep["methods"]["random"], rep["methods"]["grid-eq"]
     assert grid["gain_vs_grid_pct"]["median"] == 0 and grid["segment_trials"]["median"] == 12
     assert rnd["segment_trials"]["max"] == 5  # the shared first segment + 4 branches: the budget, no more
     assert rnd["noise_free"] is not None and rnd["gain_vs_grid_pct"]["n"] == 2
+    # the grid at the schedules' budget: budget // segments = 2 full-length trials, the lr axis first; the target's
+    # reference (its own gain over itself is 0, the full grid never loses to it by construction of the measure)
+    assert sched["reference"] == "grid-eq" and sched["grid_eq_trials"] == 2 and eq["segment_trials"]["max"] == 2
+    assert eq["gain_vs_grid_eq_pct"]["median"] == 0 and rnd["gain_vs_grid_eq_pct"]["n"] == 2
     assert sched["target_met"] is None  # no mart in this run
 
 
@@ -51,7 +55,7 @@ def test_each_pick_is_scored_noise_free_from_the_schedule_it_reports(verdict) ->
     for run in raw["runs"]:
         assert not run["error"], run["error"]
         segs = [(s["from_step"], s["to_step"], {**base, **s["overrides"]}) for s in run["segments"]]
-        assert [s[:2] for s in segs] == ([(0, 10)] if run["method"] == "grid" else [(0, 5), (5, 10)])
+        assert [s[:2] for s in segs] == ([(0, 10)] if run["method"] in ("grid", "grid-eq") else [(0, 5), (5, 10)])
         if run["method"] == "random":
             assert segs[0][2] == base  # the same start as every method: verl's defaults
         assert run["noise_free"] == pytest.approx(schedule_score_noise_free(segs, sc, 10), abs=1e-12)
@@ -106,3 +110,51 @@ def test_mart_from_the_grids_pick_is_scored_with_that_start(tmp_path) -> None:
     pick = grid["segments"][0]["overrides"]
     assert pick and mart["segments"] and all(mart["segments"][0]["overrides"].get(k) == v for k, v in pick.items())
     assert 0 < mart["segment_trials"] <= 4 and mart["noise_free"] is not None
+
+
+def test_grid_eq_runs_the_lr_axis_first() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.schedules import GRID, grid_eq_points, grid_points
+    finally:
+        sys.path.remove(str(ROOT))
+    lr = "actor_rollout_ref.actor.optim.lr"
+    pts = grid_eq_points(3)
+    assert [p[lr] for p in pts] == GRID[lr] and all(len({p[k] for p in pts}) == 1 for k in GRID if k != lr)
+    assert len(grid_eq_points(100)) == len(grid_points()) and grid_eq_points(0) == pts[:1]
+
+
+def test_a_population_point_maps_to_a_config_and_back() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.schedules import PBT_BOUNDS, pbt_config, pbt_point
+    finally:
+        sys.path.remove(str(ROOT))
+    from mart.trial_runner.sim import base_config
+
+    start = base_config(SCENARIO)
+    assert pbt_config(pbt_point(start, start), start) == {**start, "actor_rollout_ref.actor.use_kl_loss": False}
+    top = pbt_config({k: hi for k, (lo, hi) in PBT_BOUNDS.items()}, start)
+    assert top["data.max_response_length"] == 3 * start["data.max_response_length"]
+    assert top["actor_rollout_ref.rollout.n"] == 2 * start["actor_rollout_ref.rollout.n"]
+    assert top["actor_rollout_ref.actor.use_kl_loss"] and top["actor_rollout_ref.actor.optim.lr"] == 1e-5
+
+
+@pytest.mark.slow
+def test_pb2_spends_the_schedules_budget_from_checkpoints(tmp_path) -> None:
+    """Ray Tune's PB2 over the same knobs, a population of budget // segments members, one segment per Tune
+    iteration from the checkpoint it was handed: exactly the budget in segment-trials, a complete pick."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import schedules
+
+        schedules.main(["--scenarios", SCENARIO, "--seeds", "1", "--methods", "pb2", "--steps", "8",
+                        "--segments", "2", "--budget", "4", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(str(ROOT))
+    raw = json.loads(next(tmp_path.glob("schedules-*/raw.json")).read_text())
+    pb2 = next(r for r in raw["runs"] if r["method"] == "pb2")
+    assert not pb2["error"], pb2["error"]
+    assert pb2["extra"]["population"] == 2 and pb2["segment_trials"] == 4
+    assert [(s["from_step"], s["to_step"]) for s in pb2["segments"]] == [(0, 4), (4, 8)]
+    assert pb2["noise_free"] is not None and pb2["gpu_hours"] > pb2["schedule_gpu_hours"] > 0

@@ -8,6 +8,8 @@ summary's schedule chains segment to segment up to the horizon and compares it w
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,20 @@ def test_schedule_session_on_the_sim_grows_a_tree_within_budget(tmp_path):
     # each segment's overrides are its full learning config against the base; a segment's changes its diff
     for a, b in zip(segs, segs[1:]):
         assert {**a["overrides"], **b["changes"]}.items() >= b["overrides"].items()
+    # its cost beside its score: GPU-hours of one run along the winner's path, the static path's, the search's,
+    # read back from the trials' own metric files (verl's file-logger lines)
+    def hours(trial_id: str) -> float:
+        row = ledger.trial(trial_id)
+        cfg = row["config"]
+        secs = 0.0
+        for line in (Path(row["trial_dir"]) / "metrics.jsonl").read_text().splitlines():
+            data = json.loads(line)["data"]
+            secs += data.get("timing_s/step", 0.0) + data.get("timing_s/testing", 0.0)
+        return secs * cfg["trainer.n_gpus_per_node"] * cfg["trainer.nnodes"] / 3600
+    assert sched["gpu_hours"] == pytest.approx(sum(hours(s["trial_id"]) for s in segs), rel=1e-5)
+    assert sched["static_gpu_hours"] == pytest.approx(sum(hours(n["id"]) for n in static), rel=1e-5)
+    assert sched["search_gpu_hours"] == pytest.approx(sum(hours(r["trial_id"]) for r in rows), rel=1e-5)
+    assert sched["gpu_hours"] > 0 and sched["search_gpu_hours"] > sched["static_gpu_hours"]
 
 
 def _nodes(rows: list[dict]) -> list[dict]:
@@ -196,6 +212,26 @@ def test_schedule_is_stored_reported_and_exportable(tmp_path):
     assert "## Schedule (stage 3)" in md and (run_dir / "report" / "schedule_tree.png").is_file()
     for s in segs:
         assert f"| {s['from_step']}-{s['to_step']} |" in md
+    # the schedule's cost beside its score wherever its score shows: the export, --json, the terminal, the report
+    sched = summary["schedule"]
+    hours = (sched["static_gpu_hours"], sched["gpu_hours"], sched["search_gpu_hours"])
+    assert all(h and h > 0 for h in hours)
+    assert (stored["static_gpu_hours"], stored["gpu_hours"]) == hours[:2]
+    as_json = json.loads(CliRunner().invoke(app, ["resume", summary["run_id"], "--runs-dir", str(tmp_path),
+                                                  "--json"]).stdout)["schedule"]
+    assert (as_json["static_gpu_hours"], as_json["gpu_hours"], as_json["search_gpu_hours"]) == hours
+    text = [format(h, ".3g") for h in hours]
+    terminal = CliRunner().invoke(app, ["resume", summary["run_id"], "--runs-dir", str(tmp_path)],
+                                  terminal_width=200).stdout
+    row = next(line for line in terminal.splitlines() if "GPU-hours of one run" in line)
+    cells = [c.strip() for c in re.split(r"[│|┃]", row) if c.strip()]
+    assert cells == ["schedule (GPU-hours of one run)", text[0], text[1], f"search: {text[2]}"], row
+    head = next(line for line in md.splitlines() if line.startswith("- **schedule stage**"))
+    assert f"GPU-hours of one run {text[0]} → {text[1]} (search {text[2]})" in head, head
+    from mart.graph.figures import stage_figures  # Slack's final message: each stage's sentence
+
+    slack = next(f.sentence() for f in stage_figures(summary) if f.stage == "schedule")
+    assert slack.endswith(f"; GPU-hours of one run {text[0]} → {text[1]} (search {text[2]})"), slack
 
 
 @pytest.mark.timeout(120)

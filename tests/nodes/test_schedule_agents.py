@@ -14,6 +14,7 @@ from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, TrialRecord, TrialStatus
 from mart.trial_runner.local.space import SEARCH_SPACE as LOCAL
 from mart.trial_runner.verl.space import SEARCH_SPACE as VERL
+from mart.trial_runner.verl.space import VERL_DEFAULTS
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -143,10 +144,22 @@ def test_transitions_follow_feedback_and_never_repeat_a_sibling():
 
 def test_transitions_respect_constraints_and_the_memory_limit():
     diag = diagnose(trajectory(**CLIPPING))
-    # dynamic batching with a token cap that holds today's sequences but not a doubled budget
+    # dynamic batching with a token cap that holds today's sequences but not a doubled budget: the longer budget
+    # brings the cap it implies (verl: the cap must hold prompt + response), and the critic accepts the pair
     tight = {**VERL_BASE, A + "use_dynamic_bsz": True, A + "ppo_max_token_len_per_gpu": 1100}
-    c = transition_candidates(ctx(diag=diag, base=tight))
-    assert c and all(MAX_LEN not in o.overrides for o in c)
+    cx = ctx(diag=diag, base=tight)
+    c = transition_candidates(cx)
+    longer = next(o for o in c if MAX_LEN in o.overrides)
+    cap = longer.overrides[A + "ppo_max_token_len_per_gpu"]
+    assert cap >= VERL_DEFAULTS["data.max_prompt_length"] + longer.overrides[MAX_LEN] and cap == 2200
+    assert not VERL.check_constraints({**VERL.defaults(), **tight, **longer.overrides})
+    assert "token caps it implies follow: ppo_max_token_len_per_gpu 1100->2200" in longer.rationale
+    verdict = RulesCritic().critique(cx, [longer.model_copy(update={"candidate_id": "c0"}),
+                                          Candidate(candidate_id="cap", stage="schedule",
+                                                    overrides={A + "ppo_max_token_len_per_gpu": 4096})])
+    by_id = {cr.candidate_id: cr for cr in verdict.critiques}
+    assert by_id["c0"].accepted and verdict.pick == "c0"
+    assert "may only raise it with data.max_response_length" in by_id["cap"].reasons[0]
     # a memory model that puts a longer budget or more rollouts over the limit
     def mem(cfg: dict) -> float:
         return 40.0 * cfg[MAX_LEN] / 512 * cfg[N] / 8
@@ -263,3 +276,65 @@ def test_critic_marks_a_transition_that_shrinks_capacity():
     by_id = {cr.candidate_id: cr for cr in verdict.critiques}
     assert verdict.pick == "grow" and by_id["shrink"].score == pytest.approx(by_id["grow"].score / 2)
     assert "shrinks capacity (n)" in by_id["shrink"].reasons[-1]
+
+
+# --------------------------------------------------------------------------- capacity (issue 24)
+def test_staged_limits_follow_deepscaler_and_a_rising_clip_ratio_triggers_them():
+    """DeepScaleR raised its limit 8k -> 16k -> 24k (the start limit added per stage) once responses grew into it:
+    from a root at 512 the first stage doubles, the next adds 512; a small clip ratio that keeps rising already
+    asks for it, a flat one does not."""
+    root = TrialRecord(trial_id="sch-root", stage="schedule", config={**VERL.defaults(), **VERL_BASE, MAX_LEN: 512},
+                       status=TrialStatus.COMPLETED, score=0.4)
+    rising = diagnose(trajectory(clip=lambda s: 0.001 * s, length=lambda s: 300 + 3 * s))
+    assert rising.response_clip_ratio < 0.05 and "length_clipping" not in rising.severity  # no finding yet
+    first = transition_candidates(ctx(diag=rising, base=VERL_BASE, history=[root]))
+    assert first[0].overrides == {MAX_LEN: 1024} and "DeepScaleR" in first[0].rationale
+    assert "rising" in first[0].rationale
+    second = transition_candidates(ctx(diag=rising, base={**VERL_BASE, MAX_LEN: 1024}, history=[root]))
+    assert second[0].overrides == {MAX_LEN: 1536}
+    flat = diagnose(trajectory(clip=lambda s: 0.03, length=lambda s: 300.0))
+    assert all(MAX_LEN not in o.overrides for o in transition_candidates(ctx(diag=flat, base=VERL_BASE, k=2)))
+
+
+def test_a_longer_limit_is_priced_by_the_job_model_and_refused_over_the_margin():
+    """Responses measured cut at the limit say nothing of a longer limit's tail: the job model lets the longest
+    response reach the new limit (memory and step time grow), so a limit raise that crosses the margin is neither
+    proposed nor accepted, while one that fits is."""
+    from mart.nodes.agents.job_model import JobModel, Observation
+    from tests.nodes.test_job_model import base_config, job
+
+    cfg = {**base_config(), A + "ppo_micro_batch_size_per_gpu": 8}
+    model = JobModel(job(), cfg)
+    model.fit([Observation(config=cfg, phases={"gen": 60.0, "old_log_prob": 10.0, "update_actor": 30.0, "other": 5.0},
+                           peak_gb=None, resp_mean=950, resp_max=2048, prompt_mean=250, clip_ratio=0.08)])
+    now, longer = model.predict(cfg), model.predict({**cfg, MAX_LEN: 4096})
+    assert longer.peak_gb > now.peak_gb + 5 and longer.step_s > 1.2 * now.step_s
+    limit = (now.peak_gb + longer.peak_gb) / 2
+    diag = diagnose(trajectory(**CLIPPING))
+
+    def cx(memory_limit: float) -> AgentContext:
+        return ctx(diag=diag, base=cfg, job_model=model, memory_limit_gb=memory_limit,
+                   predict_memory=lambda c: model.predict(c).peak_gb)
+
+    assert all(MAX_LEN not in o.overrides for o in transition_candidates(cx(limit)))
+    verdict = RulesCritic().critique(cx(limit), [Candidate(candidate_id="long", stage="schedule",
+                                                           overrides={MAX_LEN: 4096})])
+    assert not verdict.critiques[0].accepted and "exceeds the limit" in verdict.critiques[0].reasons[0]
+    assert transition_candidates(cx(longer.peak_gb + 1))[0].overrides == {MAX_LEN: 4096}
+
+
+def test_the_critic_prefers_a_finding_no_sibling_has_answered_yet():
+    """A checkpoint's branches test distinct hypotheses first: with clip-higher already run from it against the
+    entropy collapse, the responses hitting the limit get their answer before a second entropy idea."""
+    both = diagnose(trajectory(**COLLAPSE, length=lambda s: 300 + 8 * s, clip=lambda s: 0.004 * s))
+    assert {"entropy_collapse", "length_clipping"} <= set(both.severity)
+    cands = [Candidate(candidate_id="hot", stage="schedule", overrides={TEMP: 1.1, CLIP_HIGH: 0.28}),
+             Candidate(candidate_id="long", stage="schedule", overrides={MAX_LEN: 1024})]
+    alone = RulesCritic().critique(ctx(diag=both, base=VERL_BASE), cands)
+    assert alone.pick == "hot"  # the more severe finding first
+    sibling = TrialRecord(trial_id="s1", stage="schedule", config={**VERL.defaults(), **VERL_BASE, CLIP_HIGH: 0.28},
+                          status=TrialStatus.COMPLETED, score=0.5, parent_step=10)
+    after = RulesCritic().critique(ctx(diag=both, base=VERL_BASE, history=[sibling]), cands)
+    assert after.pick == "long"
+    hot = next(c for c in after.critiques if c.candidate_id == "hot")
+    assert any("a sibling already answers this finding" in r for r in hot.reasons)

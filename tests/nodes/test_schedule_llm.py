@@ -71,7 +71,7 @@ def test_bad_transitions_are_sent_back_with_mart_reasons(stub):
     repair = stub.completions()[1].messages[-1]["content"]
     assert "already tried from this checkpoint" in repair  # the sibling t9
     assert "predicts a peak of 80.00 GB, over the limit 60.00 GB" in repair  # a doubled budget
-    assert "is a system-stage knob; it cannot change in the learning stage" in repair
+    assert "is a system-stage knob; it cannot change in the schedule stage" in repair
     assert [c.overrides for c in cands] == [{CLIP_HIGH: 0.3}]
 
 
@@ -101,3 +101,17 @@ def test_critic_prompt_shows_mart_reading_and_the_rules_critic_ranks_the_same_wa
     assert "answers (mart's reading): no finding of the diagnosis" in prompt.split("### Candidate `a`")[1]
     assert verdict.pick in {"a", "b"}  # the stub picks the first that passes; the rules critic ranks by finding
     assert RulesCritic().critique(ctx(), cands).pick == "b"
+
+
+def test_a_longer_limit_from_the_llm_brings_its_token_caps_and_a_bare_cap_move_is_sent_back(stub):
+    """The LLM proposes the limit alone: mart adds the dynamic-batch cap the longer limit implies; a cap moved on
+    its own (a system knob) goes back with the reason."""
+    tight = {**VERL.defaults(), **VERL_BASE, A + "use_dynamic_bsz": True, A + "ppo_max_token_len_per_gpu": 1100}
+    stub.push(Reply.json(proposal({MAX_LEN: 1024}, {A + "ppo_max_token_len_per_gpu": 4096})),
+              Reply.json(proposal({CLIP_HIGH: 0.3})))
+    cands = proposer(stub).propose(ctx(base_config=tight, predict_memory=lambda c: 40.0))
+    repair = stub.completions()[1].messages[-1]["content"]
+    assert "may only raise it with data.max_response_length" in repair
+    longer = next(c for c in cands if MAX_LEN in c.overrides)
+    assert longer.overrides == {MAX_LEN: 1024, A + "ppo_max_token_len_per_gpu": 2200}
+    assert not VERL.check_constraints({**tight, **longer.overrides})

@@ -47,8 +47,18 @@ def assert_same(a, b, tol: float = 1e-9) -> None:
 
 
 # ------------------------------------------------------------------------------------------ (a)
+@pytest.fixture
+def pre_issue24(monkeypatch):
+    """The learning model without issue 24's non-stationary terms (the temperature optimum following the
+    policy's entropy, the hazard growing with the response length): what the frozen copy recorded. Issue 24
+    changes static trajectories on purpose through these two terms (and the 0.6B-Base's length growth, a
+    scenario value both models read); everything else must play as before."""
+    monkeypatch.setattr(L, "TEMP_SHARPEN", 0.0)
+    monkeypatch.setattr(L, "LATE_HAZARD", 0.0)
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_static_configs_play_exactly_as_before_schedules(scenario: str) -> None:
+def test_static_configs_play_exactly_as_before_schedules(scenario: str, pre_issue24) -> None:
     sc = load_scenario(scenario)
     for cfg in random_configs(scenario, 40, seed=SCENARIOS.index(scenario)):
         for steps, draw in ((30, math.inf), (60, 1.0), (150, 0.2)):
@@ -56,7 +66,7 @@ def test_static_configs_play_exactly_as_before_schedules(scenario: str) -> None:
         assert L.final_score_noise_free(cfg, sc, 30) == pytest.approx(V1.final_score_noise_free(cfg, sc, 30), abs=1e-9)
 
 
-def test_the_stage2_grid_scores_are_unchanged() -> None:
+def test_the_stage2_grid_scores_are_unchanged(pre_issue24) -> None:
     """The learning grid the benchmark's ground truth ranks (extreme lr, KL, temperature included)."""
     from mart.trial_runner.sim.model import LEARNING_GRID, base_config
 
@@ -248,9 +258,46 @@ def test_collapse_hazard_and_exhaustion_carry_over_a_branch() -> None:
     assert min(back.score) <= ex.score[-1] + sc.learning.headroom * 0.2
 
 
-def test_a_checkpoint_from_before_path_consistency_still_branches() -> None:
+def test_a_checkpoint_from_before_path_consistency_still_branches(pre_issue24) -> None:
     sc = load_scenario("qwen3-0.6b-1x8")
     cfg = random_configs("qwen3-0.6b-1x8", 1)[0]
     old = V1.learning_trajectory(cfg, sc, 30, 1.0)
     tail = L.learning_trajectory(cfg, sc, 30, 1.0, start=old.states[11])
     assert tail.score == pytest.approx(old.score[12:], rel=1e-9) and tail.entropy == pytest.approx(old.entropy[12:], rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ issue 24: non-stationary
+def _gain_per_progress(traj, a: int, b: int) -> float:
+    """Quality-weighted learning per unit of progress between steps a and b (1-based, inclusive of b)."""
+    sa, sb = traj.states[a - 1], traj.states[b - 1]
+    return (sb["gain_acc"] - sa["gain_acc"]) / max(sb["progress"] - sa["progress"], 1e-12)
+
+
+def test_a_fixed_temperature_is_right_early_and_too_cold_once_entropy_has_fallen() -> None:
+    """POLARIS: the temperature worth training at rises as the policy sharpens. Static configs see it too: per
+    unit of progress (the same learning clock), 1.0 learns better than 1.1 before entropy falls, worse after."""
+    sc = load_scenario("qwen3-8b-1x8")
+    cfg = random_configs("qwen3-8b-1x8", 1)[0]
+    t10 = L.learning_trajectory(cfg, sc, 80, math.inf)
+    t11 = L.learning_trajectory({**cfg, R + "temperature": 1.1}, sc, 80, math.inf)
+    assert _gain_per_progress(t10, 1, 2) > _gain_per_progress(t11, 1, 2)
+    assert t10.entropy[59] < 0.4 * t10.entropy[0]  # the fall has happened by step 60
+    assert _gain_per_progress(t10, 60, 80) < _gain_per_progress(t11, 60, 80)
+    # a branch that raises the temperature late learns like the hotter policy would at that state
+    hot = L.learning_trajectory({**cfg, R + "temperature": 1.1}, sc, 80, math.inf, start=t10.state_at(60))
+    assert _gain_per_progress(hot, 1, 20) > _gain_per_progress(t10, 61, 80)
+
+
+def test_the_collapse_hazard_grows_with_the_response_length() -> None:
+    """arXiv 2602.01826: the same lr grows riskier as responses lengthen; the hazard of a step follows the mean
+    response length relative to the start (no warm-up, no entropy runaway: the step size is constant)."""
+    sc = load_scenario("qwen3-0.6b-1x8")
+    cfg = {**random_configs("qwen3-0.6b-1x8", 1)[0], A + "optim.lr": 4e-6}
+    traj = L.learning_trajectory(cfg, sc, 150, math.inf)
+    grown = [m / sc.learning.resp_len0 for m in traj.resp_mean_untruncated]
+    assert grown[-1] > 1.8
+    for t in (10, 60, 149):
+        assert traj.hazard[t] / traj.hazard[0] == pytest.approx(grown[t], rel=1e-9)
+    # a calmer segment late stops the growth of the accumulated hazard (it never undoes it)
+    calm = L.learning_trajectory({**cfg, A + "optim.lr": 2e-6}, sc, 151, math.inf, start=traj.state_at(150))
+    assert calm.hazard[0] < traj.hazard[-1] / 50 and calm.states[0]["cum_hazard"] >= traj.states[-1]["cum_hazard"]

@@ -54,6 +54,9 @@ class LocalBackend(Backend):
         workflow: ``debate`` or ``chain``: a multi-agent job (``team_config.py``, ``multi_agent.py``) of
             ``agents`` tiny policies (2 or 3; default 2) with per-agent knobs in the search space.
         agents: the number of agents of a multi-agent job.
+        task: the embedded task (``local.task.name``): ``digit_sort`` (default) or ``digit_sort_long``, where
+            answers lengthen as the policy learns, a cut answer scores 0 and ``data.max_response_length`` is a
+            learning knob.
 
     Raises:
         ValueError: the base config file cannot be read or breaks the config's rules; an unknown
@@ -64,7 +67,8 @@ class LocalBackend(Backend):
     score_metric_prefix = "val-core/"
 
     def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None,
-                 base_config: str | None = None, workflow: str | None = None, agents: int | None = None) -> None:
+                 base_config: str | None = None, workflow: str | None = None, agents: int | None = None,
+                 task: str | None = None) -> None:
         from mart.trial_runner.local.team_config import MAX_AGENTS, WORKFLOWS, is_team_config, team_defaults
 
         self._capacity = memory_capacity_gb
@@ -76,6 +80,12 @@ class LocalBackend(Backend):
 
             file_values = load_config_file(Path(base_config))  # ConfigError is a ValueError
             self._base.update(file_values)
+        if task is not None:
+            from mart.trial_runner.local.task import TASK_NAMES
+
+            if task not in TASK_NAMES:
+                raise ValueError(f"backend option `task` must be one of {list(TASK_NAMES)}, but got {task!r}.")
+            self._base["local.task.name"] = task
         if agents is not None and workflow is None and not is_team_config(self._base):
             raise ValueError("backend option `agents` needs `workflow` (debate or chain).")
         if workflow is not None or is_team_config(self._base):
@@ -108,9 +118,11 @@ class LocalBackend(Backend):
         return str(self._base["workflow.name"]), int(self._base["workflow.num_agents"])
 
     def search_space(self) -> SearchSpace:
-        from mart.trial_runner.local.space import SEARCH_SPACE, team_search_space
+        from mart.trial_runner.local.space import LONG_SEARCH_SPACE, SEARCH_SPACE, team_search_space
 
-        return SEARCH_SPACE if self.team is None else team_search_space(*self.team)
+        if self.team is not None:
+            return team_search_space(*self.team)
+        return LONG_SEARCH_SPACE if self._base.get("local.task.name") == "digit_sort_long" else SEARCH_SPACE
 
     def base_config(self) -> dict[str, Any]:
         return dict(self._base)

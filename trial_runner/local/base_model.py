@@ -44,6 +44,8 @@ def base_key(cfg: LocalConfig) -> str:
     }
     if cfg.base_peer_prob > 0:  # only then: the single-agent base models keep their keys
         settings["peer_prob"] = cfg.base_peer_prob
+    if cfg.task == "digit_sort_long":  # its demonstrations stop short this often
+        settings["short_prob"] = T.SHORT_PROB
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -58,7 +60,8 @@ def warmup(cfg: LocalConfig, device: torch.device, log: Callable[[str], None] = 
         digits = [T.sample_digits(rng, task, "train") for _ in range(cfg.base_batch_size)]
         prompts = [_peer_prompt(d, rng, cfg) if cfg.base_peer_prob > 0 and rng.random() < cfg.base_peer_prob
                    else T.encode_prompt(d) for d in digits]
-        b = pack(prompts, [T.demonstration(d, rng, cfg.base_ramble_prob, cfg.base_max_ramble) for d in digits], device)
+        b = pack(prompts, [T.task_demonstration(task, d, rng, cfg.base_ramble_prob, cfg.base_max_ramble)
+                           for d in digits], device)
         logits = response_logits(model, b)
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.resp_ids.reshape(-1), reduction="none")
         loss = (nll * b.resp_mask.reshape(-1)).sum() / b.resp_mask.sum()

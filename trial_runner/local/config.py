@@ -82,7 +82,7 @@ class LocalConfig:
     nnodes: int = knob("trainer.nnodes", 1, "The local backend runs on one node.", choices=(1,))
     seed: int = knob("seed", 0, "Seeds the prompt order and the rollout sampling (the base model does not depend on it): same seed, same metrics, timings aside.", low=0, high=2**31 - 1)
     # --- local workload (not verl keys) ---------------------------------------------------------------
-    task: str = knob("local.task.name", "digit_sort", "The embedded task (sort the digits of the prompt).", choices=("digit_sort",))
+    task: str = knob("local.task.name", "digit_sort", "The embedded task: sort the digits of the prompt; digit_sort_long: the same from a base model that stops too early, where an answer cut at max_response_length scores 0, so answers lengthen as the policy learns and the limit binds.", choices=("digit_sort", "digit_sort_long"))
     min_digits: int = knob("local.task.min_digits", 3, "Shortest prompt in digits.", low=1, high=64)
     max_digits: int = knob("local.task.max_digits", 10, "Longest prompt in digits.", low=1, high=64)
     val_size: int = knob("local.task.val_size", 128, "Held-out validation prompts (greedy, one sample each: mean@1).", low=1, high=8192)

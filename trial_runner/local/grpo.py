@@ -210,7 +210,7 @@ class GRPOTrainer:
                                  temperature=c.temperature, top_p=c.top_p, generator=self.sampler)
             responses = [r if r else [T.EOS] for r in responses]  # never empty (max_response_length >= 1)
         with timer.phase("reward"):
-            scores = torch.tensor([T.score(d, r) for d, r in zip(digits, responses)], device=dev)
+            scores = torch.tensor([T.task_score(self.task, d, r) for d, r in zip(digits, responses)], device=dev)
 
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         R = max(len(r) for r in responses)
@@ -330,10 +330,15 @@ class GRPOTrainer:
         gen = torch.Generator().manual_seed(self.val_sampler_seed) if c.val_do_sample else None
         responses = generate(self.actor, prompts, c.max_response_length, max_num_seqs=c.max_num_seqs,
                              temperature=c.val_temperature or 1.0, generator=gen)
-        scores = [T.score(d, r) for d, r in zip(self.val_digits, responses)]
+        scores = [T.task_score(self.task, d, r) for d, r in zip(self.val_digits, responses)]
         name = self.task.name
-        return {
+        out = {
             f"val-core/{name}/reward/mean@1": sum(scores) / len(scores),
             f"val-aux/{name}/exact/mean@1": sum(s == 1.0 for s in scores) / len(scores),
             f"val-aux/{name}/response_length/mean": sum(len(r) for r in responses) / len(responses),
         }
+        if name == "digit_sort_long":  # what the limit cuts (those score 0), and how many answers are whole
+            out[f"val-aux/{name}/clip_ratio"] = sum(not r or r[-1] != T.EOS for r in responses) / len(responses)
+            out[f"val-aux/{name}/complete/mean@1"] = sum(
+                len(r) - 1 == len(d) for d, r in zip(self.val_digits, responses) if r and r[-1] == T.EOS) / len(responses)
+        return out

@@ -40,7 +40,7 @@ SYSTEM = [
     _p(ACTOR + "use_dynamic_bsz", "bool", "Form micro-batches by token count (ppo_max_token_len_per_gpu), also for the log-prob passes.",
        stage="system"),
     _p(ACTOR + "ppo_max_token_len_per_gpu", "int", "Token cap of a dynamic micro-batch; must hold one longest sequence (max_prompt_length + max_response_length).",
-       stage="system", low=64, high=8192),
+       stage="system", low=64, high=8192, schedule=True),
     _p("actor_rollout_ref.model.enable_gradient_checkpointing", "bool", "Recompute activations in backward: much less update memory, ~1/3 more update compute.",
        stage="system"),
 ]
@@ -77,6 +77,17 @@ SEARCH_SPACE = SearchSpace(
     params=SYSTEM + LEARNING,
     constraints=[_constraint(name, description) for name, description, _ in RULES],
 )
+
+RESPONSE_LIMIT = _p("data.max_response_length", "int", "Generation cap in tokens; a response cut at it scores 0 in the "
+                    "long task (watch response_length/clip_ratio). Longer = more generation and update work per step.",
+                    stage="learning", low=4, high=48)
+LONG_SEARCH_SPACE = SearchSpace(
+    backend="local",
+    params=SYSTEM + LEARNING + [RESPONSE_LIMIT],
+    constraints=list(SEARCH_SPACE.constraints),
+)
+"""The catalogue of the long task (``local.task.name=digit_sort_long``): the response limit is a learning knob
+there, the capacity a staged schedule raises as answers lengthen (the default task's catalogue stays as it was)."""
 
 
 # --- multi-agent (workflow.name set): per-agent learning knobs, workflow and shaping knobs -------------------

@@ -9,6 +9,13 @@ and the rollout cost drift as it learns when to stop). The reward is rule based 
 
 Splits are disjoint by construction: a digit string belongs to the held-out validation split when
 its CRC32 is divisible by ``VAL_MODULUS``, to the train split otherwise.
+
+``digit_sort_long`` (issue 24) is the same task where answers need more tokens as the policy improves and the
+length limit binds, as reasoning responses lengthen under GRPO and get cut at ``data.max_response_length``:
+the base model also stops too early (a share ``SHORT_PROB`` of its demonstrations leave out the last 1-3
+digits), GRPO teaches it to finish, and a response cut at the limit before its <eos> scores 0 (verl's math
+rewards score an unfinished solution 0). Under a limit shorter than the longest answer the policy must stop
+early on long prompts (partial credit), and a longer limit lets it finish.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from dataclasses import dataclass
 # vocabulary: the ten digits are their own token ids
 PAD, BOS, SEP, EOS = 10, 11, 12, 13
 VOCAB_SIZE = 14
-TASK_NAMES = ("digit_sort",)
+TASK_NAMES = ("digit_sort", "digit_sort_long")
+SHORT_PROB = 0.5  # share of the long task's warm-up demonstrations that stop 1-3 digits short
 
 VAL_MODULUS = 8  # 1 in 8 digit strings is held out for validation
 VAL_SEED = 20_240_601  # the validation set is the same for every trial
@@ -83,6 +91,31 @@ def demonstration(digits: list[int], rng: random.Random, ramble_prob: float, max
     if max_ramble > 0 and rng.random() < ramble_prob:
         answer = answer + [answer[-1]] * rng.randint(1, max_ramble)
     return [*answer, EOS]
+
+
+def short_demonstration(digits: list[int], rng: random.Random, ramble_prob: float, max_ramble: int,
+                        short_prob: float = SHORT_PROB) -> list[int]:
+    """A warm-up demonstration of the long task: ``demonstration``, but with probability ``short_prob`` the
+    answer stops 1-3 digits early (at least one digit stays): the habit of answering too briefly."""
+    if rng.random() < short_prob and len(digits) > 1:
+        answer = target(digits)
+        return [*answer[: max(1, len(answer) - rng.randint(1, 3))], EOS]
+    return demonstration(digits, rng, ramble_prob, max_ramble)
+
+
+def task_demonstration(task: TaskConfig, digits: list[int], rng: random.Random, ramble_prob: float,
+                       max_ramble: int) -> list[int]:
+    if task.name == "digit_sort_long":
+        return short_demonstration(digits, rng, ramble_prob, max_ramble)
+    return demonstration(digits, rng, ramble_prob, max_ramble)
+
+
+def task_score(task: TaskConfig, digits: list[int], response: list[int]) -> float:
+    """The reward of ``response`` under ``task``'s rule: ``score``; in the long task 0 for a response cut at the
+    limit (no <eos>: an unfinished answer)."""
+    if task.name == "digit_sort_long" and (not response or response[-1] != EOS):
+        return 0.0
+    return score(digits, response)
 
 
 def score(digits: list[int], response: list[int]) -> float:

@@ -133,7 +133,68 @@ def measure_facts(perturb: int | None = None) -> list[Fact]:
     add(Fact("entropy bonus 1e-2 scores below 1e-3 (8B, 30 steps)", "1e-2 explodes; 1e-4..1e-3 mild",
              "sim-facts: entropy_coeff", s_bonus - s_small, -1.0, -1e-3, "score"))
     facts.extend(schedule_facts(big, cfg_b))
+    facts.extend(dynamics_facts(small, big))
     return facts
+
+
+def step_at(config: dict[str, Any], sc: Scenario, step: int) -> dict[str, float]:
+    """Noise-free phase times (s) and peak memory (GiB) of global step ``step`` of ``config`` run from the base
+    model (its responses as long as the learning state has made them by then)."""
+    lk = L.LearningKnobs.from_config(config, sc)
+    traj = L.learning_trajectory(config, sc, step, collapse_draw=math.inf)
+    w, _ = M._workload(sc, lk, traj.resp_mean_untruncated[-1], lk.use_kl)
+    o = S.simulate_step(sc, S.knobs_from_config(config), w)
+    return {key: float(o[key]) for key in ("t_gen", "t_step", "peak_gb")}
+
+
+def dynamics_facts(base: Scenario, big: Scenario) -> list[Fact]:
+    """The non-stationary dynamics of issue 24: what changes under a fixed config as training proceeds
+    (``base``: a base model, e.g. Qwen3-0.6B-Base; ``big``: a reasoning model, e.g. Qwen3-8B)."""
+    out: list[Fact] = []
+    cfg = M.base_config(base)
+    limit = base.max_response_length
+    long = L.learning_trajectory(cfg, base, 300, collapse_draw=math.inf)
+    out.append(Fact("a base model's responses lengthen several-fold under GRPO (0.6B-Base defaults, mean at step 300 "
+                    "/ step 1)", "~1k -> 4k+ tokens (Qwen2.5-32B base)", "DAPO (arXiv 2503.14476)",
+                    long.resp_mean_untruncated[-1] / long.resp_mean_untruncated[0], 2.0, 6.0, "ratio"))
+    hot = {**cfg, A + "optim.lr": 3e-6}
+    past = L.learning_trajectory(hot, base, 60, collapse_draw=math.inf)
+    clip60 = L.clip_ratio(past.resp_mean_untruncated[-1], base.resp_cv, limit)
+    out.append(Fact(f"the response limit binds as responses grow (0.6B-Base, lr 3e-6, clip ratio at step 60, limit "
+                    f"{limit})", "reward dropped at 8K as responses were cut: DeepScaleR moved to 16K",
+                    "DeepScaleR blog; rllm-org/rllm #33", clip60, 0.05, 0.4, "share"))
+    stay = L.learning_trajectory(hot, base, 120, collapse_draw=math.inf, start=past.state_at(60))
+    longer = L.learning_trajectory({**hot, "data.max_response_length": 2 * limit}, base, 120,
+                                   collapse_draw=math.inf, start=past.state_at(60))
+    out.append(Fact("raising the limit once it binds pays by the end (0.6B-Base, x2 at step 60, score at 120, share "
+                    "of the headroom)", "8K -> 16K -> 24K stages: AIME24 43.1% (+14.3 over the base)",
+                    "DeepScaleR blog; rllm-org/rllm #44", (longer.score[-1] - stay.score[-1]) / base.learning.headroom,
+                    0.02, 0.5, "share"))
+    t1 = step_at(hot, base, 60)["t_step"]
+    t2 = step_at({**hot, "data.max_response_length": 2 * limit}, base, 60)["t_step"]
+    out.append(Fact("a longer limit lengthens the step once responses reach it (0.6B-Base step 60, limit x2)",
+                    "at >= 8K most of the step is sampling; train 8K first for efficiency",
+                    "rllm-org/rllm #6; DeepScaleR blog", t2 / t1, 1.15, 2.5, "ratio"))
+    ent = L.learning_trajectory(M.base_config(big), big, 60, collapse_draw=math.inf)
+    sharp = ent.entropy[-1] / ent.entropy[0]
+    out.append(Fact("the best training temperature rises as entropy falls (8B defaults, T* at step 60)",
+                    "Qwen3-4B trained at 1.4 -> 1.45 -> 1.5 (+0.05 after a slight entropy drop)",
+                    "POLARIS (hkunlp.github.io/blog/2025/Polaris)", L.temperature_optimum(sharp), 1.03, 1.3, "T"))
+    q_late = L.temperature_quality(1.0, L.temperature_optimum(sharp)) / L.temperature_quality(1.1, L.temperature_optimum(sharp))
+    q_early = L.temperature_quality(1.0) / L.temperature_quality(1.1)
+    out.append(Fact("a fixed temperature is right early and too cold late (8B: quality at T 1.0 / at 1.1, step 60 "
+                    "over step 1)", "temperature raised stage by stage", "POLARIS", q_late / q_early, 0.5, 0.97, "ratio"))
+    lr3 = {**M.base_config(big), A + "optim.lr": 3e-6}
+    h = L.learning_trajectory(lr3, big, 240, collapse_draw=math.inf).hazard
+    out.append(Fact("the same lr grows riskier as training proceeds (8B, lr 3e-6: collapse hazard per step at 240 / "
+                    "at 1)", "gradient noise and mismatch escalate as training progresses",
+                    "arXiv 2602.01826", h[-1] / h[0], 1.1, 5.0, "ratio"))
+    halved = L.learning_trajectory({**lr3, A + "optim.lr": 1.5e-6}, big, 241, collapse_draw=math.inf,
+                                   start=L.learning_trajectory(lr3, big, 240, collapse_draw=math.inf).state_at(240))
+    out.append(Fact("halving the lr late suppresses it (8B, at step 240: hazard after / before)",
+                    "shrinking the update size suppresses the mismatch", "arXiv 2602.01826",
+                    halved.hazard[0] / h[-1], 0.0, 0.1, "ratio"))
+    return out
 
 
 def schedule_facts(sc: Scenario, cfg: dict[str, Any], at: int = 60) -> list[Fact]:

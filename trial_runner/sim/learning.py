@@ -137,10 +137,34 @@ def _speed(x: float) -> float:
     return x if x <= 1 else 1 + 0.35 * math.log(x)
 
 
+#: POLARIS searches the training temperature before each stage for the rollouts' diversity, and the temperature
+#: found rises as the policy sharpens: Qwen3-4B trained at 1.4 -> 1.45 -> 1.5 over its three stages, raised by an
+#: interval set by the previous stage's entropy drop, 0.05 after a slight one (hkunlp.github.io/blog/2025/Polaris;
+#: the README of github.com/ChenxinAn-fdu/POLARIS). The quality's temperature optimum therefore follows the
+#: policy's own entropy ratio r (its entropy now / at the start, at a fixed temperature): T* = r^-0.1, i.e. +0.05
+#: after a 40% fall and +0.13 after Cui et al.'s 73% (a larger step after a larger drop, as POLARIS does). A fixed
+#: temperature is right at the start and too cold once entropy has fallen. 0 = the pre-issue-24 fixed optimum 1.0.
+TEMP_SHARPEN = 0.1
+TEMP_OPT_RANGE = (0.6, 1.6)
+
+
+def temperature_optimum(sharpness: float) -> float:
+    """The sampling temperature the per-step quality peaks at, for a policy whose own entropy is ``sharpness``
+    x its starting entropy (POLARIS: the temperature that keeps rollouts diverse rises as the policy sharpens)."""
+    t_opt = max(sharpness, 1e-6) ** -TEMP_SHARPEN
+    return min(TEMP_OPT_RANGE[1], max(TEMP_OPT_RANGE[0], t_opt))
+
+
+def temperature_quality(t: float, t_opt: float = 1.0) -> float:
+    """The temperature's factor of the per-step learning quality: 1 at ``t_opt``, narrower above it (noisy
+    samples) than below it (too little exploration); ``t_opt`` = 1.0 at the start (Skywork-OR1: 1.0 > 0.6)."""
+    return math.exp(-(((t - t_opt) / 0.35) ** 2)) if t >= t_opt else math.exp(-(((t_opt - t) / 0.5) ** 2))
+
+
 def _quality(k: LearningKnobs) -> float:
+    """The knobs' factor of the per-step learning quality, the temperature's excepted (``temperature_quality``
+    moves with the policy's entropy)."""
     q_n = 1 - math.exp(-(k.n - 1) / 3.5)
-    t = k.temperature
-    q_t = math.exp(-(((t - 1.0) / 0.35) ** 2)) if t >= 1.0 else math.exp(-(((1.0 - t) / 0.5) ** 2))
     q_p = 1 - 0.5 * (1 - k.top_p) ** 2
     q_clip = 1 + 0.06 * min(1.0, max(0.0, k.clip_high - k.clip_low) / 0.08)
     q_clip *= 1 - 0.5 * max(0.0, 0.1 - k.clip_low)  # too narrow a lower clip stalls updates
@@ -150,7 +174,7 @@ def _quality(k: LearningKnobs) -> float:
     q_kl = 1 / (1 + k.kl_coef / 0.02) if k.use_kl else 1.0
     e = k.entropy_coeff
     q_ent = 1 + 0.04 * min(1.0, e / 0.001) - 8 * max(0.0, e - 0.002)
-    return q_n * q_t * q_p * q_clip * q_agg * q_norm * q_wd * q_kl * q_ent
+    return q_n * q_p * q_clip * q_agg * q_norm * q_wd * q_kl * q_ent
 
 
 def _aggressiveness(k: LearningKnobs, sc: Scenario) -> float:
@@ -171,6 +195,14 @@ def _collapse_threshold(k: LearningKnobs) -> float:
     return xc
 
 
+#: arXiv 2602.01826 (Zhang, Li et al., "Beyond Precision: Training-Inference Mismatch is an Optimization Problem
+#: and Simple LR Scheduling Fixes It"): gradient noise and the training-inference mismatch escalate together as
+#: training progresses, a surge in response length is the early warning of the instability, and shrinking the
+#: update size suppresses it. The collapse hazard of a step is therefore scaled by the policy's mean response
+#: length relative to its start, to this power (1 = in proportion; 0 = the pre-issue-24 constant hazard): the same
+#: lr that is safe early is riskier late, and a later segment with a smaller lr stops the growth.
+LATE_HAZARD = 1.0
+
 #: entropy rises toward a raised plateau (clip-higher switched on after the fall) this much slower than it
 #: falls toward a lower one - an assumption: the public runs (DAPO, Skywork-OR1) show clip-higher or an
 #: entropy bonus *holding* entropy, and a bonus *raising* it, not how fast a collapsed policy spreads again
@@ -183,7 +215,8 @@ class KnobTerms:
     """Everything the per-step update takes from one config's knobs (constant within a segment)."""
 
     x: float  # normalised step size at the full learning rate
-    quality: float  # multiplies each step's learning increment
+    quality: float  # multiplies each step's learning increment (times ``temperature_quality`` of the step)
+    temperature: float  # the sampling temperature (its quality factor follows the policy's entropy)
     penalty: float  # share of each step's increment lost to overshooting (x > 1)
     xc: float  # collapse threshold of the step size
     hz_mult: float
@@ -212,7 +245,7 @@ def knob_terms(k: LearningKnobs, sc: Scenario) -> KnobTerms:
     x = _aggressiveness(k, sc)
     ent1 = sc.learning.entropy0 * k.temperature * (0.7 + 0.3 * k.top_p)
     return KnobTerms(
-        x=x, quality=_quality(k), penalty=0.25 * max(0.0, math.log(max(x, 1e-12))) ** 2, xc=_collapse_threshold(k),
+        x=x, quality=_quality(k), temperature=k.temperature, penalty=0.25 * max(0.0, math.log(max(x, 1e-12))) ** 2, xc=_collapse_threshold(k),
         hz_mult=KL_TYPE_HAZARD.get(k.kl_type, 1.0) if k.use_kl else 1.0,
         data_rate=(k.train_batch / sc.train_batch_size) ** 0.25, warmup_ratio=k.warmup_ratio, decay=decay,
         # two phases (Cui et al. 2025): a fast early drop to a plateau, then a slow decline toward zero;
@@ -269,7 +302,8 @@ def _upgrade_state(start: dict[str, Any], kt: KnobTerms, sc: Scenario, horizon: 
     ex = start.get("exhausted_at")
     return {**start, "version": STATE_VERSION, "ent_fast": kt.plateau + (1 - kt.plateau) * math.exp(-pressure / ENT_FAST),
             "ent_slow_log": -kt.slow * pressure,
-            "gain_acc": kt.quality * (1 - min(0.9, kt.penalty)) * (1 - math.exp(-p / sc.learning.tau_steps)),
+            "gain_acc": kt.quality * temperature_quality(kt.temperature) * (1 - min(0.9, kt.penalty))
+            * (1 - math.exp(-p / sc.learning.tau_steps)),
             "len_acc": kt.length_gain * (1 - math.exp(-p / 30.0)),
             "exhausted_steps": 0 if ex is None else step - int(ex) + 1, "ent_ref": start["ent1"], "horizon": horizon}
 
@@ -313,15 +347,19 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
     out.first_step = first
     warm = kt.warmup_ratio * st["horizon"]
     net_quality = kt.quality * (1 - min(0.9, kt.penalty))  # the config's peak step size sets the overshoot
+    # the temperature's quality factor depends on the policy's sharpness only: while the optimum stays at 1.0
+    # (no entropy change yet, or TEMP_SHARPEN = 0) it is constant and computed once
+    q_temp_fixed = temperature_quality(kt.temperature) if TEMP_SHARPEN == 0 else None
     updates = k.updates_per_step
     for t in range(first, steps + 1):
         ramp = min(1.0, t / warm) if warm >= 1 else 1.0
         xt = kt.x * ramp
-        ent = kt.ent_sampling * ent_fast * math.exp(ent_slow_log + log_growth)
-        ent = min(ent, kt.ent_cap)
+        sharpness = min(ent_fast * math.exp(ent_slow_log + log_growth), kt.ent_cap / kt.ent_sampling)
+        ent = kt.ent_sampling * sharpness
         ratio = ent / ent_ref  # exploration is measured against the run's start
         explore = math.sqrt(min(1.0, ratio))
-        mean_len = lp.resp_len0 * (1 + len_acc)
+        rel_len = 1 + len_acc  # the policy's mean response length relative to its start (untruncated)
+        mean_len = lp.resp_len0 * rel_len
         clip = clip_ratio(mean_len, sc.resp_cv, k.max_response_length)
         step_speed = _speed(xt) * kt.data_rate
         before = progress
@@ -335,8 +373,11 @@ def learning_trajectory(config: dict[str, Any], sc: Scenario, steps: int, collap
         ent_slow_log -= kt.slow * d_pressure
         log_growth += kt.ent_growth
         len_acc += kt.length_gain * (math.exp(-before / 30.0) - math.exp(-progress / 30.0))
-        gain_acc += net_quality * (math.exp(-before / lp.tau_steps) - math.exp(-progress / lp.tau_steps))
-        hazard = 0.5 * (xt / kt.xc) ** 6 * kt.hz_mult + 0.3 * max(0.0, ratio - 2.0) ** 2
+        q_temp = q_temp_fixed if q_temp_fixed is not None else temperature_quality(
+            kt.temperature, temperature_optimum(sharpness))
+        gain_acc += net_quality * q_temp * (math.exp(-before / lp.tau_steps) - math.exp(-progress / lp.tau_steps))
+        late = rel_len ** LATE_HAZARD if LATE_HAZARD else 1.0  # longer responses, noisier gradients (2602.01826)
+        hazard = 0.5 * (xt / kt.xc) ** 6 * kt.hz_mult * late + 0.3 * max(0.0, ratio - 2.0) ** 2
         cum_hazard += hazard
         out.hazard.append(hazard)
         gain = lp.headroom * gain_acc

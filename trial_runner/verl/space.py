@@ -81,7 +81,7 @@ SYSTEM_PARAMS: list[ParamSpec] = [
     _P(f"{ROLLOUT}.max_num_batched_tokens", "system", "int", 8192,
        "vLLM's cap on tokens per engine step (prefill chunking). Higher = faster prefill, more activation "
        "memory. Must be >= prompt+response length when chunked prefill is off.", low=1024, high=131072,
-       model="mnbt", effect=KnobEffect("up", 0.1, note="larger prefill/decode batches")),
+       model="mnbt", effect=KnobEffect("up", 0.1, note="larger prefill/decode batches"), schedule=True),
     _P(f"{ROLLOUT}.enable_chunked_prefill", "system", "bool", True,
        "vLLM chunked prefill: splits long prefills so decode is not stalled.",
        model="chunked", effect=KnobEffect(True)),
@@ -121,7 +121,7 @@ SYSTEM_PARAMS: list[ParamSpec] = [
        "Token budget per GPU micro batch with dynamic bsz; verl advises >= 2-3 x (prompt + response) and it "
        "must hold the longest sequence, or the run crashes mid-training when responses grow.",
        low=1024, high=262144,
-       model="tok_cap", effect=KnobEffect("up", 0.3, note="larger token-balanced micro batches")),
+       model="tok_cap", effect=KnobEffect("up", 0.3, note="larger token-balanced micro batches"), schedule=True),
     _P(f"{ACTOR}.ulysses_sequence_parallel_size", "system", "categorical", 1,
        "Ulysses sequence parallelism for the actor/ref (long contexts, > 32k). Needs use_remove_padding.",
        choices=(1, 2, 4, 8),
