@@ -85,6 +85,15 @@ class Services:
             self._slots = max(1, min(self.options.parallel, cap) if cap else self.options.parallel)
         return self._slots
 
+    def trial_devices(self, slot: int) -> str | None:
+        """The GPUs a trial in ``slot`` may use when several trials share this machine's GPUs (None: all)."""
+        if self.trial_slots() <= 1:
+            return None
+        try:
+            return self.backend.trial_devices(slot)
+        except Exception:  # noqa: BLE001 - a backend that cannot tell leaves its trials the whole machine
+            return None
+
     def slots_note(self) -> str | None:
         """Why the session runs fewer trials at once than ``--parallel`` asked for (None: it runs as many)."""
         slots = self.trial_slots()

@@ -46,6 +46,9 @@ class TrialSpec(BaseModel):
     launch_token: str | None = Field(
         None, description="a random token recorded in the ledger before the launch; a runner gives it to the trial "
         "(``MART_LAUNCH_TOKEN`` in its environment) so a resumed tuner can find a trial whose handle it never saved")
+    devices: str | None = Field(
+        None, description="the GPUs of the trial's slot as ``CUDA_VISIBLE_DEVICES`` (UUIDs, or indices without them) "
+        "when several trials share this machine's GPUs (``Backend.trial_devices``); None: every GPU this process sees")
     init_from: CheckpointRef | None = Field(
         None, description="start from this checkpoint (policy, optimizer, data position, global step) instead of the "
         "base model; ``steps`` stays the last global step, so the trial trains steps init_from.step+1..steps")

@@ -39,12 +39,13 @@ def _changes(view: StageView, record: TrialRecord) -> list[str]:
             for k, v in sorted(record.config.items()) if k in current and current[k] != v]
 
 
-def _spec(services: Services, record: TrialRecord, horizon: int, trial_dir: str, token: str | None) -> TrialSpec:
+def _spec(services: Services, record: TrialRecord, horizon: int, trial_dir: str, token: str | None,
+          slot: int = 0) -> TrialSpec:
     return TrialSpec(
         trial_id=record.trial_id, config=record.config, steps=horizon, trial_dir=trial_dir,
         memory_capacity_gb=services.memory_capacity_gb(), stage=record.stage,
         seed=services.options.seed if record.seed is None else record.seed,
-        save_steps=record.save_steps, launch_token=token,
+        save_steps=record.save_steps, launch_token=token, devices=services.trial_devices(slot),
         init_from=(CheckpointRef(path=record.parent_checkpoint, step=record.parent_step, trial_id=record.parent_trial)
                    if record.parent_checkpoint and record.parent_step else None),
     )
@@ -83,7 +84,7 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
     token = (existing or {}).get("launch_token")
     if existing and token and existing.get("status") == TrialStatus.RUNNING.value:
         # recorded, never handed back: it may have started just before a kill (the launch window)
-        adopted = services.runner.adopt(_spec(services, record, horizon, trial_dir, token))
+        adopted = services.runner.adopt(_spec(services, record, horizon, trial_dir, token, slot))
         if adopted is not None:
             ledger.set_trial_fields(record.trial_id, handle=adopted.model_dump(mode="json"))
             emit(services, TrialReattached(trial_id=record.trial_id))
@@ -94,7 +95,7 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
         horizon=horizon, trial_dir=trial_dir, started_at=time.time(),
         overrides=stages.get(record.stage).overrides_of(view, record), slot=slot, launch_token=token,
     )
-    spec = _spec(services, record, horizon, trial_dir, token)
+    spec = _spec(services, record, horizon, trial_dir, token, slot)
     try:
         handle: TrialHandle = services.runner.launch(spec)
     except Exception as e:  # a launch that fails is a failed trial, not a failed session

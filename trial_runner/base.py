@@ -101,6 +101,12 @@ class Backend(abc.ABC):
         waits for a free slot. A cluster backend counts whole nodes (a trial's own resources)."""
         return None
 
+    def trial_devices(self, slot: int) -> str | None:
+        """The accelerators a trial in ``slot`` (0 .. slots-1) may use when trials share this machine's devices, as
+        ``CUDA_VISIBLE_DEVICES`` (the runner puts it in the trial's environment); None: every device, or not
+        applicable (a cluster places its jobs itself)."""
+        return None
+
     def parallel_limit_reason(self) -> str:
         """Why ``max_parallel_trials`` is what it is, for the user (e.g. "16 GPUs, 8 per trial")."""
         return "the backend's limit"

@@ -90,11 +90,11 @@ def visible_filter(env: dict[str, str] | None = None):
     return visible
 
 
-def probe(all_devices: bool = False) -> list[GpuInfo]:
-    """GPU count and total/used/free memory per GPU this process may use (``CUDA_VISIBLE_DEVICES``; every
-    GPU of the node with ``all_devices``); ``[]`` where there is no driver or device."""
+def probe(all_devices: bool = False, env: dict[str, str] | None = None) -> list[GpuInfo]:
+    """GPU count and total/used/free memory per GPU this process (or ``env``'s ``CUDA_VISIBLE_DEVICES``) may use;
+    every GPU of the node with ``all_devices``; ``[]`` where there is no driver or device."""
     out: list[GpuInfo] = []
-    visible = (lambda index, uuid: True) if all_devices else visible_filter()
+    visible = (lambda index, uuid: True) if all_devices else visible_filter(env)
     with _nvml() as nv:
         if nv is None:
             return out
@@ -121,9 +121,9 @@ def memory_capacity_gb(gpus: list[GpuInfo] | None = None) -> float | None:
     return min(g.total_gb for g in gpus) if gpus else None
 
 
-def used_memory_gb() -> dict[int, float]:
-    """Used memory per GPU index right now (empty without GPUs)."""
-    return {g.index: g.used_gb for g in probe()}
+def used_memory_gb(env: dict[str, str] | None = None) -> dict[int, float]:
+    """Used memory per GPU index right now (empty without GPUs); ``env``: whose ``CUDA_VISIBLE_DEVICES``."""
+    return {g.index: g.used_gb for g in probe(env=env)}
 
 
 class PeakSampler:
@@ -186,14 +186,16 @@ class PeakSampler:
         self.stop()
 
 
-def wait_gpu_memory_free(threshold_gb: float = 1.0, timeout_s: float = 60.0, poll_s: float = 1.0) -> bool:
-    """Wait until every GPU uses at most ``threshold_gb``; True at once without GPUs, False on timeout.
+def wait_gpu_memory_free(threshold_gb: float = 1.0, timeout_s: float = 60.0, poll_s: float = 1.0,
+                         env: dict[str, str] | None = None) -> bool:
+    """Wait until every GPU (of ``env``'s ``CUDA_VISIBLE_DEVICES``: a trial's slot) uses at most ``threshold_gb``;
+    True at once without GPUs, False on timeout.
 
     Call it before the next trial: vLLM workers of a stopped run can keep GPU memory for a while.
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        used = used_memory_gb()
+        used = used_memory_gb(env)
         if all(u <= threshold_gb for u in used.values()):
             return True
         if time.monotonic() >= deadline:
@@ -201,10 +203,10 @@ def wait_gpu_memory_free(threshold_gb: float = 1.0, timeout_s: float = 60.0, pol
         time.sleep(poll_s)
 
 
-def gpu_processes() -> list[dict[str, Any]]:
+def gpu_processes(env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Processes holding memory on the visible GPUs (pid, gpu index, used GiB); [] without GPUs."""
     out: list[dict[str, Any]] = []
-    visible = visible_filter()
+    visible = visible_filter(env)
     with _nvml() as nv:
         if nv is None:
             return out
@@ -264,6 +266,18 @@ class GpuBackendCapacity:
             return None
         per_trial = self._gpus_per_trial()
         return max(1, len(self._probe()) // per_trial) if self._probe() else 1
+
+    def trial_devices(self, slot: int) -> str | None:
+        """Slot k's own block of GPUs here (the k-th ``per trial`` of the visible ones), by UUID: CUDA numbers
+        devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML by PCI bus, so an index could name
+        another trial's GPU. None on a Ray cluster (Ray gives each job its GPUs) or when only one trial fits."""
+        if self.ray_address is not None:
+            return None
+        gpus, per = self._probe(), self._gpus_per_trial()
+        if len(gpus) < 2 * per:
+            return None
+        block = gpus[(slot % (len(gpus) // per)) * per:][:per]
+        return ",".join(g.uuid or str(g.index) for g in block)
 
     def parallel_limit_reason(self) -> str:
         n = len(self._probe())

@@ -145,6 +145,7 @@ class MartiRunner(VerlRunner):
             "PYTHONUNBUFFERED": "1",
             "MART_TRIAL_ID": spec.trial_id,
             "MART_ATTEMPT": str(k),
+            **({"CUDA_VISIBLE_DEVICES": spec.devices} if spec.devices else {}),  # its slot's GPUs (parallel trials)
         }
 
     # ------------------------------------------------------------------------------------ following

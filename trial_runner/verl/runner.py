@@ -305,6 +305,7 @@ class VerlRunner(TrialRunner):
             "PYTHONUNBUFFERED": "1",
             "MART_TRIAL_ID": spec.trial_id,
             "MART_ATTEMPT": str(k),
+            **({"CUDA_VISIBLE_DEVICES": spec.devices} if spec.devices else {}),  # its slot's GPUs (parallel trials)
         }
 
     def launch_cwd(self, spec: TrialSpec) -> str:
@@ -312,15 +313,17 @@ class VerlRunner(TrialRunner):
 
     # ------------------------------------------------------------------------------------ lifecycle
 
-    def _check_gpus_free(self) -> None:
+    def _check_gpus_free(self, spec: TrialSpec | None = None) -> None:
         if self.gpu_free_threshold_gb is None:
             return
         from mart.trial_runner.gpu import gpu_processes, wait_gpu_memory_free
 
-        if not wait_gpu_memory_free(self.gpu_free_threshold_gb, self.gpu_free_timeout_s):
+        # a trial of a parallel session checks its own slot's GPUs: the others are busy with their trials
+        env = {"CUDA_VISIBLE_DEVICES": spec.devices} if spec is not None and spec.devices else None
+        if not wait_gpu_memory_free(self.gpu_free_threshold_gb, self.gpu_free_timeout_s, env=env):
             raise RuntimeError(
                 f"GPU memory is still in use (> {self.gpu_free_threshold_gb} GiB on some GPU after "
-                f"{self.gpu_free_timeout_s:.0f} s): {gpu_processes()}; a previous trial's workers may linger."
+                f"{self.gpu_free_timeout_s:.0f} s): {gpu_processes(env)}; a previous trial's workers may linger."
             )
 
     def _live_attempt(self, spec: TrialSpec) -> TrialHandle | None:
@@ -370,7 +373,7 @@ class VerlRunner(TrialRunner):
         live = self._live_attempt(spec)
         if live is not None:
             return live
-        self._check_gpus_free()
+        self._check_gpus_free(spec)
         trial_dir = Path(spec.trial_dir).resolve()
         argv = self.build_command(spec)
         env_add = self.build_env(spec)
