@@ -56,13 +56,15 @@ STATE = "tests/state/test_state_basics.py"
 MA_HEALTH = "tests/nodes/test_multi_agent_health.py"
 MA_AGENTS = "tests/nodes/test_multi_agent_agents.py"
 SESSION = "tests/graph/test_graph_session.py::test_two_stage_session_improves_and_fills_the_ledger"
+PROMISES = "tests/nodes/test_margin_health_promises.py"
+PARALLEL_GPUS = "tests/graph/test_parallel_gpus.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the bugs issue 18 planted (each survived the suite before it) --------------------------------
-    Mutant("M01", "tools/stop.py", "    poll = services.runner.stop(handle, reason=reason)",
+    Mutant("M01", "tools/stop.py", "            poll = services.runner.stop(rt.handle, reason=rt.stop_reason)",
            "    raise RuntimeError('mutant: stop_trial fails')", "stop_trial raises", (EARLY_STOP,)),
-    Mutant("M02", "nodes/health_monitor.py", 'if stops and record.kind != "baseline":',
-           'if stops and record.kind == "baseline":', "monitor stops baselines instead of candidates", (EARLY_STOP,)),
+    Mutant("M02", "nodes/health_monitor.py", 'if final or not stops or record.kind == "baseline":',
+           'if final or not stops or record.kind != "baseline":', "monitor stops baselines instead of candidates", (EARLY_STOP,)),
     Mutant("M03", "tools/collect.py", "eligible = eligible and outcome.feasible", "eligible = eligible",
            "an over-margin trial can become the best", (MEMORY,)),
     Mutant("M04", "state/objectives.py", "return max(vals) if vals else math.nan",
@@ -74,8 +76,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("M07", "state/ledger.py", '{"event_id": f"{e.trial_id}:{e.scoped_rule}:{e.step}",',
            '{"event_id": f"{e.trial_id}:{e.scoped_rule}:{e.step}:{time.time_ns()}",',
            "non-deterministic health-event ids (re-runs duplicate events)", (LEDGER,)),
-    Mutant("M08", "state/ledger.py", 'self.db["trials"].upsert(row, pk="trial_id", alter=True)',
-           'self.db["trials"].insert(row, pk="trial_id", alter=True, replace=True)',
+    Mutant("M08", "state/ledger.py", 'self.db.table("trials").upsert(row, pk="trial_id", alter=True)',
+           'self.db.table("trials").insert(row, pk="trial_id", alter=True, replace=True)',
            "upsert_trial as insert-or-replace (collect wipes handle, seq, trial dir, start time)", (LEDGER,)),
     Mutant("M09", "trial_runner/verl/logs.py", r'_RAY_PREFIX_RE = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")',
            r'_RAY_PREFIX_RE = re.compile(r"^\s*\(pid=\d+\)\s*")',
@@ -89,8 +91,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("M12", "tools/collect.py", "if status is not TrialStatus.COMPLETED or early:",
            "if status is not TrialStatus.COMPLETED:", "an early-stopped trial reports its partial score as a result",
            (EARLY_STOP,)),
-    Mutant("M13", "nodes/health_monitor.py", 'stops = [e for e in events if e.severity == "stop"]',
-           "stops = list(events)", "a warning stops the trial (persistence ignored)", (EARLY_STOP,)),
+    Mutant("M13", "nodes/health_monitor.py", 'stops: list[HealthEvent] = [e for e in events if e.severity == "stop"]',
+           "stops: list[HealthEvent] = list(events)", "a warning stops the trial (persistence ignored)", (EARLY_STOP,)),
     Mutant("M14", "state/health.py", 'severity = "stop" if persisted >= window else "warn"',
            'severity = "stop" if persisted >= 1 else "warn"', "persistence window ignored by the rules", (RULES,)),
     Mutant("M15", "state/health.py",
@@ -107,17 +109,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "or peak <= 1.1 * limit_gb)", "feasibility tolerates 10% over the limit", (MEMORY, STATE)),
     Mutant("M19", "state/objectives.py", "    if horizon >= last:\n        return first, last",
            "    if horizon >= last:\n        return first - 1, last", "throughput window includes update 2", (STATE,)),
-    Mutant("M20", "tools/collect.py",
-           "if incumbent is None or incumbent.objective(stage) is None or done.objective(stage) > "
-           "incumbent.objective(stage):",
-           "if incumbent is None or incumbent.objective(stage) is None or done.objective(stage) < "
-           "incumbent.objective(stage):", "the worse candidate replaces the best", (SESSION, MEMORY)),
+    Mutant("M20", "nodes/stages/_base.py",
+           "                    record.objective(stage) > incumbent.objective(stage):",
+           "                    record.objective(stage) < incumbent.objective(stage):", "the worse candidate replaces the best", (SESSION, MEMORY)),
     Mutant("M21", "state/ledger.py", '        if seq is not None:\n            row["seq"] = seq',
            '        row["seq"] = seq', "a later upsert clears the trial's seq", (LEDGER,)),
-    Mutant("M22", "state/ledger.py", 'self.db["metrics"].upsert_all(rows, pk=("trial_id", "step", "key"))',
-           'self.db["metrics"].insert_all(rows, pk=("trial_id", "step", "key"), ignore=True)',
+    Mutant("M22", "state/ledger.py", 'self.db.table("metrics").upsert_all(rows, pk=("trial_id", "step", "key"))',
+           'self.db.table("metrics").insert_all(rows, pk=("trial_id", "step", "key"), ignore=True)',
            "re-read metrics keep their first value", (LEDGER,)),
-    Mutant("M23", "state/ledger.py", 'self.db["proposals"].upsert_all([', 'self.db["proposals"].insert_all([',
+    Mutant("M23", "state/ledger.py", 'self.db.table("proposals").upsert_all([', 'self.db.table("proposals").insert_all([',
            "a re-run proposer fails on its own proposals", (LEDGER,)),
     Mutant("M24", "trial_runner/verl/logs.py", 'return m.group(1).split(",")[0].strip() if m else text',
            "return m.group(1).strip() if m else text", "tensor(0.5, device=...) is not a number", (VERL_LOGS,)),
@@ -128,7 +128,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("M26", "trial_runner/verl/logs.py", "if returncode == 0 and (horizon is None or done >= horizon):",
            "if returncode == 0:", "exit 0 short of the horizon counts as completed", (VERL_LOGS,)),
     Mutant("M27", "tools/watch.py",
-           "ledger.add_metrics(handle.trial_id, tail.read_new())  # lines written just before the end",
+           "ledger.add_metrics(tid, f.tail.read_new())  # lines written just before the end",
            "pass", "watch drops the lines written just before the end", (EARLY_STOP, MEMORY, LAUNCH)),
     Mutant("M28", "tools/launch.py",
            '    ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))\n',
@@ -159,6 +159,28 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MA4", "nodes/agents/rules.py", "return score * 0.3, f\"{why} (agent {agent} is healthy",
            "return score, f\"{why} (agent {agent} is healthy",
            "the proposer moves a healthy agent's knobs as readily as the sick one's", (MA_AGENTS,)),
+    # -- issue 28: memory margin, health, parallel trials (the lead's) ------------------------------------
+    Mutant("MP1", "nodes/agents/job_model.py", "gaps = self.phase_gaps(self._components(raw))",
+           "gaps = {p: 0.0 * v for p, v in self.phase_gaps(self._components(raw)).items()}",
+           "the search proposes up to the limit itself (no safety gap)", (PROMISES,)),
+    Mutant("MP2", "nodes/agents/job_model.py", "measured = max(o.peak_gb or 0.0, self.C if o.oom else 0.0)",
+           "measured = max(o.peak_gb or 0.0, 0.0)", "an OOM is no miss of the predicted peak", (PROMISES,)),
+    Mutant("MP3", "nodes/runtime.py",
+           "if job is not None and cap is not None and job.hardware.memory_gb != cap:", "if False:",
+           "the job model ignores --memory-capacity-gb", (PROMISES,)),
+    Mutant("MP4", "nodes/health_monitor.py", 'if final or not stops or record.kind == "baseline":',
+           'if final or not stops or record.kind in ("baseline", "confirm"):',
+           "a collapsing re-evaluation is never stopped", (PROMISES,)),
+    Mutant("MP5", "state/health.py", "_team_stalled_since(records, run[0][0])",
+           "_team_stalled_since(records, run[-1][0])", "'harmful' measured from the newest step", (PROMISES,)),
+    Mutant("MP6", "nodes/health_monitor.py", "num_rounds=_int_or_none(record.config.get(NUM_ROUNDS))",
+           "num_rounds=None", "a one-round debate warns of stale rounds", (PROMISES,)),
+    Mutant("MP7", "trial_runner/verl/runner.py",
+           '            **({"CUDA_VISIBLE_DEVICES": spec.devices} if spec.devices else {}),',
+           "", "two parallel verl trials share the machine's GPUs", (PARALLEL_GPUS,)),
+    Mutant("MP8", "tools/launch.py", "    free_slots = sorted(set(range(services.trial_slots())) - {r.slot for r in running.values()})",
+           "    free_slots = sorted(set(range(services.trial_slots())))", "two running trials hold one slot",
+           (PARALLEL_GPUS, "tests/graph/test_parallel_session.py")),
 )
 
 
