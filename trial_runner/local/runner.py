@@ -17,7 +17,13 @@ from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
 from mart.trial_runner.metrics import MetricsTail
-from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup, find_launched
+from mart.trial_runner.process import (
+    LAUNCH_TOKEN_ENV,
+    SAFE_PATH_ENV,
+    ProcessGroup,
+    find_launched,
+    python_command,
+)
 
 CONFIG_FILE = "config.json"
 
@@ -53,7 +59,7 @@ class LocalRunner(TrialRunner):
 
     def build_command(self, spec: TrialSpec) -> list[str]:
         """The worker's argv (the Ray runner reuses it); ``config.json`` is expected in the trial dir."""
-        argv = [self.python, "-m", "mart.trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
+        argv = [*python_command(self.python), "-m", "mart.trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
                 "--config", str(Path(spec.trial_dir) / CONFIG_FILE), "--seed", str(spec.seed)]
         capacity = spec.memory_capacity_gb if spec.memory_capacity_gb is not None else self.memory_capacity_gb
         if capacity is not None:
@@ -69,7 +75,7 @@ class LocalRunner(TrialRunner):
 
         ``PYTHONSAFEPATH``: ``python -m`` would put the current directory first on the path, so a stray
         ``numpy.py`` there would run inside the trial (Python 3.11+; older versions ignore it)."""
-        return {"PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"}
+        return {"PYTHONUNBUFFERED": "1", **SAFE_PATH_ENV}
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
         self._reap()

@@ -8,6 +8,7 @@ Per trial directory ``D`` and attempt ``k`` (1, 2, ... for relaunches of the sam
     D/attempt-k/exit.json       exit code, written by ``mart.trial_runner.verl.supervise``
     D/attempt-k/gpu_peaks.json  peak GPU memory sampled over the run (NVML; only with GPUs)
     D/attempt-k/hydra/          Hydra's run dir (``hydra.run.dir``)
+    D/attempt-k/cwd-XXXXXXXX/   the attempt's working directory, new and empty at launch (``process.private_workdir``)
     D/checkpoints/              ``trainer.default_local_dir`` unless the config sets one
     D/trial.log                 stdout+stderr of every attempt, appended (``handle.extra["log_offset"]``)
     D/status.json               written by this runner once the attempt ends (verl does not write one)
@@ -23,7 +24,6 @@ import json
 import math
 import os
 import shlex
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +36,13 @@ from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
-from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup, find_launched
+from mart.trial_runner.process import (
+    LAUNCH_TOKEN_ENV,
+    ProcessGroup,
+    find_launched,
+    private_workdir,
+    python_command,
+)
 from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
 from mart.trial_runner.watchdog import Progress, WatchdogConfig
@@ -85,8 +91,8 @@ def branch_resume_path(path: str, step: int) -> str:
 def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | None = None) -> list[str]:
     """``--verl-entrypoint`` as argv: shlex-split, ``python`` -> this interpreter, relative script paths absolute.
 
-    Relative paths are resolved against the current directory now, because trials run with their own
-    directory as the working directory.
+    Relative paths are resolved against the current directory now, because trials run in a working
+    directory of their own.
     """
     if entrypoint is None:
         argv = list(DEFAULT_ENTRYPOINT)
@@ -97,7 +103,7 @@ def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | No
     if not argv:
         raise ConfigError("the verl entrypoint is empty.")
     if argv[0] in ("python", "python3"):
-        argv[0] = python or sys.executable
+        argv[:1] = python_command(python)  # absolute, and -P when it is this interpreter
     for i, tok in enumerate(argv):
         if i and not tok.startswith("-") and not os.path.isabs(tok) and os.path.isfile(tok):
             argv[i] = os.path.abspath(tok)
@@ -308,7 +314,10 @@ class VerlRunner(TrialRunner):
         }
 
     def launch_cwd(self, spec: TrialSpec) -> str:
-        return str(Path(spec.trial_dir).resolve())
+        """The attempt's working directory: a new empty one (``process.private_workdir``), never the trial
+        directory, whose contents a run folder may have put there (``python -m`` and Ray import from it)."""
+        k = self.attempt(spec)
+        return str(private_workdir(Path(spec.trial_dir).resolve() / f"attempt-{k}"))
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -378,10 +387,11 @@ class VerlRunner(TrialRunner):
         adir = trial_dir / f"attempt-{k}"
         for stale in ("exit.json", "gpu_peaks.json"):
             (adir / stale).unlink(missing_ok=True)
-        launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "at": time.time()}
+        cwd = str(private_workdir(adir))  # see launch_cwd
+        launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "cwd": cwd, "at": time.time()}
         (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
         (trial_dir / "status.json").unlink(missing_ok=True)
-        sup = [sys.executable, "-m", "mart.trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
+        sup = [*python_command(), "-m", "mart.trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
         if self.sample_gpu:
             sup += ["--gpu-peaks-file", str(adir / "gpu_peaks.json")]
         log_path = trial_dir / LOG_FILE
@@ -390,7 +400,7 @@ class VerlRunner(TrialRunner):
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
             env = trial_env({**env_add, **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
-            group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=trial_dir, env=env, output=log)
+            group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=cwd, env=env, output=log)
         launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
         (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
         handle = TrialHandle(
