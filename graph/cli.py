@@ -119,12 +119,17 @@ BACKEND_AGAIN = typer.Option(
     [], "--backend", help="Allow this plugin backend spec (package.module:factory) stored in the run: a run folder "
                           "is untrusted, so code it names runs only when given again; repeatable.")
 ENTRYPOINT_AGAIN = typer.Option(None, "--verl-entrypoint", help="Allow this launch command stored in the run.")
+LLM_URL_AGAIN = typer.Option(None, "--llm-base-url", help="Allow the LLM agents' endpoint stored in the run (it "
+                                                          "gets your API key); also $OPENAI_BASE_URL.")
+RAY_ADDRESS_AGAIN = typer.Option(None, "--ray-address", help="Allow the Ray cluster stored in the run (it gets "
+                                                             "your RAY_AUTH_TOKEN); also $RAY_ADDRESS.")
 TRUST_RUN = typer.Option(False, "--trust-run", help="Run whatever backend and commands the run folder names "
                                                     "(only for folders you wrote).")
 
 
-def _allowed(backends: list[str], entrypoint: str | None) -> set[str]:
-    return {*backends, *([entrypoint] if entrypoint else [])}
+def _allowed(backends: list[str], *named: str | None) -> set[str]:
+    """What the user names again for a stored run: plugin specs, a launch command, endpoints."""
+    return {*backends, *(x for x in named if x)}
 
 
 def _api_key(path: Path | None) -> str | None:
@@ -324,6 +329,8 @@ def resume(
         None, help="File holding the API key for LLM agents (default $OPENAI_API_KEY); never on the command line."),
     backend: list[str] = BACKEND_AGAIN,
     verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    llm_base_url: Optional[str] = LLM_URL_AGAIN,
+    ray_address: Optional[str] = RAY_ADDRESS_AGAIN,
     trust_run: bool = TRUST_RUN,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     as_json: bool = JSON,
@@ -338,7 +345,8 @@ def resume(
         approve = "tty"  # a detached run resumed at a terminal: its pending review is asked here
     try:
         summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file), approve="none" if detach else approve,
-                             quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
+                             quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address),
+                             trust=trust_run)
     except (RunError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt as e:
@@ -386,6 +394,8 @@ def review(
         None, "--interrupt", help="Answer only if this interrupt id (from `mart status --json`) is pending."),
     backend: list[str] = BACKEND_AGAIN,
     verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    llm_base_url: Optional[str] = LLM_URL_AGAIN,
+    ray_address: Optional[str] = RAY_ADDRESS_AGAIN,
     trust_run: bool = TRUST_RUN,
     detach: bool = typer.Option(False, "--detach", help="After answering, exit again at the next review."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -468,7 +478,7 @@ def review(
             channel = None if detach else tty
         summary = run_resume(run, runs_dir, decision=decision, interrupt_id=interrupt_id, reviewer=channel,
                              approve="none" if detach else None, quiet=quiet or None,
-                             allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
+                             allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address), trust=trust_run)
     except (RunError, ConfigError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt as e:
@@ -744,8 +754,9 @@ def slack_serve(
                                                                "also $MART_SLACK_REVIEWERS, comma-separated)."),
     api_url: Optional[str] = typer.Option(None, help="Slack Web API base URL (default $MART_SLACK_API_URL)."),
     allow_backend: list[str] = typer.Option(
-        [], "--allow-backend", help="Plugin backend spec or launch command the runs may name (repeatable; also "
-                                    "$MART_ALLOWED_BACKENDS); builtin backends need none."),
+        [], "--allow-backend", help="Plugin backend spec, launch command or endpoint (LLM base URL, Ray address) "
+                                    "the runs may name (repeatable; also $MART_ALLOWED_BACKENDS); builtin backends "
+                                    "need none."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each decision (never secrets or headers)."),
 ) -> None:
     """Receive Slack's Approve / Edit / Reject clicks: Socket Mode (default) or HTTP (request URL:
