@@ -145,6 +145,13 @@ def _api_key(path: Path | None) -> str | None:
     return key[0].strip()
 
 
+def _os_cause(e: BaseException) -> str:
+    """``FILE: cause`` of an OSError (or any error) on one line."""
+    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    where = getattr(e, "filename", None)
+    return " ".join((f"{where}: {detail}" if where else f"{type(e).__name__}: {detail}").split())
+
+
 def _io_fail(e: BaseException) -> None:
     """A file-system or database failure (disk full, read-only, run folder deleted) as one line."""
     detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
@@ -602,9 +609,11 @@ def report(
         store = RunStore.open(run, runs_dir, contained=False)  # reads the run, writes only its report
         run_dir = store.run_dir
         store.close()
+        path = write_report(run_dir, fmt, out)
     except RunError as e:
         _fail(str(e))
-    path = write_report(run_dir, fmt, out)
+    except (OSError, sqlite3.Error) as e:  # a full disk, a read-only folder, a planted link: nothing half-written
+        _fail(f"cannot write the report: {_os_cause(e)}", 1)
     typer.echo(str(path))
 
 

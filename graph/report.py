@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from mart.state.files import ensure_dir, write_atomic
 from mart.state.ledger import DB_FILE
 from mart.state.units import fmt_gb
 
@@ -74,9 +75,12 @@ def _loads(text: str | None, default: Any) -> Any:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Read a run's ledger (read-only, so a report works on a run that is still going or on read-only media)."""
+    from mart.state.run_store import RunStore
+
     db = Path(run_dir) / DB_FILE
     if not db.is_file():
         raise FileNotFoundError(f"{run_dir}: no {DB_FILE} (is this a mart run folder?)")
+    RunStore.open(run_dir, Path(run_dir).parent, readonly=True).close()  # NotAMartRun: not a run's ledger
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
 
@@ -287,6 +291,8 @@ def _drop_empty(fig: Any, axes: Any, drawn: tuple[bool, ...]) -> bool:
 
 
 def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Path | None:
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,8 +303,10 @@ def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Pa
         if draw(fig) is False:
             return None
         fig.tight_layout()
-        fig.savefig(path)
-        return path
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        # the run folder is untrusted: a PNG planted as a link is replaced, never written through
+        return write_atomic(path.parent, path.name, png.getvalue())
     finally:
         plt.close(fig)
 
@@ -312,7 +320,7 @@ def curve_panels(data: RunData) -> list[str]:
 
 def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
     """Write the report's PNGs into ``out_dir``; returns those that had data, by name."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out_dir.parent, out_dir.name)  # a real folder, not a link planted in the run folder
     figs: dict[str, Path | None] = {}
     system, learning = data.stage_trials("system"), data.stage_trials("learning")
 
@@ -697,7 +705,4 @@ def write_report(run_dir: str | Path, fmt: str = "html", out: str | Path | None 
     data.figures = draw_figures(data, run_dir / REPORT_DIR)
     path = Path(out) if out else run_dir / f"report.{fmt}"
     text = render_html(data) if fmt == "html" else render_markdown(data)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # a reader never sees half a page
-    return path
+    return write_atomic(path.parent, path.name, text)  # a reader never sees half a page; no link followed

@@ -153,9 +153,15 @@ class RunStore:
         return SqliteSaver(conn, serde=make_serde())
 
     def trial_dir(self, trial_id: str) -> Path:
-        path = self.run_dir / "trials" / trial_id
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        """The trial's folder, made when missing; a folder the run holds as a link (elsewhere) is refused, so
+        that nothing a trial writes lands outside the run."""
+        from mart.state.files import UnsafePath, ensure_dir
+
+        try:
+            return ensure_dir(self.run_dir, Path("trials") / trial_id)
+        except UnsafePath as e:
+            raise RunError(f"{e.filename} is a symbolic link or not a folder: refusing to use it as a trial "
+                           "folder (remove it if you did not make it)") from None
 
     # -- one writer per run -----------------------------------------------------------------------
     @contextmanager

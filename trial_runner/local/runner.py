@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from mart.state.files import open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
@@ -53,9 +54,7 @@ class LocalRunner(TrialRunner):
         config = dict(spec.config)
         config["trainer.total_training_steps"] = spec.steps
         config["seed"] = spec.seed
-        path = trial_dir / CONFIG_FILE
-        path.write_text(json.dumps(config, indent=1, sort_keys=True))
-        return path
+        return write_atomic(trial_dir, CONFIG_FILE, json.dumps(config, indent=1, sort_keys=True))
 
     def build_command(self, spec: TrialSpec) -> list[str]:
         """The worker's argv (the Ray runner reuses it); ``config.json`` is expected in the trial dir."""
@@ -85,7 +84,7 @@ class LocalRunner(TrialRunner):
             (trial_dir / stale).unlink(missing_ok=True)
         self._tails.pop(str(trial_dir), None)
         env = trial_env({**self.build_env(spec), **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
-        with open(trial_dir / LOG_FILE, "wb") as log:
+        with open_in(trial_dir, LOG_FILE, "wb") as log:
             group = ProcessGroup.spawn(self.build_command(spec), env=env, output=log)
         self._groups[group.pid] = group
         return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mart.state.files import open_in, write_atomic
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
@@ -389,20 +390,20 @@ class VerlRunner(TrialRunner):
             (adir / stale).unlink(missing_ok=True)
         cwd = str(private_workdir(adir))  # see launch_cwd
         launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "cwd": cwd, "at": time.time()}
-        (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
+        write_atomic(trial_dir, adir / "launch.json", json.dumps(launch_info, indent=1))
         (trial_dir / "status.json").unlink(missing_ok=True)
         sup = [*python_command(), "-m", "mart.trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
         if self.sample_gpu:
             sup += ["--gpu-peaks-file", str(adir / "gpu_peaks.json")]
         log_path = trial_dir / LOG_FILE
-        with open(log_path, "ab") as log:
+        with open_in(trial_dir, log_path, "ab") as log:
             log_offset = log.tell()
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
             env = trial_env({**env_add, **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
             group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=cwd, env=env, output=log)
         launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
-        (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
+        write_atomic(trial_dir, adir / "launch.json", json.dumps(launch_info, indent=1))
         handle = TrialHandle(
             trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
             pid_create_time=group.created, started_at=launch_info["at"],
@@ -546,8 +547,8 @@ class VerlRunner(TrialRunner):
             return None
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
         try:
-            (adir / "cleanup.json").write_text(json.dumps(found, indent=1))
-            with open(Path(handle.trial_dir) / LOG_FILE, "a") as log:
+            write_atomic(adir, "cleanup.json", json.dumps(found, indent=1))
+            with open_in(handle.trial_dir, LOG_FILE, "a") as log:
                 log.write(f"=== mart: {summary(found)}\n")
         except OSError:
             pass
