@@ -171,9 +171,23 @@ def _print_json(data) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
 
+def _plain_tree(value):
+    """Every string in a summary (run ids, notes, configs from the ledger) without terminal controls."""
+    from mart.state.text import plain
+
+    if isinstance(value, str):
+        return plain(value)
+    if isinstance(value, dict):
+        return {_plain_tree(k): _plain_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_tree(v) for v in value]
+    return value
+
+
 def _print_summary(summary: dict) -> None:
     from rich.table import Table
 
+    summary = _plain_tree(summary)
     console = _console()
     if summary.get("status") == "paused":
         from mart.graph.reviewers.base import format_request
@@ -501,6 +515,7 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     from mart.graph.run_status import run_status
     from mart.state.ledger import DB_FILE
     from mart.state.run_store import RunError, RunStore
+    from mart.state.text import one_line
 
     if runs_dir.exists() and not runs_dir.is_dir():
         _fail(f"--runs-dir {runs_dir} is not a directory")
@@ -522,17 +537,18 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     if not infos:
         typer.echo(f"no {'pending reviews' if pending_only else 'runs'} in {runs_dir}")
         return
-    table = Table(title=f"runs in {runs_dir}")
+    table = Table(title=one_line(f"runs in {runs_dir}"))
     for col in ("run", "status", "stage", "trials", "pending review", "answer with"):
         table.add_column(col)
     for i in infos:
         req = i["pending_review"]
-        table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
-                      i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
-                      _review_cell(req) if req else "-",
-                      f"mart review {i['run_id']}" if req else
-                      f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
-                      else "")
+        cells = (i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
+                 i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
+                 _review_cell(req) if req else "-",
+                 f"mart review {i['run_id']}" if req else
+                 f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
+                 else "")
+        table.add_row(*map(one_line, cells))  # run folders are foreign: no terminal controls
     _console().print(table)
 
 
@@ -557,6 +573,7 @@ def status(
     from mart.graph.reviewers.base import format_request
     from mart.graph.run_status import run_status
     from mart.state.run_store import RunError, RunStore
+    from mart.state.text import one_line
 
     if run is None:
         _list_runs(runs_dir, pending, as_json)
@@ -572,21 +589,23 @@ def status(
     if as_json:
         _print_json(info)
         return
-    typer.echo(f"run {info['run_id']}: {info['status']}"
+    # every line below shows text from the run folder (foreign): without terminal controls
+    typer.echo(one_line(f"run {info['run_id']}: {info['status']}"
                + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
                + (f", stage {info['stage']}" if info["stage"] else "")
-               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none"))
+               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none")))
     running = info.get("running_trials") or ([info["running_trial"]] if info.get("running_trial") else [])
     for t in running:  # every trial in flight (several with --parallel)
         slot = f", slot {t['slot'] + 1}" if t.get("slot") is not None and (info.get("slots") or 1) > 1 else ""
-        typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {t['steps_done']}/{t['horizon']} steps")
+        typer.echo(one_line(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): "
+                            f"{t['steps_done']}/{t['horizon']} steps"))
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:
-        typer.echo(f"error: {info['error']}")
+        typer.echo(one_line(f"error: {info['error']}"))
     report = store.run_dir / "report.html"
     if report.is_file():
-        typer.echo(f"report: {report}")
+        typer.echo(one_line(f"report: {report}"))
 
 
 @app.command()
@@ -719,6 +738,7 @@ def trials(
 
     from mart.graph.figures import knob_text
     from mart.state.run_store import RunError, RunStore
+    from mart.state.text import one_line
 
     try:
         store = RunStore.open(run, runs_dir, readonly=True)
@@ -731,7 +751,7 @@ def trials(
     if as_json:
         _print_json(rows)
         return
-    table = Table(title=f"trials of {store.run_id}")
+    table = Table(title=f"trials of {one_line(store.run_id)}")
     for col in ("trial", "stage", "kind", "status", "steps", "tok/s", "peak GB", "score", "changes / reason"):
         table.add_column(col)
     for r in rows:
@@ -740,9 +760,10 @@ def trials(
         changes = knob_text(r.get("overrides"))
         if r.get("parent_trial"):  # a schedule branch: from its parent's checkpoint
             changes = f"{changes or 'unchanged'} (from {r['parent_trial']} @ {r.get('parent_step')})"
-        table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
-                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".3g"),
-                      f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
+        cells = (r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
+                 str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".3g"),
+                 f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
+        table.add_row(*map(one_line, cells))  # ledger text is foreign: no terminal controls
     _console().print(table)
 
 

@@ -152,9 +152,14 @@ def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None
     """The console line of a progress event (typed, or its JSON form from the custom stream)."""
     if isinstance(event, dict):
         event = parse_event(event)
-    # every text in an event is foreign (trial logs, LLM output, feedback, paths): escaped, so that
-    # "[/data/x]" prints as itself instead of being read as rich markup (or crashing its parser)
-    foreign = {k: escape(v) for k, v in event if isinstance(v, str)}
+    # every text in an event is foreign (trial logs, LLM output, feedback, paths): one line without terminal
+    # controls (mart.state.text.one_line), and escaped, so that "[/data/x]" prints as itself instead of being
+    # read as rich markup (or crashing its parser)
+    from mart.state.text import one_line
+
+    foreign = {k: escape(one_line(v)) for k, v in event if isinstance(v, str)}
+    foreign.update({k: [escape(one_line(x)) if isinstance(x, str) else x for x in v]
+                    for k, v in event if isinstance(v, list)})
     return FORMATTERS[type(event)](event.model_copy(update=foreign))
 
 
