@@ -85,8 +85,9 @@ def import_verl(
 ) -> None:
     """Turn a verl run script into a base config (YAML) for --base-config; says what it could not resolve.
 
-    Reads line continuations, quotes, $VAR / ${VAR:-default} from the script's assignments and the
-    environment, "$@" and list values; it never runs the script.
+    Reads line continuations, quotes, bash arrays ("${DATA[@]}"), $VAR / ${VAR:-default} from the script's
+    own assignments, "$@" and list values; it never runs the script, and never copies a value of your
+    environment ($HOME stays ${oc.env:HOME}, resolved by verl).
     """
     from mart.state.search_space import ConfigError
     from mart.trial_runner.verl.script import import_run_script_file, to_yaml
@@ -95,8 +96,12 @@ def import_verl(
         imported = import_run_script_file(script)
     except ConfigError as e:
         _fail(str(e))
+    if not imported.overrides:  # nothing to tune from: say why instead of writing an empty config
+        typer.echo(imported.report(), err=True)
+        _fail(f"{script}: the verl command on line {imported.line} yields 0 overrides; nothing written", 1)
     header = f"# mart base config imported from {script.name} (mart import-verl)\n"
     header += "".join(f"# NOT RESOLVED (left out): {u}\n" for u in imported.unresolved)
+    header += "".join(f"# NOTE: {n}\n" for n in imported.notes)
     if imported.python_hint():
         header += f"# {imported.python_hint()}\n"
     text = to_yaml(imported.overrides, header)

@@ -40,18 +40,20 @@ PID_REUSE_TOLERANCE_S = 1.0
 SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
 
 
-def python_command(python: str | None = None) -> list[str]:
-    """An interpreter command that imports nothing from its working directory: the interpreter as an absolute
-    path (``python`` is looked up now, not by the child), and ``-P`` (Python 3.11+) when it is this one.
+def python_command(python: str | None = None, *, safe_path: bool = True) -> list[str]:
+    """An interpreter command: the interpreter as an absolute path (``python`` is looked up now, not by the
+    child), and with ``safe_path`` ``-P`` (Python 3.11+) when it is this one, so that ``-m`` imports nothing
+    from the working directory.
 
     A run folder is untrusted input, and ``python -m pkg`` puts its working directory first on ``sys.path``: a
-    ``pkg/`` lying there would be imported instead of the installed package.
+    ``pkg/`` lying there would be imported instead of the installed package. (``-P`` also keeps a script's
+    own folder off the path: a user's ``python train.py`` keeps it, with ``safe_path=False``.)
     """
     exe = python or sys.executable
     if not os.path.isabs(exe):
         exe = shutil.which(exe) or exe
     same = os.path.realpath(exe) == os.path.realpath(sys.executable)
-    return [exe, "-P"] if same and sys.version_info >= (3, 11) else [exe]
+    return [exe, "-P"] if safe_path and same and sys.version_info >= (3, 11) else [exe]
 
 
 def private_workdir(parent: str | os.PathLike) -> Path:

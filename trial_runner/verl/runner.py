@@ -104,7 +104,8 @@ def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | No
     if not argv:
         raise ConfigError("the verl entrypoint is empty.")
     if argv[0] in ("python", "python3"):
-        argv[:1] = python_command(python)  # absolute, and -P when it is this interpreter
+        # absolute; a user's script keeps its own folder on sys.path (the working directory is mart's own: launch)
+        argv[:1] = python_command(python, safe_path=False)
     for i, tok in enumerate(argv):
         if i and not tok.startswith("-") and not os.path.isabs(tok) and os.path.isfile(tok):
             argv[i] = os.path.abspath(tok)
