@@ -120,3 +120,57 @@ def test_c1_controls_are_dropped_for_the_terminal_and_slack():
     for shown in (text, blob):
         assert not {c for c in shown if 0x80 <= ord(c) < 0xA0}, shown
     assert "why2J" in text
+
+
+# -- issue 26 item 3, issue 28: the exported schedule script runs exactly the launches, nothing else ----------
+def _completed_schedule_run(tmp_path, run_id: str, segments: list, fixed: dict) -> str:
+    from mart.state.run_store import RunStore
+
+    store = RunStore.create(tmp_path, "r1", options={"start_overrides": fixed})
+    summary = {"run_id": run_id, "status": "completed", "system": {"best_config": {}}, "learning": {},
+               "schedule": {"segments": segments, "final_score": 0.5, "static_best_score": 0.4, "gain": 0.1}}
+    store.ledger.upsert_run("r1", status="completed", summary=summary)
+    store.close()
+    return "r1"
+
+
+def _run_script(tmp_path, text: str) -> list[list[str]]:
+    import subprocess
+    import sys
+
+    script = tmp_path / "schedule.sh"
+    script.write_text(text)
+    rec = tmp_path / "rec.py"
+    log = tmp_path / "launches.jsonl"
+    rec.write_text(f"import json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "VERL_CMD": f"{sys.executable} {rec}"})
+    assert out.returncode == 0, out.stderr
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_schedule_script_quotes_every_stored_field(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}); `touch {marker}` ' \" \\ \n touch {marker}"
+    segments = [{"from_step": 0, "to_step": 2, "overrides": {"actor.optim.lr": evil}, "changes": {}},
+                {"from_step": 2, "to_step": 4, "overrides": {"actor.optim.lr": 1e-6, "x.y": "a b"}, "changes": {}}]
+    run = _completed_schedule_run(tmp_path / "runs", f"r1\ntouch {marker}\n#", segments, {"k.z": "it's"})
+    out = cli("export", run, "--runs-dir", str(tmp_path / "runs"), "--schedule", "--format", "sh",
+              "--checkpoint-dir", f"ck dir/$(touch {marker})")
+    assert out.exit_code == 0, out.stderr
+    launches = _run_script(tmp_path, out.stdout)
+    assert not marker.exists()
+    assert len(launches) == 2
+    lr = [a for a in launches[0] if a.lstrip("+").startswith("actor.optim.lr=")]
+    assert len(lr) == 1 and "touch" in lr[0] and "\n" in lr[0]  # the value arrived whole, as one argument
+    assert {"x.y=a b", "x.y='a b'", "+x.y='a b'", "+x.y=a b"} & set(launches[1])
+    assert any(a.startswith("trainer.default_local_dir=ck dir/$(touch") for a in launches[0])
+
+
+def test_schedule_script_refuses_step_bounds_that_are_not_numbers(tmp_path):
+    marker = tmp_path / "pwned"
+    segments = [{"from_step": 0, "to_step": f"2\ntouch {marker}", "overrides": {}, "changes": {}}]
+    run = _completed_schedule_run(tmp_path / "runs", "r1", segments, {})
+    out = cli("export", run, "--runs-dir", str(tmp_path / "runs"), "--schedule", "--format", "sh")
+    assert out.exit_code == 2 and "to_step" in out.stderr and out.stdout == ""
+    assert not marker.exists()
