@@ -20,6 +20,53 @@ app = typer.Typer(
 )
 
 
+def _os_cause(e: BaseException) -> str:
+    """``FILE: cause`` of an OSError (or any error) on one line."""
+    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    where = getattr(e, "filename", None)
+    return " ".join((f"{where}: {detail}" if where else f"{type(e).__name__}: {detail}").split())
+
+
+def _io_fail(e: BaseException) -> None:
+    """A file-system or database failure (disk full, read-only, run folder deleted) as one line."""
+    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    where = getattr(e, "filename", None)
+    _fail(f"{type(e).__name__}: {detail}" + (f": {where}" if where else "")
+          + "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`", 1)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _one_line_errors(command):
+    """A command whose stored state cannot be read (a damaged or foreign run folder: unparseable options,
+    poisoned checkpoints, a damaged SQLite page) ends in one ``error:`` line naming the run and the cause, exit
+    1, instead of a traceback; ``MART_DEBUG=1`` shows the traceback. Errors a command reports itself pass."""
+    import functools
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs):
+        import os
+
+        import click
+
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
+                KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            if os.environ.get("MART_DEBUG"):
+                raise
+            what = kwargs.get("run") or kwargs.get("script")
+            _fail(f"{f'{what}: ' if what else ''}{_os_cause(e)[:400]} (stored state mart cannot read: a damaged "
+                  "or foreign file? `mart trials` / `mart export` read what they can; MART_DEBUG=1 shows where)", 1)
+
+    return run_command
+
+
 def _backend_options(items: list[str]) -> dict:
     from mart.state.config_values import parse_assignments
 
@@ -79,6 +126,7 @@ def trial(
 
 
 @app.command("import-verl")
+@_one_line_errors
 def import_verl(
     script: Path = typer.Argument(..., help="A verl run script (bash) with `python3 -m verl.trainer.main_ppo key=value ...`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the base config here (default: stdout)."),
@@ -148,26 +196,6 @@ def _api_key(path: Path | None) -> str | None:
     if not key or not key[0].strip():
         _fail(f"--llm-api-key-file {path}: the file is empty")
     return key[0].strip()
-
-
-def _os_cause(e: BaseException) -> str:
-    """``FILE: cause`` of an OSError (or any error) on one line."""
-    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    where = getattr(e, "filename", None)
-    return " ".join((f"{where}: {detail}" if where else f"{type(e).__name__}: {detail}").split())
-
-
-def _io_fail(e: BaseException) -> None:
-    """A file-system or database failure (disk full, read-only, run folder deleted) as one line."""
-    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    where = getattr(e, "filename", None)
-    _fail(f"{type(e).__name__}: {detail}" + (f": {where}" if where else "")
-          + "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`", 1)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _print_json(data) -> None:
@@ -268,6 +296,7 @@ TUNE_FLAG_ALIASES = {
 
 
 @app.command()
+@_one_line_errors
 @model_options(TuneOptions, exclude=["backend_options", "start_overrides"], aliases=TUNE_FLAG_ALIASES, into="fields")
 def tune(
     # command-line-only flags; every TuneOptions field is added as a flag by @model_options
@@ -346,6 +375,7 @@ def tune(
 
 
 @app.command()
+@_one_line_errors
 def resume(
     run: str = typer.Argument(..., help="Run id (in --runs-dir) or a run directory's path."),
     runs_dir: Path = RUNS_DIR,
@@ -399,6 +429,7 @@ def _stored_approve(run: str, runs_dir: Path) -> str | None:
 
 
 @app.command()
+@_one_line_errors
 def review(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -565,6 +596,7 @@ def _review_cell(req: dict) -> str:
 
 
 @app.command()
+@_one_line_errors
 def status(
     run: Optional[str] = typer.Argument(None, help="Run id or run directory (default: list the runs)."),
     runs_dir: Path = RUNS_DIR,
@@ -614,6 +646,7 @@ def status(
 
 
 @app.command()
+@_one_line_errors
 def report(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -642,6 +675,7 @@ def report(
 
 
 @app.command()
+@_one_line_errors
 def export(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -733,6 +767,7 @@ def knobs(
 
 
 @app.command()
+@_one_line_errors
 def trials(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,

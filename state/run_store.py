@@ -42,6 +42,27 @@ class RunOutsideRunsDir(RunNotFound):
     """A run reference that resolves outside the runs directory (a path elsewhere, ``..``, a symlink)."""
 
 
+class DamagedLedger(RunError):
+    """The run's SQLite file fails its integrity check: mart does not write into it."""
+
+
+def _damage_report(db: Path) -> str | None:
+    """The first problem ``PRAGMA integrity_check`` finds in ``db`` (read-only), or None when it is sound.
+
+    https://www.sqlite.org/pragma.html#pragma_integrity_check
+    """
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+        try:
+            rows = conn.execute("PRAGMA integrity_check(5)").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    problems = [r[0] for r in rows if r and r[0] != "ok"]
+    return "; ".join(problems) if problems else None
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -102,6 +123,7 @@ class RunStore:
         Raises:
             RunNotFound: no such run; RunOutsideRunsDir: a path outside ``runs_dir``.
             NotAMartRun: the directory's SQLite file is missing, corrupted or not written by mart.
+            DamagedLedger: opened for writing, and the file fails SQLite's integrity check.
         """
         root = Path(runs_dir).resolve()
         candidates = [Path(ref), Path(runs_dir) / str(ref)]
@@ -129,6 +151,14 @@ class RunStore:
             raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
         if "runs" not in tables or "trials" not in tables or len(rows) != 1:
             raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")
+        if not readonly:  # a write into a damaged file spreads the damage: refuse, say what can still be read
+            damage = _damage_report(db)
+            if damage:
+                raise DamagedLedger(
+                    f"{db} is damaged (SQLite's integrity check: {' '.join(damage.split())[:300]}); mart does not "
+                    f"write into a damaged ledger. What it still holds can be read: `mart trials {rows[0][0]}`, "
+                    f"`mart export {rows[0][0]}` and `mart status {rows[0][0]}` open it read-only; keep a copy of "
+                    "the folder, and `sqlite3 mart.sqlite .recover` rebuilds what SQLite can save")
         return cls(run_dir, rows[0][0], readonly=readonly)
 
     # -- resources --------------------------------------------------------------------------------

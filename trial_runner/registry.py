@@ -137,8 +137,15 @@ def load_backend(spec: str, **options: Any) -> Backend:
     """
     factory = backend_factory(spec)
     check_backend_options(spec, options, factory)
-    backend = factory(**options)
+    target = BUILTIN_BACKENDS.get(spec, spec)
+    if not callable(factory):
+        raise ValueError(f"backend {spec!r}: {target} is not callable (a backend factory returns a Backend)")
+    try:
+        backend = factory(**options)
+    except TypeError as e:  # `os:system` and the like: a callable, but not a factory of keyword options
+        if spec in BUILTIN_BACKENDS:
+            raise
+        raise ValueError(f"backend {spec!r}: {target} cannot be called as a backend factory ({e})") from None
     if not isinstance(backend, Backend):
-        target = BUILTIN_BACKENDS.get(spec, spec)
         raise ValueError(f"backend {spec!r}: {target} returned {type(backend).__name__}, not a trial_runner.base.Backend")
     return backend
