@@ -640,6 +640,10 @@ def status(
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:
         typer.echo(one_line(f"error: {info['error']}"))
+    lost = store.untracked_trials()
+    if lost:  # the ledger is behind its trial folders: what status shows is older than what ran
+        typer.echo(one_line(f"warning: trial folders the ledger does not know: {', '.join(lost)} (mart.sqlite-wal "
+                            "lost after a kill?); `mart resume` refuses this run until that is resolved"))
     report = store.run_dir / "report.html"
     if report.is_file():
         typer.echo(one_line(f"report: {report}"))

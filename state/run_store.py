@@ -46,6 +46,10 @@ class DamagedLedger(RunError):
     """The run's SQLite file fails its integrity check: mart does not write into it."""
 
 
+class LedgerBehind(RunError):
+    """Trial folders hold results the ledger does not know (its newest writes were lost, e.g. with the -wal)."""
+
+
 def _damage_report(db: Path) -> str | None:
     """The first problem ``PRAGMA integrity_check`` finds in ``db`` (read-only), or None when it is sound.
 
@@ -151,15 +155,55 @@ class RunStore:
             raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
         if "runs" not in tables or "trials" not in tables or len(rows) != 1:
             raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")
-        if not readonly:  # a write into a damaged file spreads the damage: refuse, say what can still be read
-            damage = _damage_report(db)
-            if damage:
-                raise DamagedLedger(
-                    f"{db} is damaged (SQLite's integrity check: {' '.join(damage.split())[:300]}); mart does not "
-                    f"write into a damaged ledger. What it still holds can be read: `mart trials {rows[0][0]}`, "
-                    f"`mart export {rows[0][0]}` and `mart status {rows[0][0]}` open it read-only; keep a copy of "
-                    "the folder, and `sqlite3 mart.sqlite .recover` rebuilds what SQLite can save")
-        return cls(run_dir, rows[0][0], readonly=readonly)
+        store = cls(run_dir, rows[0][0], readonly=readonly)
+        if not readonly:
+            store._check_writable(db)
+        return store
+
+    def _check_writable(self, db: Path) -> None:
+        """Refuse to write into a damaged ledger, or one that lost writes its trial folders prove it made."""
+        run_id = self.run_id
+        damage = _damage_report(db)  # a write into a damaged file spreads the damage: refuse, say what can be read
+        if damage:
+            raise DamagedLedger(
+                f"{db} is damaged (SQLite's integrity check: {' '.join(damage.split())[:300]}); mart does not "
+                f"write into a damaged ledger. What it still holds can be read: `mart trials {run_id}`, "
+                f"`mart export {run_id}` and `mart status {run_id}` open it read-only; keep a copy of "
+                "the folder, and `sqlite3 mart.sqlite .recover` rebuilds what SQLite can save")
+        lost = self.untracked_trials()
+        if lost:
+            raise LedgerBehind(
+                f"run {run_id}: trial folders hold results its ledger does not know ({', '.join(lost[:5])}"
+                f"{', ...' if len(lost) > 5 else ''}): the ledger lost its newest writes (mart.sqlite-wal deleted "
+                "or truncated after a kill?), and continuing would run those trials again over their files. "
+                "Put the -wal file back if you have it; the folders keep the trials' own results")
+
+    def untracked_trials(self) -> list[str]:
+        """Trial folders with files in them that the ledger has no row for, each with what it holds.
+
+        ``launch_trial`` writes a trial's row before anything is written into its folder (an empty folder is a
+        kill between the two), so a folder with files but no row means the ledger lost writes it had made.
+        """
+        folder = self.run_dir / "trials"
+        try:
+            present = {p.name: p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()}
+        except OSError:
+            return []
+        if not present:
+            return []
+        conn = connect_readonly(self.db_path)
+        try:
+            known = {r[0] for r in conn.execute("SELECT trial_id FROM trials")}
+        except sqlite3.DatabaseError:
+            return []
+        finally:
+            conn.close()
+        out = []
+        for name in sorted(set(present) - known):
+            files = [p.name for p in present[name].iterdir()] if present[name].is_dir() else []
+            if files:
+                out.append(f"{name} ({'finished' if 'status.json' in files else 'started'})")
+        return out
 
     # -- resources --------------------------------------------------------------------------------
     @property

@@ -122,3 +122,27 @@ def test_report_that_cannot_be_written_ends_in_one_line(tmp_path):
     assert out.exit_code == 1 and out.stderr.startswith("error: cannot write the report:"), out.stderr
     assert "report.html" in out.stderr and out.stderr.count("\n") == 1
     assert not [p for p in (tmp_path / run).iterdir() if p.name.endswith(".tmp")]  # nothing half-written left
+
+
+def test_a_lost_wal_is_detected_and_finished_trials_are_never_overwritten(tmp_path):
+    run = paused_run(tmp_path, system_trials=3)
+    run_dir = tmp_path / run
+    db = run_dir / "mart.sqlite"
+    checkpoint_wal(db)
+    old = db.read_bytes()  # the ledger as it was at review #1
+    out = cli("review", run, "--runs-dir", str(tmp_path), "--approve", "-q")
+    assert out.exit_code == 0, out.stderr
+    finished = [p for p in (run_dir / "trials").iterdir() if p.name.startswith("sys-02")]
+    assert len(finished) == 1 and (finished[0] / "status.json").is_file()
+    files = snapshot(finished[0])
+    # a kill, then the -wal file lost: the database rolls back to review #1, the trial folder stays
+    db.write_bytes(old)
+    for name in ("mart.sqlite-wal", "mart.sqlite-shm"):
+        (run_dir / name).unlink(missing_ok=True)
+    for args in (("review", run, "--approve"), ("resume", run)):
+        out = cli(*args, "--runs-dir", str(tmp_path))
+        assert out.exit_code == 2, (args, out.stdout, out.stderr)
+        assert finished[0].name in out.stderr and "-wal" in out.stderr and "Traceback" not in out.stderr
+    assert snapshot(finished[0]) == files  # never run again over its files
+    out = cli("status", run, "--runs-dir", str(tmp_path))
+    assert out.exit_code == 0 and finished[0].name in out.stdout  # the look says so too
