@@ -28,11 +28,19 @@ def _os_cause(e: BaseException) -> str:
 
 
 def _io_fail(e: BaseException) -> None:
-    """A file-system or database failure (disk full, read-only, run folder deleted) as one line."""
-    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    where = getattr(e, "filename", None)
-    _fail(f"{type(e).__name__}: {detail}" + (f": {where}" if where else "")
-          + "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`", 1)
+    """A file-system or database failure (disk full, read-only, run folder deleted) as one line.
+
+    The error that ended the session is named, not a later one raised while recording it ("database is
+    locked": another connection still held the failed write), and a full disk is named as such."""
+    first = e
+    while first.__context__ is not None and isinstance(first.__context__, (OSError, sqlite3.Error)):
+        first = first.__context__  # the failure that came first
+    detail = getattr(first, "strerror", None) or str(first) or type(first).__name__
+    where = getattr(first, "filename", None)
+    full = "full" in detail.lower() or "no space" in detail.lower()
+    _fail(f"{type(first).__name__}: {detail}" + (f": {where}" if where else "")
+          + ("; the disk is full: free space, then `mart resume RUN`" if full else
+             "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`"), 1)
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -135,4 +135,23 @@ def write_atomic(root: str | os.PathLike, path: str | os.PathLike, data: str | b
     return full
 
 
-__all__ = ["UnsafePath", "ensure_dir", "open_in", "write_atomic"]
+#: below this many free bytes, a failed write is blamed on a full disk
+DISK_FULL_BYTES = 1 << 20
+
+
+def disk_full(path: str | os.PathLike) -> str | None:
+    """``"the disk holding PATH is full (N bytes free)"`` when its file system has (almost) no room left, else
+    None: the cause to name when a write failed, instead of a symptom ("killed?", "disk I/O error")."""
+    import shutil
+
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return None
+    return f"the disk holding {path} is full ({free} bytes free)" if free < DISK_FULL_BYTES else None
+
+
+__all__ = ["DISK_FULL_BYTES", "UnsafePath", "disk_full", "ensure_dir", "open_in", "write_atomic"]

@@ -152,6 +152,11 @@ class RunStore:
             finally:
                 conn.close()
         except sqlite3.DatabaseError as e:
+            from mart.state.files import disk_full
+
+            full = disk_full(db)
+            if full:  # SQLite says "disk I/O error" when it cannot map its -shm: the cause is the disk
+                raise RunError(f"cannot open {db}: {full}; free space, then run the command again") from None
             raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
         if "runs" not in tables or "trials" not in tables or len(rows) != 1:
             raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from mart.state.files import open_in, write_atomic
+from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
@@ -121,7 +121,10 @@ class LocalRunner(TrialRunner):
 
     def _ended_without_status(self, handle: TrialHandle) -> TrialPoll:
         code = self._exit_codes.get(handle.pid) if handle.pid is not None else None
-        if code is None:
+        full = disk_full(handle.trial_dir)  # the worker could not even write its status: say why
+        if full:
+            reason = f"{full}: the trial could not write its results (free space, then `mart resume`)"
+        elif code is None:
             reason = "the trial process ended without writing a status (killed?)"
         elif code < 0:
             reason = f"killed by {signal.Signals(-code).name} without writing a status"

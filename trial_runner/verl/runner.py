@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mart.state.files import open_in, write_atomic
+from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
@@ -528,6 +528,9 @@ class VerlRunner(TrialRunner):
         self._update(handle, st, final=True)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
         outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
+        full = disk_full(handle.trial_dir) if outcome.status is TrialStatus.FAILED else None
+        if full:  # the run could not write (its log may not even say so): name the cause
+            return self._finish(handle, st, outcome.status, f"{full}: {outcome.reason or 'the run failed'}")
         return self._finish(handle, st, outcome.status, outcome.reason)
 
     def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
