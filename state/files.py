@@ -135,6 +135,39 @@ def write_atomic(root: str | os.PathLike, path: str | os.PathLike, data: str | b
     return full
 
 
+class InputFileError(ValueError):
+    """An input file mart was asked to read is not a regular text file, or is over its size limit."""
+
+
+def read_text_capped(path: str | os.PathLike, limit: int, what: str = "file") -> str:
+    """The text of ``path``, which must be a regular file (after links: ``/dev/zero``, a FIFO or a folder is
+    refused before anything is read) of at most ``limit`` bytes, in UTF-8.
+
+    Raises:
+        InputFileError: the rule it breaks, naming the file; OSError: it cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once, then is refused
+    except IsADirectoryError:
+        raise InputFileError(f"{what} {str(path)!r} is not a regular file (a folder)") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InputFileError(f"{what} {str(path)!r} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise InputFileError(f"{what} {str(path)!r} is {st.st_size} bytes, over the limit of {limit}")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputFileError(f"{what} {str(path)!r} is over the limit of {limit} bytes")
+    try:
+        if b"\0" in data:
+            raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{what} {str(path)!r} is not a text file (binary data at byte {e.start})") from None
+
+
 #: below this many free bytes, a failed write is blamed on a full disk
 DISK_FULL_BYTES = 1 << 20
 
@@ -154,4 +187,5 @@ def disk_full(path: str | os.PathLike) -> str | None:
     return f"the disk holding {path} is full ({free} bytes free)" if free < DISK_FULL_BYTES else None
 
 
-__all__ = ["DISK_FULL_BYTES", "UnsafePath", "disk_full", "ensure_dir", "open_in", "write_atomic"]
+__all__ = ["DISK_FULL_BYTES", "InputFileError", "UnsafePath", "disk_full", "ensure_dir", "open_in", "read_text_capped",
+           "write_atomic"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -503,27 +502,15 @@ def import_run_script_file(path: str | os.PathLike, env: Mapping[str, str] | Non
     Raises:
         ConfigError: not a regular file, unreadable, binary or too large (one line naming the file), or as above.
     """
+    from mart.state.files import InputFileError, read_text_capped
+
     name = str(path)
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"run script {name!r}: not a regular file (give the bash script that runs verl)")
-        if st.st_size > MAX_SCRIPT_BYTES:
-            raise ConfigError(f"run script {name!r}: {st.st_size} bytes, over the limit of {MAX_SCRIPT_BYTES} "
-                              "(a verl run script is a few KB)")
-        with open(path, "rb") as f:
-            data = f.read(MAX_SCRIPT_BYTES + 1)
+        text = read_text_capped(path, MAX_SCRIPT_BYTES, "run script")
+    except InputFileError as e:
+        raise ConfigError(f"{e}; give the bash script that runs verl") from None
     except OSError as e:
         raise ConfigError(f"run script {name!r}: cannot read it ({e.strerror or e}).") from None
-    if len(data) > MAX_SCRIPT_BYTES:
-        raise ConfigError(f"run script {name!r}: over the limit of {MAX_SCRIPT_BYTES} bytes")
-    try:
-        if b"\0" in data:
-            raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"run script {name!r}: not a text file (binary data at byte {e.start}); give the bash "
-                          "script that runs verl") from None
     try:
         return import_run_script(text, env)
     except ConfigError as e:
