@@ -111,12 +111,19 @@ def test_c1_controls_are_dropped_for_the_terminal_and_slack():
     from mart.graph.reviewers.base import format_request
     from mart.graph.reviewers.slack import review_blocks
 
-    request = {"run_id": "r1", "review_no": 1, "stage": "system", "candidate_id": "c1\x9b2J", "source": "llm",
-               "interrupt_id": "i1", "diff": [{"key": "k", "current": 1, "proposed": "\x9b31m"}],
-               "rationale": "why\x9b2J\x85\x9d0;t\x9c", "critique": {"risk": "low", "reasons": ["\x90q\x9c"]},
-               "overrides": {"k": 2}}
+    cand = {"candidate_id": "c1\x9b2J", "source": "llm", "diff": [{"key": "k", "current": 1, "proposed": "\x9b31m"}],
+            "rationale": "why\x9b2J\x85\x9d0;t\x9c", "critique": {"risk": "low", "reasons": ["\x90q\x9c"]},
+            "overrides": {"k": 2}}
+    request = {"run_id": "r1", "review_no": 1, "stage": "system", "interrupt_id": "i1", "candidates": [cand],
+               "error": "refused\x9b2J"}
+    def shown_text(node) -> list[str]:  # what Slack shows: every "text" of the blocks
+        if isinstance(node, dict):
+            return [t for k, v in node.items() for t in ([v] if k == "text" and isinstance(v, str) else shown_text(v))]
+        return [t for v in node for t in shown_text(v)] if isinstance(node, list) else []
+
     text = format_request(request)
-    blob = json.dumps(review_blocks(request), ensure_ascii=False)
+    blob = "\n".join(shown_text(review_blocks(request)))
+    assert "why2J" in blob
     for shown in (text, blob):
         assert not {c for c in shown if 0x80 <= ord(c) < 0xA0}, shown
     assert "why2J" in text

@@ -61,14 +61,19 @@ def test_resume_of_a_crafted_verl_run_imports_nothing_from_it(tmp_path):
     store.close()
     # crafted: the stored options now use verl's default command (a builtin backend: no consent asked), and
     # the next trial's folder holds modules named like verl's trainer, MARTI's and mart's own supervisor
+    overrides = (request.get("candidates") or [request])[0]["overrides"]
+    next_id = f"sys-02-{config_hash(overrides)[:6]}"
     db = sqlite3.connect(tmp_path / run / "mart.sqlite")
     stored = json.loads(db.execute("SELECT options FROM runs").fetchone()[0])
     stored["backend_options"].pop("entrypoint")
     db.execute("UPDATE runs SET options = ?", (json.dumps(stored),))
+    # the crafted ledger knows the trial (a folder with files but no row is refused as a ledger that lost writes)
+    db.execute("INSERT INTO trials (trial_id, run_id, stage, kind, status) VALUES (?, ?, 'system', 'candidate', "
+               "'pending')", (next_id, run))
     db.commit()
     db.close()
     marker = tmp_path / "planted-code-ran"
-    next_dir = tmp_path / run / "trials" / f"sys-02-{config_hash(request['overrides'])[:6]}"
+    next_dir = tmp_path / run / "trials" / next_id
     for dotted in PLANTED:
         plant(next_dir, dotted, marker)
         plant(next_dir / "attempt-1", dotted, marker)
