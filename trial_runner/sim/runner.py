@@ -248,7 +248,7 @@ class SimRunner(TrialRunner):
 def _clock(trial_dir: Path) -> Iterator[dict[str, Any]]:
     """The run's virtual clock, locked while it is read and written back."""
     path = trial_dir.parent / CLOCK_FILE
-    with open(trial_dir.parent / (CLOCK_FILE + ".lock"), "a+") as lock:
+    with open_in(trial_dir.parent, CLOCK_FILE + ".lock", "a") as lock:  # no planted link followed
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             try:

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shlex
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -104,8 +105,8 @@ def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | No
     if not argv:
         raise ConfigError("the verl entrypoint is empty.")
     if argv[0] in ("python", "python3"):
-        # absolute; a user's script keeps its own folder on sys.path (the working directory is mart's own: launch)
-        argv[:1] = python_command(python, safe_path=False)
+        # this interpreter (absolute), or the one named (``python`` on Ray nodes is theirs: never resolved here)
+        argv[0] = python or sys.executable
     for i, tok in enumerate(argv):
         if i and not tok.startswith("-") and not os.path.isabs(tok) and os.path.isfile(tok):
             argv[i] = os.path.abspath(tok)
