@@ -197,6 +197,9 @@ MUTANTS: tuple[Mutant, ...] = (
            (IMPORT_VERL,)),
     Mutant("MS13", "nodes/agents/llm_client.py", '        return text.replace(secret, "[redacted]")',
            "        return text", "an answer that echoes the API key is stored as is", (LLM_HARDENING,)),
+    Mutant("MS14", "graph/session.py", "            if interrupt_id is not None and (not snap.interrupts",
+           "            if False and (not snap.interrupts",
+           "an answer to a review already decided is applied to the one asked since", (PROMISES,)),
 )
 
 

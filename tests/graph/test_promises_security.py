@@ -110,3 +110,28 @@ def test_run_creation_is_atomic_under_a_kill(tmp_path):
     assert out.exit_code == 0 and "no runs" in out.stdout
     assert RunStore.create(runs, "r1", options={"backend": "local"}).run_dir.name == "r1"  # the id is free
     assert os.path.isdir(runs / "r1")
+
+
+def test_an_answer_to_a_review_no_longer_pending_changes_nothing(tmp_path):
+    # Slack delivers a click twice (or two reviewers click): the second answer names a review already
+    # decided and must not be applied to the review asked since
+    from mart.graph.session import StaleReview, pending_review
+
+    run = paused_run(tmp_path, system_trials=3)
+    store = RunStore.open(run, tmp_path)
+    first = pending_review(store)["interrupt_id"]
+    store.close()
+    out = resume(run, tmp_path, decision=APPROVE, interrupt_id=first, quiet=True)
+    assert out["status"] == "paused"  # the next review is pending: the setup this test needs
+    second = out["pending_review"]["interrupt_id"]
+    assert second != first
+    trials = len(__import__("sqlite3").connect(tmp_path / run / "mart.sqlite")
+                 .execute("SELECT trial_id FROM trials").fetchall())
+    for stale in (first, "no-such-review"):
+        with pytest.raises(StaleReview, match="no longer pending"):
+            resume(run, tmp_path, decision=APPROVE, interrupt_id=stale, quiet=True)
+        store = RunStore.open(run, tmp_path)
+        assert pending_review(store)["interrupt_id"] == second  # still asked, not answered by the stale click
+        store.close()
+    assert len(__import__("sqlite3").connect(tmp_path / run / "mart.sqlite")
+               .execute("SELECT trial_id FROM trials").fetchall()) == trials  # nothing launched
