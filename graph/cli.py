@@ -20,6 +20,61 @@ app = typer.Typer(
 )
 
 
+def _os_cause(e: BaseException) -> str:
+    """``FILE: cause`` of an OSError (or any error) on one line."""
+    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    where = getattr(e, "filename", None)
+    return " ".join((f"{where}: {detail}" if where else f"{type(e).__name__}: {detail}").split())
+
+
+def _io_fail(e: BaseException) -> None:
+    """A file-system or database failure (disk full, read-only, run folder deleted) as one line.
+
+    The error that ended the session is named, not a later one raised while recording it ("database is
+    locked": another connection still held the failed write), and a full disk is named as such."""
+    first = e
+    while first.__context__ is not None and isinstance(first.__context__, (OSError, sqlite3.Error)):
+        first = first.__context__  # the failure that came first
+    detail = getattr(first, "strerror", None) or str(first) or type(first).__name__
+    where = getattr(first, "filename", None)
+    full = "full" in detail.lower() or "no space" in detail.lower()
+    _fail(f"{type(first).__name__}: {detail}" + (f": {where}" if where else "")
+          + ("; the disk is full: free space, then `mart resume RUN`" if full else
+             "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`"), 1)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _one_line_errors(command):
+    """A command whose stored state cannot be read (a damaged or foreign run folder: unparseable options,
+    poisoned checkpoints, a damaged SQLite page) ends in one ``error:`` line naming the run and the cause, exit
+    1, instead of a traceback; ``MART_DEBUG=1`` shows the traceback. Errors a command reports itself pass."""
+    import functools
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs):
+        import os
+
+        import click
+
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
+                KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            if os.environ.get("MART_DEBUG"):
+                raise
+            what = kwargs.get("run") or kwargs.get("script")
+            _fail(f"{f'{what}: ' if what else ''}{_os_cause(e)[:400]} (stored state mart cannot read: a damaged "
+                  "or foreign file? `mart trials` / `mart export` read what they can; MART_DEBUG=1 shows where)", 1)
+
+    return run_command
+
+
 def _backend_options(items: list[str]) -> dict:
     from mart.state.config_values import parse_assignments
 
@@ -79,14 +134,16 @@ def trial(
 
 
 @app.command("import-verl")
+@_one_line_errors
 def import_verl(
     script: Path = typer.Argument(..., help="A verl run script (bash) with `python3 -m verl.trainer.main_ppo key=value ...`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the base config here (default: stdout)."),
 ) -> None:
     """Turn a verl run script into a base config (YAML) for --base-config; says what it could not resolve.
 
-    Reads line continuations, quotes, $VAR / ${VAR:-default} from the script's assignments and the
-    environment, "$@" and list values; it never runs the script.
+    Reads line continuations, quotes, bash arrays ("${DATA[@]}"), $VAR / ${VAR:-default} from the script's
+    own assignments, "$@" and list values; it never runs the script, and never copies a value of your
+    environment ($HOME stays ${oc.env:HOME}, resolved by verl).
     """
     from mart.state.search_space import ConfigError
     from mart.trial_runner.verl.script import import_run_script_file, to_yaml
@@ -95,8 +152,12 @@ def import_verl(
         imported = import_run_script_file(script)
     except ConfigError as e:
         _fail(str(e))
+    if not imported.overrides:  # nothing to tune from: say why instead of writing an empty config
+        typer.echo(imported.report(), err=True)
+        _fail(f"{script}: the verl command on line {imported.line} yields 0 overrides; nothing written", 1)
     header = f"# mart base config imported from {script.name} (mart import-verl)\n"
     header += "".join(f"# NOT RESOLVED (left out): {u}\n" for u in imported.unresolved)
+    header += "".join(f"# NOTE: {n}\n" for n in imported.notes)
     if imported.python_hint():
         header += f"# {imported.python_hint()}\n"
     text = to_yaml(imported.overrides, header)
@@ -119,12 +180,17 @@ BACKEND_AGAIN = typer.Option(
     [], "--backend", help="Allow this plugin backend spec (package.module:factory) stored in the run: a run folder "
                           "is untrusted, so code it names runs only when given again; repeatable.")
 ENTRYPOINT_AGAIN = typer.Option(None, "--verl-entrypoint", help="Allow this launch command stored in the run.")
+LLM_URL_AGAIN = typer.Option(None, "--llm-base-url", help="Allow the LLM agents' endpoint stored in the run (it "
+                                                          "gets your API key); also $OPENAI_BASE_URL.")
+RAY_ADDRESS_AGAIN = typer.Option(None, "--ray-address", help="Allow the Ray cluster stored in the run (it gets "
+                                                             "your RAY_AUTH_TOKEN); also $RAY_ADDRESS.")
 TRUST_RUN = typer.Option(False, "--trust-run", help="Run whatever backend and commands the run folder names "
                                                     "(only for folders you wrote).")
 
 
-def _allowed(backends: list[str], entrypoint: str | None) -> set[str]:
-    return {*backends, *([entrypoint] if entrypoint else [])}
+def _allowed(backends: list[str], *named: str | None) -> set[str]:
+    """What the user names again for a stored run: plugin specs, a launch command, endpoints."""
+    return {*backends, *(x for x in named if x)}
 
 
 def _api_key(path: Path | None) -> str | None:
@@ -140,28 +206,29 @@ def _api_key(path: Path | None) -> str | None:
     return key[0].strip()
 
 
-def _io_fail(e: BaseException) -> None:
-    """A file-system or database failure (disk full, read-only, run folder deleted) as one line."""
-    detail = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    where = getattr(e, "filename", None)
-    _fail(f"{type(e).__name__}: {detail}" + (f": {where}" if where else "")
-          + "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`", 1)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _print_json(data) -> None:
     import json
 
     typer.echo(json.dumps(data, indent=2, default=str))
 
 
+def _plain_tree(value):
+    """Every string in a summary (run ids, notes, configs from the ledger) without terminal controls."""
+    from mart.state.text import plain
+
+    if isinstance(value, str):
+        return plain(value)
+    if isinstance(value, dict):
+        return {_plain_tree(k): _plain_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_tree(v) for v in value]
+    return value
+
+
 def _print_summary(summary: dict) -> None:
     from rich.table import Table
 
+    summary = _plain_tree(summary)
     console = _console()
     if summary.get("status") == "paused":
         from mart.graph.reviewers.base import format_request
@@ -237,6 +304,7 @@ TUNE_FLAG_ALIASES = {
 
 
 @app.command()
+@_one_line_errors
 @model_options(TuneOptions, exclude=["backend_options", "start_overrides"], aliases=TUNE_FLAG_ALIASES, into="fields")
 def tune(
     # command-line-only flags; every TuneOptions field is added as a flag by @model_options
@@ -315,6 +383,7 @@ def tune(
 
 
 @app.command()
+@_one_line_errors
 def resume(
     run: str = typer.Argument(..., help="Run id (in --runs-dir) or a run directory's path."),
     runs_dir: Path = RUNS_DIR,
@@ -324,6 +393,8 @@ def resume(
         None, help="File holding the API key for LLM agents (default $OPENAI_API_KEY); never on the command line."),
     backend: list[str] = BACKEND_AGAIN,
     verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    llm_base_url: Optional[str] = LLM_URL_AGAIN,
+    ray_address: Optional[str] = RAY_ADDRESS_AGAIN,
     trust_run: bool = TRUST_RUN,
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     as_json: bool = JSON,
@@ -338,7 +409,8 @@ def resume(
         approve = "tty"  # a detached run resumed at a terminal: its pending review is asked here
     try:
         summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file), approve="none" if detach else approve,
-                             quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
+                             quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address),
+                             trust=trust_run)
     except (RunError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt as e:
@@ -365,6 +437,7 @@ def _stored_approve(run: str, runs_dir: Path) -> str | None:
 
 
 @app.command()
+@_one_line_errors
 def review(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -386,6 +459,8 @@ def review(
         None, "--interrupt", help="Answer only if this interrupt id (from `mart status --json`) is pending."),
     backend: list[str] = BACKEND_AGAIN,
     verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    llm_base_url: Optional[str] = LLM_URL_AGAIN,
+    ray_address: Optional[str] = RAY_ADDRESS_AGAIN,
     trust_run: bool = TRUST_RUN,
     detach: bool = typer.Option(False, "--detach", help="After answering, exit again at the next review."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -468,7 +543,7 @@ def review(
             channel = None if detach else tty
         summary = run_resume(run, runs_dir, decision=decision, interrupt_id=interrupt_id, reviewer=channel,
                              approve="none" if detach else None, quiet=quiet or None,
-                             allowed=_allowed(backend, verl_entrypoint), trust=trust_run)
+                             allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address), trust=trust_run)
     except (RunError, ConfigError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt as e:
@@ -484,6 +559,7 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     from mart.graph.run_status import run_status
     from mart.state.ledger import DB_FILE
     from mart.state.run_store import RunError, RunStore
+    from mart.state.text import one_line
 
     if runs_dir.exists() and not runs_dir.is_dir():
         _fail(f"--runs-dir {runs_dir} is not a directory")
@@ -505,17 +581,18 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
     if not infos:
         typer.echo(f"no {'pending reviews' if pending_only else 'runs'} in {runs_dir}")
         return
-    table = Table(title=f"runs in {runs_dir}")
+    table = Table(title=one_line(f"runs in {runs_dir}"))
     for col in ("run", "status", "stage", "trials", "pending review", "answer with"):
         table.add_column(col)
     for i in infos:
         req = i["pending_review"]
-        table.add_row(i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
-                      i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
-                      _review_cell(req) if req else "-",
-                      f"mart review {i['run_id']}" if req else
-                      f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
-                      else "")
+        cells = (i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
+                 i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
+                 _review_cell(req) if req else "-",
+                 f"mart review {i['run_id']}" if req else
+                 f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
+                 else "")
+        table.add_row(*map(one_line, cells))  # run folders are foreign: no terminal controls
     _console().print(table)
 
 
@@ -527,6 +604,7 @@ def _review_cell(req: dict) -> str:
 
 
 @app.command()
+@_one_line_errors
 def status(
     run: Optional[str] = typer.Argument(None, help="Run id or run directory (default: list the runs)."),
     runs_dir: Path = RUNS_DIR,
@@ -540,6 +618,7 @@ def status(
     from mart.graph.reviewers.base import format_request
     from mart.graph.run_status import run_status
     from mart.state.run_store import RunError, RunStore
+    from mart.state.text import one_line
 
     if run is None:
         _list_runs(runs_dir, pending, as_json)
@@ -555,24 +634,31 @@ def status(
     if as_json:
         _print_json(info)
         return
-    typer.echo(f"run {info['run_id']}: {info['status']}"
+    # every line below shows text from the run folder (foreign): without terminal controls
+    typer.echo(one_line(f"run {info['run_id']}: {info['status']}"
                + (f" (waiting for {info['waiting_for']})" if info["waiting_for"] else "")
                + (f", stage {info['stage']}" if info["stage"] else "")
-               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none"))
+               + ", trials done: " + (", ".join(f"{k} {v}" for k, v in (info["trials_done"] or {}).items()) or "none")))
     running = info.get("running_trials") or ([info["running_trial"]] if info.get("running_trial") else [])
     for t in running:  # every trial in flight (several with --parallel)
         slot = f", slot {t['slot'] + 1}" if t.get("slot") is not None and (info.get("slots") or 1) > 1 else ""
-        typer.echo(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {t['steps_done']}/{t['horizon']} steps")
+        typer.echo(one_line(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): "
+                            f"{t['steps_done']}/{t['horizon']} steps"))
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:
-        typer.echo(f"error: {info['error']}")
+        typer.echo(one_line(f"error: {info['error']}"))
+    lost = store.untracked_trials()
+    if lost:  # the ledger is behind its trial folders: what status shows is older than what ran
+        typer.echo(one_line(f"warning: trial folders the ledger does not know: {', '.join(lost)} (mart.sqlite-wal "
+                            "lost after a kill?); `mart resume` refuses this run until that is resolved"))
     report = store.run_dir / "report.html"
     if report.is_file():
-        typer.echo(f"report: {report}")
+        typer.echo(one_line(f"report: {report}"))
 
 
 @app.command()
+@_one_line_errors
 def report(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -592,13 +678,16 @@ def report(
         store = RunStore.open(run, runs_dir, contained=False)  # reads the run, writes only its report
         run_dir = store.run_dir
         store.close()
+        path = write_report(run_dir, fmt, out)
     except RunError as e:
         _fail(str(e))
-    path = write_report(run_dir, fmt, out)
+    except (OSError, sqlite3.Error) as e:  # a full disk, a read-only folder, a planted link: nothing half-written
+        _fail(f"cannot write the report: {_os_cause(e)}", 1)
     typer.echo(str(path))
 
 
 @app.command()
+@_one_line_errors
 def export(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -690,6 +779,7 @@ def knobs(
 
 
 @app.command()
+@_one_line_errors
 def trials(
     run: str = typer.Argument(..., help="Run id or run directory."),
     runs_dir: Path = RUNS_DIR,
@@ -700,6 +790,7 @@ def trials(
 
     from mart.graph.figures import knob_text
     from mart.state.run_store import RunError, RunStore
+    from mart.state.text import one_line
 
     try:
         store = RunStore.open(run, runs_dir, readonly=True)
@@ -712,7 +803,7 @@ def trials(
     if as_json:
         _print_json(rows)
         return
-    table = Table(title=f"trials of {store.run_id}")
+    table = Table(title=f"trials of {one_line(store.run_id)}")
     for col in ("trial", "stage", "kind", "status", "steps", "tok/s", "peak GB", "score", "changes / reason"):
         table.add_column(col)
     for r in rows:
@@ -721,9 +812,10 @@ def trials(
         changes = knob_text(r.get("overrides"))
         if r.get("parent_trial"):  # a schedule branch: from its parent's checkpoint
             changes = f"{changes or 'unchanged'} (from {r['parent_trial']} @ {r.get('parent_step')})"
-        table.add_row(r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
-                      str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".3g"),
-                      f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
+        cells = (r["trial_id"], r["stage"], r["kind"], r["status"] + (" (early)" if r["early_stopped"] else ""),
+                 str(r.get("steps_done") or 0), f(r.get("throughput"), ".1f"), f(r.get("peak_memory_gb"), ".3g"),
+                 f(r.get("score"), ".3f"), changes or (r.get("reason") or "baseline"))
+        table.add_row(*map(one_line, cells))  # ledger text is foreign: no terminal controls
     _console().print(table)
 
 
@@ -744,8 +836,9 @@ def slack_serve(
                                                                "also $MART_SLACK_REVIEWERS, comma-separated)."),
     api_url: Optional[str] = typer.Option(None, help="Slack Web API base URL (default $MART_SLACK_API_URL)."),
     allow_backend: list[str] = typer.Option(
-        [], "--allow-backend", help="Plugin backend spec or launch command the runs may name (repeatable; also "
-                                    "$MART_ALLOWED_BACKENDS); builtin backends need none."),
+        [], "--allow-backend", help="Plugin backend spec, launch command or endpoint (LLM base URL, Ray address) "
+                                    "the runs may name (repeatable; also $MART_ALLOWED_BACKENDS); builtin backends "
+                                    "need none."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each decision (never secrets or headers)."),
 ) -> None:
     """Receive Slack's Approve / Edit / Reject clicks: Socket Mode (default) or HTTP (request URL:

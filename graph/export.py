@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from mart.state.config_values import format_value
+from mart.state.text import one_line
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints/mart-schedule"
 VERL_COMMAND = "python3 -m verl.trainer.main_ppo"
@@ -53,14 +54,33 @@ def segment_launches(segments: list[dict[str, Any]], fixed: dict[str, Any],
     return out
 
 
+def _check_segments(segments: Any) -> None:
+    """The stored segments are foreign text (a run folder): their bounds must be step numbers, their overrides
+    a mapping, before any of it reaches a script. Raises ValueError naming the field and the rule."""
+    if not isinstance(segments, list):
+        raise ValueError("schedule.segments: must be a list of segments")
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, dict):
+            raise ValueError(f"schedule.segments[{i}]: must be a mapping")
+        for key in ("from_step", "to_step"):
+            v = seg.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"schedule.segments[{i}].{key}: must be a step number (an integer >= 0), "
+                                 f"got {one_line(repr(v))[:80]}")
+        if not isinstance(seg.get("overrides"), dict):
+            raise ValueError(f"schedule.segments[{i}].overrides: must be a mapping of KEY: VALUE")
+
+
 def schedule_document(summary: dict[str, Any], options: dict[str, Any],
                       checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR) -> dict[str, Any]:
-    """The exported schedule of a completed session's summary (raises ValueError when there is none)."""
+    """The exported schedule of a completed session's summary (raises ValueError when there is none, or when
+    its stored fields are not what a schedule holds)."""
     sched = summary.get("schedule") or {}
     segments = sched.get("segments") or []
     if not segments:
-        raise ValueError(f"run {summary.get('run_id')} has no schedule (run `mart tune --stages ...,schedule`; "
-                         "a schedule stage that reached no complete path has none)")
+        raise ValueError(f"run {one_line(summary.get('run_id'))} has no schedule (run `mart tune --stages "
+                         "...,schedule`; a schedule stage that reached no complete path has none)")
+    _check_segments(segments)
     fixed = {**(options.get("start_overrides") or {}), **((summary.get("system") or {}).get("best_config") or {})}
     launches = segment_launches(segments, fixed, checkpoint_dir)
     return {
@@ -109,12 +129,13 @@ def render(doc: dict[str, Any], fmt: str = "yaml") -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     if fmt == "sh":
-        lines = ["#!/usr/bin/env bash", f"# mart schedule of run {doc.get('run_id')}: one verl launch per segment,",
+        # every stored field reaches the script quoted (arguments) or on one comment line (no newline, no control)
+        lines = ["#!/usr/bin/env bash", f"# mart schedule of run {one_line(doc.get('run_id'))}: one verl launch per segment,",
                  "# each resuming from the checkpoint the previous one saved. Your base overrides: \"$@\".",
                  "set -euo pipefail", f'VERL="${{VERL_CMD:-{VERL_COMMAND}}}"']
         for launch in doc["verl"]["launches"]:
             a, b = launch["steps"]
-            lines.append(f"# steps {a}-{b}")
+            lines.append(f"# steps {int(a)}-{int(b)}")
             lines.append('$VERL "$@" ' + " ".join(shlex.quote(x) for x in launch["overrides"]))
         return "\n".join(lines) + "\n"
     raise ValueError(f"schedule format must be yaml, json or sh, got {fmt!r}")

@@ -13,7 +13,6 @@ escaped before it reaches the page.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
 import sqlite3
@@ -23,7 +22,9 @@ from typing import Any
 
 import yaml
 
+from mart.state.files import ensure_dir, write_atomic
 from mart.state.ledger import DB_FILE
+from mart.state.text import html_text, md_fence, md_text, plain
 from mart.state.units import fmt_gb
 
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
@@ -74,9 +75,12 @@ def _loads(text: str | None, default: Any) -> Any:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Read a run's ledger (read-only, so a report works on a run that is still going or on read-only media)."""
+    from mart.state.run_store import RunStore
+
     db = Path(run_dir) / DB_FILE
     if not db.is_file():
         raise FileNotFoundError(f"{run_dir}: no {DB_FILE} (is this a mart run folder?)")
+    RunStore.open(run_dir, Path(run_dir).parent, readonly=True).close()  # NotAMartRun: not a run's ledger
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
 
@@ -287,6 +291,8 @@ def _drop_empty(fig: Any, axes: Any, drawn: tuple[bool, ...]) -> bool:
 
 
 def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Path | None:
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,8 +303,10 @@ def _figure(path: Path, draw: Any, size: tuple[float, float] = (7.5, 3.6)) -> Pa
         if draw(fig) is False:
             return None
         fig.tight_layout()
-        fig.savefig(path)
-        return path
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        # the run folder is untrusted: a PNG planted as a link is replaced, never written through
+        return write_atomic(path.parent, path.name, png.getvalue())
     finally:
         plt.close(fig)
 
@@ -312,7 +320,7 @@ def curve_panels(data: RunData) -> list[str]:
 
 def draw_figures(data: RunData, out_dir: Path) -> dict[str, Path]:
     """Write the report's PNGs into ``out_dir``; returns those that had data, by name."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out_dir.parent, out_dir.name)  # a real folder, not a link planted in the run folder
     figs: dict[str, Path | None] = {}
     system, learning = data.stage_trials("system"), data.stage_trials("learning")
 
@@ -608,24 +616,24 @@ pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}.muted{color
 
 
 def _table_html(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    head = "".join(f"<th>{html_text(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html_text(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _img_html(path: Path, alt: str) -> str:
     b64 = base64.b64encode(path.read_bytes()).decode()
-    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></p>'
+    return f'<p><img alt="{html_text(alt)}" src="data:image/png;base64,{b64}"></p>'
 
 
 def render_html(data: RunData) -> str:
     cfg = final_config(data)
     figs = data.figures
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>mart run {html.escape(data.run_id)}"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>mart run {html_text(data.run_id)}"
              f"</title><style>{_CSS}</style></head><body>",
-             f"<h1>mart run {html.escape(data.run_id)}</h1>",
-             f"<p class='muted'>status: {html.escape(data.status)} · backend: "
-             f"{html.escape(str(data.options.get('backend', '?')))} · {len(data.trials)} trials</p>"]
+             f"<h1>mart run {html_text(data.run_id)}</h1>",
+             f"<p class='muted'>status: {html_text(data.status)} · backend: "
+             f"{html_text(str(data.options.get('backend', '?')))} · {len(data.trials)} trials</p>"]
     if headline(data):
         parts.append(_table_html(["", "baseline → best"], [[a, b] for a, b in headline(data)]))
     sections = [("Best so far", "best_so_far"), ("Trials in parallel slots", "timeline"),
@@ -636,9 +644,9 @@ def render_html(data: RunData) -> str:
                 ("Schedule tree (stage 3)", "schedule_tree")]
     for title, key in sections:
         if key in figs:
-            parts.append(f"<h2>{html.escape(title)}</h2>" + _img_html(figs[key], title))
+            parts.append(f"<h2>{html_text(title)}</h2>" + _img_html(figs[key], title))
             if key == "best_so_far" and data.stage_trials("learning"):
-                parts.append(f"<p class='muted'>{html.escape(LEARNING_PLOT_RULE)}</p>")
+                parts.append(f"<p class='muted'>{html_text(LEARNING_PLOT_RULE)}</p>")
     if schedule_rows(data):
         parts.append("<h2>Schedule (stage 3)</h2>" + _table_html(SCHEDULE_HEADER, schedule_rows(data)))
     parts.append("<h2>Trials</h2>" + _table_html(TRIAL_HEADER, trial_rows(data)))
@@ -650,8 +658,8 @@ def render_html(data: RunData) -> str:
                                        else "<p class='muted'>no reviews</p>"))
     parts.append("<h2>Final config</h2>")
     if cfg:
-        parts.append("<p>As verl overrides:</p><pre>" + html.escape(" \\\n".join(as_overrides(cfg))) + "</pre>")
-        parts.append("<p>As YAML:</p><pre>" + html.escape(as_yaml(cfg)) + "</pre>")
+        parts.append("<p>As verl overrides:</p><pre>" + html_text(" \\\n".join(as_overrides(cfg))) + "</pre>")
+        parts.append("<p>As YAML:</p><pre>" + html_text(as_yaml(cfg)) + "</pre>")
     else:
         parts.append("<p class='muted'>no stage has finished yet</p>")
     parts.append("</body></html>")
@@ -659,7 +667,7 @@ def render_html(data: RunData) -> str:
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return md_text(text)  # foreign text: no raw HTML, links, images or table breaks
 
 
 def _table_md(header: list[str], rows: list[list[str]]) -> str:
@@ -670,21 +678,24 @@ def _table_md(header: list[str], rows: list[list[str]]) -> str:
 
 def render_markdown(data: RunData) -> str:
     cfg = final_config(data)
-    out = [f"# mart run {data.run_id}", "",
-           f"status: {data.status} · backend: {data.options.get('backend', '?')} · {len(data.trials)} trials", ""]
-    out += [f"- **{a}**: {b}" for a, b in headline(data)]
+    out = [f"# mart run {md_text(data.run_id)}", "",
+           f"status: {md_text(data.status)} · backend: {md_text(data.options.get('backend', '?'))} · "
+           f"{len(data.trials)} trials", ""]
+    out += [f"- **{md_text(a)}**: {md_text(b)}" for a, b in headline(data)]
     for key, path in data.figures.items():
-        out += ["", f"![{key}]({REPORT_DIR}/{path.name})"]
+        out += ["", f"![{key}]({REPORT_DIR}/{path.name})"]  # mart's own names
         if key == "best_so_far" and data.stage_trials("learning"):
-            out += ["", f"*{LEARNING_PLOT_RULE}*"]
+            out += ["", f"*{LEARNING_PLOT_RULE}*"]  # mart's own text
     if schedule_rows(data):
         out += ["", "## Schedule (stage 3)", "", _table_md(SCHEDULE_HEADER, schedule_rows(data))]
     out += ["", "## Trials", "", _table_md(TRIAL_HEADER, trial_rows(data))]
     if data.reviews:
         out += ["", "## Reviews", "", _table_md(REVIEW_HEADER, review_rows(data))]
     if cfg:
-        out += ["", "## Final config", "", "```", " \\\n".join(as_overrides(cfg)), "```", "", "```yaml",
-                as_yaml(cfg).rstrip(), "```"]
+        # code blocks show their content as is: controls stripped, and a fence the content cannot close
+        overrides, yaml_text = plain(" \\\n".join(as_overrides(cfg))), plain(as_yaml(cfg).rstrip())
+        f1, f2 = md_fence(overrides), md_fence(yaml_text)
+        out += ["", "## Final config", "", f1, overrides, f1, "", f2 + "yaml", yaml_text, f2]
     return "\n".join(out) + "\n"
 
 
@@ -697,7 +708,4 @@ def write_report(run_dir: str | Path, fmt: str = "html", out: str | Path | None 
     data.figures = draw_figures(data, run_dir / REPORT_DIR)
     path = Path(out) if out else run_dir / f"report.{fmt}"
     text = render_html(data) if fmt == "html" else render_markdown(data)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # a reader never sees half a page
-    return path
+    return write_atomic(path.parent, path.name, text)  # a reader never sees half a page; no link followed

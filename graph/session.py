@@ -152,9 +152,14 @@ def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None
     """The console line of a progress event (typed, or its JSON form from the custom stream)."""
     if isinstance(event, dict):
         event = parse_event(event)
-    # every text in an event is foreign (trial logs, LLM output, feedback, paths): escaped, so that
-    # "[/data/x]" prints as itself instead of being read as rich markup (or crashing its parser)
-    foreign = {k: escape(v) for k, v in event if isinstance(v, str)}
+    # every text in an event is foreign (trial logs, LLM output, feedback, paths): one line without terminal
+    # controls (mart.state.text.one_line), and escaped, so that "[/data/x]" prints as itself instead of being
+    # read as rich markup (or crashing its parser)
+    from mart.state.text import one_line
+
+    foreign = {k: escape(one_line(v)) for k, v in event if isinstance(v, str)}
+    foreign.update({k: [escape(one_line(x)) if isinstance(x, str) else x for x in v]
+                    for k, v in event if isinstance(v, list)})
     return FORMATTERS[type(event)](event.model_copy(update=foreign))
 
 
@@ -392,9 +397,9 @@ def load_options(store: RunStore, *, allowed: Collection[str] = (), trust: bool 
     """The run's stored options (plus ``overrides``), refused when they name code the user did not allow.
 
     Args:
-        allowed: backend specs and launch commands the user allows (``--backend`` again, a server's
-            allow-list), besides those in ``$MART_ALLOWED_BACKENDS``; builtin backends without a launch
-            command need none.
+        allowed: backend specs, launch commands and endpoints (``llm_base_url``, ``ray_address``) the user
+            allows (``--backend`` / ``--llm-base-url`` again, a server's allow-list), besides those in
+            ``$MART_ALLOWED_BACKENDS``; builtin backends without a launch command or endpoint need none.
         trust: the user vouches for the run folder (``--trust-run``).
 
     Raises:
@@ -418,12 +423,20 @@ def load_options(store: RunStore, *, allowed: Collection[str] = (), trust: bool 
         options = TuneOptions(**data)
     except (ValidationError, TypeError) as e:
         raise RunError(f"run {store.run_id}: its stored options are invalid ({str(e).splitlines()[0]})") from None
-    parts = [] if trust else untrusted_parts(options.backend, options.backend_options, allowed_from_env(allowed))
+    allowed = allowed_from_env(allowed)
+    parts = [] if trust else untrusted_parts(options.backend, options.backend_options, allowed)
+    # the LLM endpoint gets the user's API key: a URL the folder names is used only when named in this process
+    url = options.llm_base_url
+    uses_llm = "llm" in (options.proposer_strategy(), options.critic_strategy())
+    if (not trust and uses_llm and url and overrides.get("llm_base_url") != url and url not in allowed
+            and url != os.environ.get("OPENAI_BASE_URL")):
+        parts.append(f"endpoint llm_base_url={url!r} (given `--llm-base-url` again, it gets your API key)")
     if parts:
         raise UntrustedRun(
             f"run {store.run_id} names {', '.join(parts)}: a run folder could have been written by anyone, so "
-            "code it names runs only when you allow it again (`--backend SPEC` / `--verl-entrypoint CMD` with "
-            "the same value, or `--trust-run`; servers: `--allow-backend` or $MART_ALLOWED_BACKENDS)")
+            "code and endpoints it names are used only when you name them again (`--backend SPEC` / "
+            "`--verl-entrypoint CMD` / `--llm-base-url URL` / `--ray-address ADDR` with the same value, or "
+            "`--trust-run`; servers: `--allow-backend` or $MART_ALLOWED_BACKENDS)")
     return options
 
 

@@ -56,8 +56,16 @@ STATE = "tests/state/test_state_basics.py"
 MA_HEALTH = "tests/nodes/test_multi_agent_health.py"
 MA_AGENTS = "tests/nodes/test_multi_agent_agents.py"
 SESSION = "tests/graph/test_graph_session.py::test_two_stage_session_improves_and_fills_the_ledger"
-PROMISES = "tests/nodes/test_margin_health_promises.py"
+MARGIN_HEALTH = "tests/nodes/test_margin_health_promises.py"
 PARALLEL_GPUS = "tests/graph/test_parallel_gpus.py"
+PROMISES = "tests/graph/test_promises_security.py"
+ESCAPING = "tests/graph/test_output_escaping.py"
+RUN_FOLDER = "tests/graph/test_run_folder_code.py"
+ENDPOINTS = "tests/graph/test_stored_endpoints.py"
+NO_FOLLOW = "tests/graph/test_no_follow_writes.py"
+DAMAGED = "tests/graph/test_damaged_ledger.py"
+IMPORT_VERL = "tests/trial_runner/test_import_verl.py"
+LLM_HARDENING = "tests/nodes/test_llm_hardening.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the bugs issue 18 planted (each survived the suite before it) --------------------------------
@@ -159,22 +167,55 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MA4", "nodes/agents/rules.py", "return score * 0.3, f\"{why} (agent {agent} is healthy",
            "return score, f\"{why} (agent {agent} is healthy",
            "the proposer moves a healthy agent's knobs as readily as the sick one's", (MA_AGENTS,)),
+    # -- untrusted input (issues 26 and 28): ids MS* ------------------------------------------------------------
+    Mutant("MS1", "trial_runner/registry.py", '    if options.get("runner_options") is not None:\n        parts.append',
+           '    if False:\n        parts.append', "a run folder's stored runner_options run without trust", (PROMISES,)),
+    Mutant("MS2", "trial_runner/base.py", '"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", ',
+           '"OPENAI_API_KEY", ', "trials inherit ANTHROPIC_API_KEY and AZURE_OPENAI_API_KEY", (PROMISES,)),
+    Mutant("MS3", "trial_runner/base.py", '("SLACK_", "MART_SLACK_", "MART_LLM_")', '("SLACK_",)',
+           "trials inherit MART_SLACK_* and MART_LLM_*", (PROMISES,)),
+    Mutant("MS4", "state/text.py", "0x7f, *range(0x80, 0xa0)]", "0x7f]",
+           "terminal and Slack text keep C1 controls (U+009B, a one-character CSI)", (ESCAPING,)),
+    Mutant("MS5", "state/run_store.py", "and run_dir.parent != root:", "and not str(run_dir).startswith(str(root)):",
+           "runs-dir containment by string prefix (runs-evil/x accepted)", (PROMISES,)),
+    Mutant("MS6", "graph/export.py", '" ".join(shlex.quote(x) for x in launch["overrides"])',
+           '" ".join(launch["overrides"])', "the exported schedule script without shell quoting", (ESCAPING,)),
+    Mutant("MS7", "state/run_store.py", '        tmp = root / f".new-{run_id}-{secrets.token_hex(3)}"',
+           "        tmp = run_dir", "run creation no longer atomic (a kill leaves a run without options)",
+           (PROMISES,)),
+    Mutant("MS8", "trial_runner/verl/runner.py", "        cwd = str(private_workdir(adir))  # see launch_cwd",
+           "        cwd = str(trial_dir)", "verl/MARTI run in the trial folder: a planted module is imported",
+           (RUN_FOLDER,)),
+    Mutant("MS9", "graph/session.py", '    if (not trust and uses_llm and url and', '    if (False and',
+           "a stored llm_base_url gets the user's API key", (ENDPOINTS,)),
+    Mutant("MS10", "state/files.py", "        if _MODES[mode] == os.O_TRUNC:", "        if False:",
+           "a planted link at a log mart truncates is followed, not replaced", (NO_FOLLOW,)),
+    Mutant("MS11", "state/run_store.py", "        lost = self.untracked_trials()", "        lost = []",
+           "a ledger that lost its -wal is continued and re-runs finished trials over their files", (DAMAGED,)),
+    Mutant("MS12", "trial_runner/verl/script.py", '            return f"${{oc.env:{name}}}"',
+           "            return self.vars.env[name]", "import-verl copies a secret of the environment into the config",
+           (IMPORT_VERL,)),
+    Mutant("MS13", "nodes/agents/llm_client.py", '        return text.replace(secret, "[redacted]")',
+           "        return text", "an answer that echoes the API key is stored as is", (LLM_HARDENING,)),
+    Mutant("MS14", "graph/session.py", "            if interrupt_id is not None and (not snap.interrupts",
+           "            if False and (not snap.interrupts",
+           "an answer to a review already decided is applied to the one asked since", (PROMISES,)),
     # -- issue 28: memory margin, health, parallel trials (the lead's) ------------------------------------
     Mutant("MP1", "nodes/agents/job_model.py", "gaps = self.phase_gaps(self._components(raw))",
            "gaps = {p: 0.0 * v for p, v in self.phase_gaps(self._components(raw)).items()}",
-           "the search proposes up to the limit itself (no safety gap)", (PROMISES,)),
+           "the search proposes up to the limit itself (no safety gap)", (MARGIN_HEALTH,)),
     Mutant("MP2", "nodes/agents/job_model.py", "measured = max(o.peak_gb or 0.0, self.C if o.oom else 0.0)",
-           "measured = max(o.peak_gb or 0.0, 0.0)", "an OOM is no miss of the predicted peak", (PROMISES,)),
+           "measured = max(o.peak_gb or 0.0, 0.0)", "an OOM is no miss of the predicted peak", (MARGIN_HEALTH,)),
     Mutant("MP3", "nodes/runtime.py",
            "if job is not None and cap is not None and job.hardware.memory_gb != cap:", "if False:",
-           "the job model ignores --memory-capacity-gb", (PROMISES,)),
+           "the job model ignores --memory-capacity-gb", (MARGIN_HEALTH,)),
     Mutant("MP4", "nodes/health_monitor.py", 'if final or not stops or record.kind == "baseline":',
            'if final or not stops or record.kind in ("baseline", "confirm"):',
-           "a collapsing re-evaluation is never stopped", (PROMISES,)),
+           "a collapsing re-evaluation is never stopped", (MARGIN_HEALTH,)),
     Mutant("MP5", "state/health.py", "_team_stalled_since(records, run[0][0])",
-           "_team_stalled_since(records, run[-1][0])", "'harmful' measured from the newest step", (PROMISES,)),
+           "_team_stalled_since(records, run[-1][0])", "'harmful' measured from the newest step", (MARGIN_HEALTH,)),
     Mutant("MP6", "nodes/health_monitor.py", "num_rounds=_int_or_none(record.config.get(NUM_ROUNDS))",
-           "num_rounds=None", "a one-round debate warns of stale rounds", (PROMISES,)),
+           "num_rounds=None", "a one-round debate warns of stale rounds", (MARGIN_HEALTH,)),
     Mutant("MP7", "trial_runner/verl/runner.py",
            '            **({"CUDA_VISIBLE_DEVICES": spec.devices} if spec.devices else {}),',
            "", "two parallel verl trials share the machine's GPUs", (PARALLEL_GPUS,)),

@@ -189,15 +189,23 @@ def load_config_text(text: str, *, source: str = "config", json_only: bool = Fal
     return flat
 
 
+#: a base config is a few KB (verl's whole config has about a thousand keys)
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """A YAML or JSON file (``.json`` is read as strict JSON) -> flat ``{dotted.key: value}``.
 
     Raises:
         ConfigError: the file cannot be read or parsed, or has the wrong shape (names the file).
     """
+    from mart.state.files import InputFileError, read_text_capped
+
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text_capped(path, MAX_CONFIG_BYTES, "config file")  # a regular file, a few KB
+    except InputFileError as e:
+        raise ConfigError(f"{e}.") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {str(path)!r}: {e.strerror or e}.") from None
     return load_config_text(text, source=f"config file {str(path)!r}", json_only=path.suffix.lower() == ".json")

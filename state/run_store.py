@@ -42,6 +42,31 @@ class RunOutsideRunsDir(RunNotFound):
     """A run reference that resolves outside the runs directory (a path elsewhere, ``..``, a symlink)."""
 
 
+class DamagedLedger(RunError):
+    """The run's SQLite file fails its integrity check: mart does not write into it."""
+
+
+class LedgerBehind(RunError):
+    """Trial folders hold results the ledger does not know (its newest writes were lost, e.g. with the -wal)."""
+
+
+def _damage_report(db: Path) -> str | None:
+    """The first problem ``PRAGMA integrity_check`` finds in ``db`` (read-only), or None when it is sound.
+
+    https://www.sqlite.org/pragma.html#pragma_integrity_check
+    """
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+        try:
+            rows = conn.execute("PRAGMA integrity_check(5)").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    problems = [r[0] for r in rows if r and r[0] != "ok"]
+    return "; ".join(problems) if problems else None
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -102,6 +127,7 @@ class RunStore:
         Raises:
             RunNotFound: no such run; RunOutsideRunsDir: a path outside ``runs_dir``.
             NotAMartRun: the directory's SQLite file is missing, corrupted or not written by mart.
+            DamagedLedger: opened for writing, and the file fails SQLite's integrity check.
         """
         root = Path(runs_dir).resolve()
         candidates = [Path(ref), Path(runs_dir) / str(ref)]
@@ -126,10 +152,63 @@ class RunStore:
             finally:
                 conn.close()
         except sqlite3.DatabaseError as e:
+            from mart.state.files import disk_full
+
+            full = disk_full(db)
+            if full:  # SQLite says "disk I/O error" when it cannot map its -shm: the cause is the disk
+                raise RunError(f"cannot open {db}: {full}; free space, then run the command again") from None
             raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
         if "runs" not in tables or "trials" not in tables or len(rows) != 1:
             raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")
-        return cls(run_dir, rows[0][0], readonly=readonly)
+        store = cls(run_dir, rows[0][0], readonly=readonly)
+        if not readonly:
+            store._check_writable(db)
+        return store
+
+    def _check_writable(self, db: Path) -> None:
+        """Refuse to write into a damaged ledger, or one that lost writes its trial folders prove it made."""
+        run_id = self.run_id
+        damage = _damage_report(db)  # a write into a damaged file spreads the damage: refuse, say what can be read
+        if damage:
+            raise DamagedLedger(
+                f"{db} is damaged (SQLite's integrity check: {' '.join(damage.split())[:300]}); mart does not "
+                f"write into a damaged ledger. What it still holds can be read: `mart trials {run_id}`, "
+                f"`mart export {run_id}` and `mart status {run_id}` open it read-only; keep a copy of "
+                "the folder, and `sqlite3 mart.sqlite .recover` rebuilds what SQLite can save")
+        lost = self.untracked_trials()
+        if lost:
+            raise LedgerBehind(
+                f"run {run_id}: trial folders hold results its ledger does not know ({', '.join(lost[:5])}"
+                f"{', ...' if len(lost) > 5 else ''}): the ledger lost its newest writes (mart.sqlite-wal deleted "
+                "or truncated after a kill?), and continuing would run those trials again over their files. "
+                "Put the -wal file back if you have it; the folders keep the trials' own results")
+
+    def untracked_trials(self) -> list[str]:
+        """Trial folders with files in them that the ledger has no row for, each with what it holds.
+
+        ``launch_trial`` writes a trial's row before anything is written into its folder (an empty folder is a
+        kill between the two), so a folder with files but no row means the ledger lost writes it had made.
+        """
+        folder = self.run_dir / "trials"
+        try:
+            present = {p.name: p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()}
+        except OSError:
+            return []
+        if not present:
+            return []
+        conn = connect_readonly(self.db_path)
+        try:
+            known = {r[0] for r in conn.execute("SELECT trial_id FROM trials")}
+        except sqlite3.DatabaseError:
+            return []
+        finally:
+            conn.close()
+        out = []
+        for name in sorted(set(present) - known):
+            files = [p.name for p in present[name].iterdir()] if present[name].is_dir() else []
+            if files:
+                out.append(f"{name} ({'finished' if 'status.json' in files else 'started'})")
+        return out
 
     # -- resources --------------------------------------------------------------------------------
     @property
@@ -153,9 +232,15 @@ class RunStore:
         return SqliteSaver(conn, serde=make_serde())
 
     def trial_dir(self, trial_id: str) -> Path:
-        path = self.run_dir / "trials" / trial_id
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        """The trial's folder, made when missing; a folder the run holds as a link (elsewhere) is refused, so
+        that nothing a trial writes lands outside the run."""
+        from mart.state.files import UnsafePath, ensure_dir
+
+        try:
+            return ensure_dir(self.run_dir, Path("trials") / trial_id)
+        except UnsafePath as e:
+            raise RunError(f"{e.filename} is a symbolic link or not a folder: refusing to use it as a trial "
+                           "folder (remove it if you did not make it)") from None
 
     # -- one writer per run -----------------------------------------------------------------------
     @contextmanager

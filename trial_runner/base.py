@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mart.state.files import write_atomic
 from mart.state.job import JobDescription
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
@@ -125,12 +126,10 @@ class Backend(abc.ABC):
 
 
 def write_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason: str | None, last_step: int) -> None:
-    """Write status.json atomically (tmp + rename), so a reader never sees half of it."""
-    path = Path(trial_dir) / STATUS_FILE
-    tmp = path.with_suffix(".json.tmp")
+    """Write status.json atomically (a new file renamed into place: a reader never sees half of it, and a
+    link planted there is replaced, not followed)."""
     value = status.value if isinstance(status, TrialStatus) else str(status)
-    tmp.write_text(json.dumps({"status": value, "reason": reason, "last_step": last_step}))
-    os.replace(tmp, path)
+    write_atomic(trial_dir, STATUS_FILE, json.dumps({"status": value, "reason": reason, "last_step": last_step}))
 
 
 def read_status(trial_dir: str | os.PathLike) -> TrialPoll | None:

@@ -20,16 +20,49 @@ process with the leader's pid and another create time proves that the trial's wh
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO
 
 import psutil
 
 #: How far two readings of one process's create time may differ (see the module docstring).
 PID_REUSE_TOLERANCE_S = 1.0
+
+#: The environment of a child that runs one of mart's own modules: Python 3.11+ then puts neither the working
+#: directory (``-m``) nor a script's folder first on ``sys.path``.
+SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+
+
+def python_command(python: str | None = None, *, safe_path: bool = True) -> list[str]:
+    """An interpreter command: the interpreter as an absolute path (``python`` is looked up now, not by the
+    child), and with ``safe_path`` ``-P`` (Python 3.11+) when it is this one, so that ``-m`` imports nothing
+    from the working directory.
+
+    A run folder is untrusted input, and ``python -m pkg`` puts its working directory first on ``sys.path``: a
+    ``pkg/`` lying there would be imported instead of the installed package. (``-P`` also keeps a script's
+    own folder off the path: a user's ``python train.py`` keeps it, with ``safe_path=False``.)
+    """
+    exe = python or sys.executable
+    if not os.path.isabs(exe):
+        exe = shutil.which(exe) or exe
+    same = os.path.realpath(exe) == os.path.realpath(sys.executable)
+    return [exe, "-P"] if safe_path and same and sys.version_info >= (3, 11) else [exe]
+
+
+def private_workdir(parent: str | os.PathLike) -> Path:
+    """A new, empty working directory for a trial process, made by mart now (a random name: nothing in a run
+    folder can have been put there before). Python's ``-m`` and Ray both put the working directory on
+    ``sys.path`` (Ray: every worker's, https://github.com/ray-project/ray/blob/master/python/ray/_private/worker.py),
+    so it must hold only what the trial itself writes."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="cwd-", dir=parent))
 
 
 def create_time(pid: int) -> float | None:

@@ -25,6 +25,9 @@ BUILTIN_BACKENDS: dict[str, str] = {
 # value that names code to import or a command to run must be one the user allows again.
 ALLOW_ENV = "MART_ALLOWED_BACKENDS"
 COMMAND_OPTIONS = ("entrypoint", "verl_python", "runner_options")
+#: backend options that name an endpoint mart sends a credential to (the Ray dashboard gets RAY_AUTH_TOKEN),
+#: with the environment variable that names the same endpoint in this process
+ENDPOINT_OPTIONS = {"ray_address": "RAY_ADDRESS"}
 
 
 def allowed_from_env(extra: Collection[str] = ()) -> set[str]:
@@ -37,8 +40,8 @@ def untrusted_parts(spec: str, options: Mapping[str, Any], allowed: Collection[s
     """What in a stored backend spec and its options would run code the user has not allowed.
 
     A builtin name without command options is always fine; a plugin spec (``module:factory``) must be
-    in ``allowed``; so must a launch command (``entrypoint``, ``verl_python``); ``runner_options`` only with
-    full trust.
+    in ``allowed``; so must a launch command (``entrypoint``, ``verl_python``) and an endpoint that would get
+    a credential (``ray_address``: in ``allowed`` or ``$RAY_ADDRESS``); ``runner_options`` only with full trust.
     """
     parts = []
     if spec not in BUILTIN_BACKENDS and spec not in allowed:
@@ -49,6 +52,10 @@ def untrusted_parts(spec: str, options: Mapping[str, Any], allowed: Collection[s
             parts.append(f"launch command {key}={str(value)!r}")
     if options.get("runner_options") is not None:
         parts.append("runner_options")
+    for key, env in ENDPOINT_OPTIONS.items():  # an endpoint: mart would send it the user's credential
+        value = options.get(key)
+        if value is not None and str(value) not in allowed and str(value) != os.environ.get(env):
+            parts.append(f"endpoint {key}={str(value)!r} (given `--{key.replace('_', '-')}` again, it gets your token)")
     return parts
 
 
@@ -130,8 +137,15 @@ def load_backend(spec: str, **options: Any) -> Backend:
     """
     factory = backend_factory(spec)
     check_backend_options(spec, options, factory)
-    backend = factory(**options)
+    target = BUILTIN_BACKENDS.get(spec, spec)
+    if not callable(factory):
+        raise ValueError(f"backend {spec!r}: {target} is not callable (a backend factory returns a Backend)")
+    try:
+        backend = factory(**options)
+    except TypeError as e:  # `os:system` and the like: a callable, but not a factory of keyword options
+        if spec in BUILTIN_BACKENDS:
+            raise
+        raise ValueError(f"backend {spec!r}: {target} cannot be called as a backend factory ({e})") from None
     if not isinstance(backend, Backend):
-        target = BUILTIN_BACKENDS.get(spec, spec)
         raise ValueError(f"backend {spec!r}: {target} returned {type(backend).__name__}, not a trial_runner.base.Backend")
     return backend

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import CandidateDecision, ReviewDecision
+from mart.state.text import plain  # noqa: F401 - the terminal's escaping, with every other output's; re-exported
 from mart.state.units import fmt_gb
 
 if TYPE_CHECKING:
@@ -74,19 +75,6 @@ class DetachReviewer(Reviewer):
 
     def review(self, request: dict[str, Any]) -> None:
         return None
-
-
-# Terminal controls a foreign string must not carry to a reviewer's screen: C0/C1 controls (ESC starts
-# sequences that clear the screen, set the window title, move the cursor) and the bidirectional
-# overrides that make text read differently from what it is (CVE-2021-42574, "Trojan Source").
-_BIDI = dict.fromkeys(map(ord, "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"))
-_CONTROLS = {c: None for c in [*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0)]}
-_STRIP = {**_CONTROLS, **_BIDI, 0x0d: None}
-
-
-def plain(text: Any) -> str:
-    """``text`` without control characters and bidi overrides (newlines and tabs kept)."""
-    return str(text).translate(_STRIP)
 
 
 def format_request(request: dict[str, Any]) -> str:

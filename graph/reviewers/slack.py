@@ -20,10 +20,11 @@ import sys
 import time
 from typing import Any
 
-from mart.graph.reviewers.base import Reviewer, format_request, plain
+from mart.graph.reviewers.base import Reviewer, format_request
 from mart.state.config_values import format_value
 from mart.state.ledger import Ledger
 from mart.state.models import ReviewDecision
+from mart.state.text import slack_text
 from mart.state.units import fmt_gb
 
 TOKEN_ENV = "SLACK_BOT_TOKEN"
@@ -86,7 +87,7 @@ def esc(text: Any) -> str:
     """Foreign text for a Slack mrkdwn field: ``&<>`` escaped as Slack asks, so ``<!channel>``, ``<@U1>`` and
     ``<https://evil|docs>`` show as the text they are (no mention, no disguised link), and no control characters.
     See https://api.slack.com/reference/surfaces/formatting#escaping."""
-    return plain(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return slack_text(text)
 
 
 def _code(text: Any) -> str:

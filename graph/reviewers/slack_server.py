@@ -8,8 +8,11 @@ Two transports for the same slack_bolt app:
 - **HTTP** (``--mode http``): a Starlette app on uvicorn (https://www.uvicorn.org) at ``/slack/events``,
   behind the team's TLS proxy. The signature is checked on the raw body before anything parses it
   (anything unsigned, malformed or not, gets 401); bodies are capped at ``MAX_BODY`` and must arrive
-  within ``BODY_TIMEOUT_S``; a connection that sends no complete request within ``IDLE_TIMEOUT_S`` is
-  closed; at most ``MAX_CONNECTIONS`` at once (uvicorn answers 503 beyond).
+  within ``BODY_TIMEOUT_S``; a connection gets ``IDLE_TIMEOUT_S`` in all for a request's headers (however
+  it dribbles them) and is closed after; at most ``MAX_CONNECTIONS`` at once (uvicorn answers 503 beyond),
+  at most ``MAX_CONNECTIONS_PER_CLIENT`` from one address (so one client cannot take every slot). A
+  malformed timestamp is refused like a bad signature (401), a signed but malformed payload gets 400, and
+  both are logged one line per window, never as a traceback.
 
 Every HTTP request goes through the signature check (a bad or old signature gets 401), then the
 reviewer allow-list (anyone else gets 403 and an ephemeral note), then a check that the clicked review is
@@ -71,6 +74,8 @@ MAX_BODY = 1 << 20  # Slack's interaction payloads are a few KB
 BODY_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 10
 MAX_CONNECTIONS = 100
+#: connections one client address may hold at once (Slack opens a few); the rest are closed at once
+MAX_CONNECTIONS_PER_CLIENT = 20
 EVENTS_PATH = "/slack/events"
 RECORDED = "Recorded:"  # the start of the note a partial (one-candidate) decision gets
 
@@ -108,13 +113,23 @@ class SlackReviewService:
         self.app = App(client=client, signing_secret=signing_secret or None,
                        request_verification_enabled=bool(signing_secret),
                        token_verification_enabled=token_verification, process_before_response=True, logger=bolt_log)
+        self.malformed = _RefusalLog("malformed Slack payload")
         self.app.middleware(self._allow_list)
+        self.app.error(self._on_error)
         for action_id in (ACTION_APPROVE, ACTION_EDIT, ACTION_REJECT):
             self.app.action(action_id)(self._on_button)
         self.app.view(MODAL_CALLBACK)(self._on_submit)
 
     def dispatch(self, request):
-        return self.app.dispatch(request)
+        """bolt's answer to a signed request; a payload bolt itself cannot read (a view without its type, ...)
+        gets 400 and one log line per window, not a traceback per request."""
+        from slack_bolt import BoltResponse
+
+        try:
+            return self.app.dispatch(request)
+        except Exception as e:  # noqa: BLE001 - signed, but not what Slack sends
+            self.malformed.note("?", f"{type(e).__name__}: {str(e)[:200]}")
+            return BoltResponse(status=400, body="malformed payload")
 
     def warm_up(self) -> None:
         """Load what a first click needs (the session module, the graph, the SQLite checkpointer) now.
@@ -137,7 +152,10 @@ class SlackReviewService:
         if not isinstance(body, dict) or not body.get("type"):
             return next()  # ssl_check and the like: bolt answers them
         u = body.get("user")
-        user = u.get("id") if isinstance(u, dict) else u
+        user = u.get("id") if isinstance(u, dict) else None
+        if not isinstance(user, str):  # signed, but not what Slack sends: refused, not crashed on
+            self.malformed.note((req.context.get("client_ip") if hasattr(req, "context") else None) or "?", "no user id")
+            return BoltResponse(status=200 if req.mode == "socket_mode" else 400, body="malformed payload")
         if user not in self.reviewers:
             log.warning("refused a %s from user %s: not on the reviewer allow-list", body.get("type"), user)
             channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
@@ -147,6 +165,14 @@ class SlackReviewService:
             socket_mode = req.mode == "socket_mode"
             return BoltResponse(status=200 if socket_mode else 403, body="" if socket_mode else "not a mart reviewer")
         return next()
+
+    def _on_error(self, error: Exception) -> Any:
+        """A listener failed on a signed request (a payload that is not what Slack sends): 400 and one log
+        line per window, never a traceback per request."""
+        from slack_bolt import BoltResponse
+
+        self.malformed.note("?", f"{type(error).__name__}: {str(error)[:200]}")
+        return BoltResponse(status=400, body="malformed payload")
 
     def _ephemeral(self, channel: str, user: str, text: str) -> None:
         try:
@@ -229,6 +255,8 @@ class SlackReviewService:
         user = body["user"]["id"]
         try:
             meta = json.loads(view.get("private_metadata") or "{}")
+            if not isinstance(meta, dict):
+                raise ValueError("private_metadata is not an object")
             parse_button_value(json.dumps(meta))
         except ValueError:
             ack(response_action="errors", errors={FEEDBACK_BLOCK: "This form does not belong to a mart review."})
@@ -391,20 +419,22 @@ def _drop_token_skipped(record: logging.LogRecord) -> bool:
 
 
 class _RefusalLog:
-    """Logs requests refused for a bad or stale signature at warning level, at most one line per
-    ``every_s`` (with the count since the last line), so a flood cannot fill the log."""
+    """Logs refused requests at warning level, at most one line per ``every_s`` (with the count since the
+    last line), so a flood cannot fill the log."""
 
-    def __init__(self, every_s: float = 10.0) -> None:
+    def __init__(self, what: str = "invalid or stale Slack signature", every_s: float = 10.0) -> None:
+        self.what = what
         self.every_s = every_s
         self._last = -math.inf
         self._since = 0
 
-    def note(self, peer: str) -> None:
+    def note(self, peer: str, detail: str | None = None) -> None:
         self._since += 1
         now = time.monotonic()
         if now - self._last >= self.every_s:
             more = f" ({self._since} since the last report)" if self._since > 1 else ""
-            log.warning("refused a request from %s: invalid or stale Slack signature%s", peer, more)
+            log.warning("refused a request from %s: %s%s%s", peer, self.what,
+                        f" ({' '.join(str(detail).split())})" if detail else "", more)
             self._last, self._since = now, 0
 
 
@@ -439,7 +469,9 @@ def asgi_app(service: SlackReviewService, path: str = EVENTS_PATH, *, max_body: 
         except (asyncio.TimeoutError, TimeoutError):
             return PlainTextResponse("request body too slow", status_code=408)
         headers = {k.lower(): v for k, v in request.headers.items()}
-        if not verifier.is_valid_request(body, headers):
+        ts = headers.get("x-slack-request-timestamp", "")
+        # slack_sdk's check reads the timestamp with int(): anything but a few digits would raise (500)
+        if not (ts.isascii() and ts.isdigit() and len(ts) <= 12) or not verifier.is_valid_request(body, headers):
             refusals.note(request.client.host if request.client else "?")
             return PlainTextResponse("invalid signature", status_code=401)
         try:  # signed by Slack, but still parsed defensively
@@ -459,25 +491,68 @@ def asgi_app(service: SlackReviewService, path: str = EVENTS_PATH, *, max_body: 
 
 
 def _idle_timeout_protocol():
-    """uvicorn's h11 protocol, plus a timer from the moment a connection opens until its request is
-    complete: uvicorn's own keep-alive timeout starts only after a first response, so a client that
-    connects and sends nothing (or dribbles its headers) would hold the connection for ever."""
+    """uvicorn's h11 protocol, plus a deadline for each request's headers and a cap on connections per client.
+
+    uvicorn's own keep-alive timeout starts only after a first response, so a client that connects and sends
+    nothing (or dribbles its headers a byte at a time) would hold a connection for ever, and enough of them
+    hold every slot (``/healthz`` then gets 503). Here a connection has ``IDLE_TIMEOUT_S`` from its first
+    byte (or from its opening) to complete a request's headers, however it dribbles them, and one client
+    address holds at most ``MAX_CONNECTIONS_PER_CLIENT`` connections."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    per_client: dict[str, int] = {}
+
     class Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _peer: str | None = None
+
         def connection_made(self, transport):  # type: ignore[override]
             super().connection_made(transport)
-            self._arm_idle()
+            peer = transport.get_extra_info("peername")
+            self._peer = str(peer[0]) if peer else "?"
+            per_client[self._peer] = per_client.get(self._peer, 0) + 1
+            if per_client[self._peer] > MAX_CONNECTIONS_PER_CLIENT:
+                transport.close()  # one address may not take every slot
+                return
+            self._arm()
+
+        def connection_lost(self, exc):  # type: ignore[override]
+            if self._peer is not None:
+                left = per_client.get(self._peer, 1) - 1
+                if left > 0:
+                    per_client[self._peer] = left
+                else:
+                    per_client.pop(self._peer, None)
+                self._peer = None
+            self._disarm()
+            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.cycle is None and not self.transport.is_closing():
-                self._arm_idle()  # headers still incomplete: the clock keeps running from the last byte
+            if self.transport.is_closing():
+                return
+            if self.cycle is None or self.cycle.response_complete:
+                self._arm()  # headers still incomplete: the deadline stands (it is not moved by a byte)
+            else:
+                self._disarm()  # a request is in: the body has its own timeout (BODY_TIMEOUT_S)
 
-        def _arm_idle(self) -> None:
-            if self.timeout_keep_alive_task is not None:
-                self.timeout_keep_alive_task.cancel()
-            self.timeout_keep_alive_task = self.loop.call_later(IDLE_TIMEOUT_S, self.timeout_keep_alive_handler)
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(IDLE_TIMEOUT_S, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _headers_too_slow(self) -> None:
+            self._deadline = None
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._disarm()  # the next request's deadline starts with its first byte (keep-alive covers the wait)
 
     return Protocol
 

@@ -17,8 +17,10 @@ streaming (SSE)        ``streaming`` argument         ``MART_LLM_STREAM`` = 1 (d
 answer tokens          ``max_tokens`` argument        ``MART_LLM_MAX_TOKENS`` (default 4096)
 =====================  =============================  ===========================================
 
-An answer longer than ``MAX_ANSWER_CHARS`` is refused unread (an endpoint that ignores ``max_tokens``
-cannot make mart parse, store or re-send megabytes).
+An answer longer than ``MAX_ANSWER_CHARS`` is refused unparsed, and a response body over
+``MAX_RESPONSE_BYTES`` is refused unread (its ``Content-Length``, or the bytes as they arrive): an endpoint
+that ignores ``max_tokens`` cannot make mart hold, parse, store or re-send megabytes. An answer that echoes
+the API key has it replaced by ``[redacted]`` before anything reads it.
 
 Timeouts, 429 and 5xx are retried by the openai client with exponential backoff (it honours
 ``Retry-After``), at most ``max_retries`` times: one call takes at most about
@@ -52,6 +54,9 @@ MAX_REPAIR_ROUNDS = 2
 DEFAULT_MAX_TOKENS = 4096
 MAX_ANSWER_CHARS = 64_000
 """Longest answer parsed; a few candidates with rationales fit in ~4k characters."""
+MAX_RESPONSE_BYTES = 1 << 20
+"""Longest HTTP response body read (the answer in its JSON envelope, or its SSE chunks): beyond it the
+response is dropped unread, whatever the endpoint says its length is."""
 PLACEHOLDER_API_KEY = "EMPTY"
 """Sent to a custom base URL when no key is configured (``vllm serve`` without ``--api-key`` accepts any)."""
 
@@ -188,6 +193,9 @@ def classify_error(exc: BaseException, secret: str | None = None) -> LLMCallErro
     import openai
 
     msg = redact(str(exc) or type(exc).__name__, secret)
+    big = _too_large_cause(exc)
+    if big is not None:  # the client wraps it (after its retries) in a connection error
+        return LLMCallError("too_large", str(big))
     if isinstance(exc, openai.APITimeoutError):
         return LLMCallError("timeout", msg)
     if isinstance(exc, openai.APIConnectionError):
@@ -205,6 +213,54 @@ def classify_error(exc: BaseException, secret: str | None = None) -> LLMCallErro
     if isinstance(exc, TimeoutError):
         return LLMCallError("timeout", msg)
     return LLMCallError("other", f"{type(exc).__name__}: {msg}")
+
+
+# --------------------------------------------------------------------------- the HTTP client
+
+
+class ResponseTooLarge(Exception):
+    """The endpoint's response body is over ``MAX_RESPONSE_BYTES`` (refused unread)."""
+
+
+def capped_http_client(limit: int = MAX_RESPONSE_BYTES):
+    """An ``httpx.Client`` whose responses are refused once their body passes ``limit`` bytes: at once when
+    ``Content-Length`` says so, else while the bytes arrive (SSE, chunked), so at most ``limit`` are held."""
+    import httpx
+
+    class _Capped(httpx.SyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __iter__(self):
+            seen = 0
+            for chunk in self.inner:
+                seen += len(chunk)
+                if seen > limit:
+                    raise ResponseTooLarge(f"the response is over {limit} bytes; refused unread")
+                yield chunk
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class _Transport(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            resp = super().handle_request(request)
+            length = resp.headers.get("content-length")
+            if length and length.isdigit() and int(length) > limit:
+                resp.close()
+                raise ResponseTooLarge(f"the response is {length} bytes, over {limit}; refused unread")
+            return httpx.Response(resp.status_code, headers=resp.headers, stream=_Capped(resp.stream),
+                                  extensions=resp.extensions, request=request)
+
+    return httpx.Client(transport=_Transport())
+
+
+def _too_large_cause(exc: BaseException) -> ResponseTooLarge | None:
+    while exc is not None:
+        if isinstance(exc, ResponseTooLarge):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 # --------------------------------------------------------------------------- the call
@@ -246,6 +302,7 @@ class StructuredChat:
             max_tokens=settings.max_tokens,
             stream_usage=True,
             use_responses_api=False,
+            http_client=capped_http_client(),
         )
         if settings.structured == "json_schema":
             # A dict (not the class) keeps ChatOpenAI on the plain `create` path: a malformed answer comes
@@ -285,14 +342,22 @@ class StructuredChat:
             latency_s=latency,
         )
 
+    def _scrub(self, text: str) -> str:
+        """The answer without the API key (a model that echoes it must not get it stored or shown)."""
+        secret = self._secret
+        if not secret or secret == PLACEHOLDER_API_KEY or secret not in text:
+            return text
+        return text.replace(secret, "[redacted]")
+
     def _parse(self, raw: Any) -> tuple[str, Any, str | None]:
         for call in getattr(raw, "tool_calls", None) or []:
             text = json.dumps(call.get("args"))
             if len(text) > MAX_ANSWER_CHARS:
-                return _too_long(text)
-            return text, call.get("args"), None
+                return _too_long(self._scrub(text))
+            clean = self._scrub(text)
+            return clean, (call.get("args") if clean == text else json.loads(clean)), None
         for bad in getattr(raw, "invalid_tool_calls", None) or []:
-            text = str(bad.get("args") or "")
+            text = self._scrub(str(bad.get("args") or ""))
             if len(text) > MAX_ANSWER_CHARS:
                 return _too_long(text)
             return text, None, f"the tool call's arguments are not valid JSON ({_json_error(text)})"
@@ -301,7 +366,8 @@ class StructuredChat:
             content = "".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
         text = str(content or "")
         if len(text) > MAX_ANSWER_CHARS:
-            return _too_long(text)
+            return _too_long(self._scrub(text))
+        text = self._scrub(text)
         if not text.strip():
             return text, None, "the answer is empty (expected one JSON object)"
         try:

@@ -231,3 +231,89 @@ def test_socket_mode_needs_an_app_token(tmp_path, monkeypatch):
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
     with pytest.raises(SlackConfigError, match="SLACK_APP_TOKEN"):
         slack_server.serve(tmp_path, reviewers=[ALICE], mode="socket")
+
+
+# -- issue 26 item 6: bad timestamps, malformed signed payloads, slow headers ---------------------------------
+def _signed(body: str, ts: str | None = None) -> dict[str, str]:
+    ts = ts or str(int(time.time()))
+    return {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": ts,
+            "X-Slack-Signature": SignatureVerifier(SECRET).generate_signature(timestamp=ts, body=body)}
+
+
+def _tracebacks(caplog) -> list:
+    return [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+
+
+def test_bad_timestamps_get_401_without_a_traceback(http, caplog):
+    caplog.set_level(logging.INFO)
+    for ts in ("abc", "1.5e9", "", "-1", "99999999999999999999999"):
+        headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": ts,
+                   "X-Slack-Signature": "v0=" + "0" * 64}
+        assert post(http, b"payload=%7B%7D", headers) == 401, ts
+    assert _tracebacks(caplog) == [] and healthy(http)
+    assert len([r for r in caplog.records if r.name == "mart.slack"]) <= 1  # one line per window, not per request
+
+
+def test_signed_but_malformed_payloads_get_4xx_and_one_log_line(http, caplog):
+    caplog.set_level(logging.INFO)
+    bad_user = {"type": "block_actions", "user": ["U0ALICE"], "actions": [{"action_id": ACTION_APPROVE, "value": "{}"}]}
+    bad_meta = {"type": "view_submission", "user": {"id": ALICE}, "view": {"callback_id": "mart_decision",
+                "private_metadata": "[1, 2]", "state": {"values": {}}}}
+    bad_value = {"type": "block_actions", "user": {"id": ALICE}, "trigger_id": "t", "channel": {"id": "C1"},
+                 "actions": [{"action_id": ACTION_APPROVE, "value": "[1]"}], "container": {"message_ts": "1"}}
+    import urllib.parse
+
+    for payload in (bad_user, bad_meta, bad_value, {"type": "block_actions", "user": {"id": 5}}) * 3:
+        body = "payload=" + urllib.parse.quote(json.dumps(payload))
+        status = post(http, body.encode(), _signed(body))
+        assert 200 <= status < 500, (payload, status)
+    assert _tracebacks(caplog) == [], [r.getMessage() for r in _tracebacks(caplog)]
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) <= 3
+    assert healthy(http)
+
+
+def test_slow_header_clients_are_capped_and_healthz_stays_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(slack_server, "IDLE_TIMEOUT_S", 2)
+    monkeypatch.setattr(slack_server, "MAX_CONNECTIONS_PER_CLIENT", 10)
+    with SlackStub(TOKEN) as stub:
+        service = SlackReviewService(tmp_path, signing_secret=SECRET, reviewers={ALICE},
+                                     client=slack_client(stub.api_url, TOKEN), token_verification=False)
+        server, sock = slack_server.http_server(service, "127.0.0.1", 0)
+        server.install_signal_handlers = lambda: None
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        port = sock.getsockname()[1]
+        slow = []
+        try:
+            for _ in range(110):  # one client (127.0.0.2) dribbling one header byte at a time
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.settimeout(5)
+                s.connect(("127.0.0.1", port))
+                slow.append(s)
+            start = time.monotonic()
+            header = b"POST /slack/events HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+            closed_at: dict[int, float] = {}
+            for i in range(14):  # 7 s of dribbling, one byte every 0.5 s (each byte re-armed the old timer)
+                for k, s in enumerate(slow):
+                    if k in closed_at:
+                        continue
+                    try:
+                        s.send(header[i:i + 1])
+                    except OSError:
+                        closed_at[k] = time.monotonic() - start
+                if i == 4:
+                    assert healthy(port)  # another client is served while the slow ones hold their slots
+                time.sleep(0.5)
+            assert len(closed_at) == len(slow), f"{len(slow) - len(closed_at)} slow connections still open"
+            assert max(closed_at.values()) < 2 + 3.5  # the header time is capped, whatever the dribble
+            assert healthy(port)
+        finally:
+            for s in slow:
+                s.close()
+            server.should_exit = True
+            thread.join(10)

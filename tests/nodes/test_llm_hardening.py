@@ -75,3 +75,56 @@ def test_ledger_records_attempts_and_raw_answers(tmp_path, stub):
     usage = ledger.agent_usage("r")
     assert usage["repairs"] == len(rows) - 1 and usage["invalid_answers"] == sum(not r["ok"] for r in rows)
     ledger.close()
+
+
+# -- issue 26 item 1d: an answer too large is refused unread, in bounded memory ---------------------------------
+_RSS_SCRIPT = r"""
+import json, resource, sys
+from mart.nodes.agents.llm import LLMProposer
+from tests.support.llm_helpers import SECRET, FallbackProposer, make_ctx, options
+
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+agent = LLMProposer(options(sys.argv[1]), api_key=SECRET, fallback=FallbackProposer(), max_retries=0,
+                    repair_rounds=0, streaming=sys.argv[2] == "sse")
+agent.propose(make_ctx())  # warm-up: imports, first request
+before = peak_mb()
+cands = agent.propose(make_ctx())  # the huge answer
+print(json.dumps({"before_mb": before, "after_mb": peak_mb(), "sources": [c.source for c in cands],
+                  "errors": [c.error for c in agent.last_calls()]}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["json", "sse"])
+def test_a_20_mb_answer_is_refused_unread_in_bounded_memory(stub, mode):
+    import subprocess
+    import sys
+
+    from tests.support.paths import REPO
+
+    huge = '{"analysis": "' + "x" * (20 * 1024 * 1024) + '"}'
+    stub.push(PlausibleAgent(seed=1), Reply.text(huge))
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, stub.base_url, mode], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{mode}: peak RSS {res['before_mb']:.0f} MB before, {res['after_mb']:.0f} MB after the 20 MB answer")
+    assert res["after_mb"] - res["before_mb"] < 40, res  # the answer itself is 20 MB: it was never held whole
+    assert res["sources"] == ["rules"]  # the round fell back
+    assert any(e and "refused unread" in e for e in res["errors"]), res["errors"]
+
+
+def test_an_echoed_key_is_never_stored(tmp_path, stub):
+    from mart.state.ledger import Ledger
+
+    stub.push(Reply.text(f'not json, but here is your key: {SECRET} and again "{SECRET}"'),
+              Reply.json({"analysis": f"the key is {SECRET}", "candidates": "not a list"}))
+    agent = proposer(stub, repair_rounds=1)
+    agent.propose(make_ctx())
+    ledger = Ledger(tmp_path / "mart.sqlite")
+    ledger.add_agent_calls("r", "system-1-1-proposer", agent.last_calls())
+    ledger.close()
+    assert SECRET.encode() not in (tmp_path / "mart.sqlite").read_bytes()
+    rows = Ledger(tmp_path / "mart.sqlite").table_rows("agent_calls")
+    assert rows[0]["raw_answer"] and "here is your key" in rows[0]["raw_answer"]  # the rest of the answer is kept

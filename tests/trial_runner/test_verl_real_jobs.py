@@ -163,7 +163,9 @@ def test_run_script_without_args_passthrough_is_refused(tmp_path, monkeypatch):
 def test_import_resolves_variables_quotes_lists_and_reports_the_rest():
     imp = import_run_script(RUN_SCRIPT, env={"MODEL_PATH": "/models/q", "FAKE": "/opt/verl/main_ppo.py"})
     assert imp.passes_args and imp.line == 7
-    assert imp.overrides["actor_rollout_ref.model.path"] == "/models/q"  # ${VAR:-x} takes the environment
+    # ${VAR:-x} takes the script's default: mart never copies a value of its environment (issue 26), and says so
+    assert imp.overrides["actor_rollout_ref.model.path"] == "Qwen/Qwen3-0.6B"
+    assert any("MODEL_PATH" in n for n in imp.notes) and not any("/models/q" in n for n in imp.notes)
     assert imp.overrides["data.train_batch_size"] == 512  # the script's own assignment
     assert imp.overrides["trainer.logger"] == ["console", "wandb"]
     assert imp.overrides["trainer.project_name"] == "my project"

@@ -15,6 +15,7 @@ exactly; with another seed it draws new prompts and samples from there (a re-eva
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from mart.state.files import write_atomic
 from mart.state.search_space import ConfigError
 from mart.trial_runner.local.config import FIELDS, LocalConfig
 
@@ -45,11 +47,9 @@ def save_checkpoint(trainer: Any, step: int, directory: str | os.PathLike, flat_
         "sampler": trainer.sampler.get_state(),
         "config": {k: flat_config[k] for k in SHAPE_KEYS},
     }
-    path = out / CHECKPOINT_FILE
-    tmp = out / (CHECKPOINT_FILE + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
+    buf = io.BytesIO()  # the local workload's models are small; written whole, never through a planted link
+    torch.save(payload, buf)
+    return write_atomic(out, CHECKPOINT_FILE, buf.getvalue())
 
 
 def load_checkpoint(trainer: Any, directory: str | os.PathLike, cfg: LocalConfig, flat_config: dict[str, Any]) -> int:

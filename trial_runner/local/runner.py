@@ -13,11 +13,18 @@ import signal
 import sys
 from pathlib import Path
 
+from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
 from mart.trial_runner.metrics import MetricsTail
-from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup, find_launched
+from mart.trial_runner.process import (
+    LAUNCH_TOKEN_ENV,
+    SAFE_PATH_ENV,
+    ProcessGroup,
+    find_launched,
+    python_command,
+)
 
 CONFIG_FILE = "config.json"
 
@@ -47,13 +54,11 @@ class LocalRunner(TrialRunner):
         config = dict(spec.config)
         config["trainer.total_training_steps"] = spec.steps
         config["seed"] = spec.seed
-        path = trial_dir / CONFIG_FILE
-        path.write_text(json.dumps(config, indent=1, sort_keys=True))
-        return path
+        return write_atomic(trial_dir, CONFIG_FILE, json.dumps(config, indent=1, sort_keys=True))
 
     def build_command(self, spec: TrialSpec) -> list[str]:
         """The worker's argv (the Ray runner reuses it); ``config.json`` is expected in the trial dir."""
-        argv = [self.python, "-m", "mart.trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
+        argv = [*python_command(self.python), "-m", "mart.trial_runner.local", "--out", str(spec.trial_dir), "--steps", str(spec.steps),
                 "--config", str(Path(spec.trial_dir) / CONFIG_FILE), "--seed", str(spec.seed)]
         capacity = spec.memory_capacity_gb if spec.memory_capacity_gb is not None else self.memory_capacity_gb
         if capacity is not None:
@@ -69,7 +74,7 @@ class LocalRunner(TrialRunner):
 
         ``PYTHONSAFEPATH``: ``python -m`` would put the current directory first on the path, so a stray
         ``numpy.py`` there would run inside the trial (Python 3.11+; older versions ignore it)."""
-        return {"PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1"}
+        return {"PYTHONUNBUFFERED": "1", **SAFE_PATH_ENV}
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
         self._reap()
@@ -79,7 +84,7 @@ class LocalRunner(TrialRunner):
             (trial_dir / stale).unlink(missing_ok=True)
         self._tails.pop(str(trial_dir), None)
         env = trial_env({**self.build_env(spec), **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
-        with open(trial_dir / LOG_FILE, "wb") as log:
+        with open_in(trial_dir, LOG_FILE, "wb") as log:
             group = ProcessGroup.spawn(self.build_command(spec), env=env, output=log)
         self._groups[group.pid] = group
         return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
@@ -116,7 +121,10 @@ class LocalRunner(TrialRunner):
 
     def _ended_without_status(self, handle: TrialHandle) -> TrialPoll:
         code = self._exit_codes.get(handle.pid) if handle.pid is not None else None
-        if code is None:
+        full = disk_full(handle.trial_dir)  # the worker could not even write its status: say why
+        if full:
+            reason = f"{full}: the trial could not write its results (free space, then `mart resume`)"
+        elif code is None:
             reason = "the trial process ended without writing a status (killed?)"
         elif code < 0:
             reason = f"killed by {signal.Signals(-code).name} without writing a status"

@@ -29,6 +29,7 @@ import traceback
 from functools import partial
 from pathlib import Path
 
+from mart.state.files import open_in
 from mart.state.search_space import ConfigError
 from mart.state.trials import METRICS_FILE, checkpoint_dir
 from mart.trial_runner.base import write_status
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
         metrics["timing_s/testing"] = time.perf_counter() - t0
         monitor.check()
 
-    with open(out / METRICS_FILE, "w") as f:  # truncate, as verl's file logger
+    with open_in(out, METRICS_FILE, "w") as f:  # truncate, as verl's file logger; never through a link
         if cfg.val_before_train:
             metrics: dict = {}
             validate(metrics)

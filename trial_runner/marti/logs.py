@@ -120,8 +120,10 @@ class LogContext:
                    agent_order=[int(x) for x in data.get("agent_order") or []])
 
     def write(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps({"gpus": self.gpus, "samples_per_agent_step": self.samples_per_agent_step,
-                                          "agent_order": self.agent_order}))
+        from mart.state.files import write_atomic
+
+        write_atomic(Path(path).parent, Path(path).name, json.dumps(
+            {"gpus": self.gpus, "samples_per_agent_step": self.samples_per_agent_step, "agent_order": self.agent_order}))
 
 
 @dataclass

@@ -21,11 +21,13 @@ What differs for MARTI:
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mart.state.files import write_atomic
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import ConfigError
@@ -182,14 +184,12 @@ def _horizon(handle: TrialHandle) -> int | None:
 def _mirror_metrics(handle: TrialHandle, records: list[StepRecord]) -> None:
     """Write the parsed records to the attempt's metrics.jsonl once (atomically), for the trial-dir contract."""
     adir = Path(handle.extra.get("attempt_dir") or Path(handle.trial_dir) / f"attempt-{handle.extra.get('attempt', 1)}")
-    path = adir / METRICS_FILE
-    tmp = path.with_suffix(".jsonl.tmp")
+    buf = io.StringIO()
+    for rec in records:
+        write_record(buf, rec.step, rec.data)
     try:
         adir.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w") as f:
-            for rec in records:
-                write_record(f, rec.step, rec.data)
-        tmp.replace(path)
+        write_atomic(adir, METRICS_FILE, buf.getvalue())
     except OSError:
         pass
 

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mart.state.files import write_atomic
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
@@ -221,8 +222,8 @@ class RayJobRunner(TrialRunner):
             extra["attempt"] = int(env["MART_ATTEMPT"])
         if env.get("VERL_FILE_LOGGER_PATH"):
             extra["metrics_path"] = env["VERL_FILE_LOGGER_PATH"]
-            (Path(env["VERL_FILE_LOGGER_PATH"]).parent / "launch.json").write_text(
-                json.dumps({"argv": argv, "env": env, "submission_id": submission_id, "at": time.time()}, indent=1))
+            write_atomic(Path(env["VERL_FILE_LOGGER_PATH"]).parent, "launch.json",
+                         json.dumps({"argv": argv, "env": env, "submission_id": submission_id, "at": time.time()}, indent=1))
         self.client.submit_job(
             entrypoint=entrypoint,
             submission_id=submission_id,
@@ -234,7 +235,7 @@ class RayJobRunner(TrialRunner):
         return self._handle(spec, submission_id, n, extra)
 
     def _write_job_file(self, trial_dir: Path, data: dict[str, Any]) -> None:
-        (trial_dir / "ray_job.json").write_text(json.dumps(data, indent=1))
+        write_atomic(trial_dir, "ray_job.json", json.dumps(data, indent=1))
 
     def _read_job_file(self, trial_dir: Path) -> dict[str, Any]:
         try:
@@ -258,10 +259,7 @@ class RayJobRunner(TrialRunner):
         except Exception:
             return None
         try:
-            path = Path(handle.trial_dir) / LOG_FILE
-            tmp = path.with_suffix(".log.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            write_atomic(handle.trial_dir, LOG_FILE, text)
         except OSError:
             pass
         return text

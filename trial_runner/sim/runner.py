@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mart.state.files import ensure_dir, open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec, checkpoint_dir
 from mart.trial_runner.base import TrialRunner, read_status, write_status
@@ -55,15 +56,13 @@ CLOCKS = ("wall", "poll", "virtual")
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_atomic(path.parent, path.name, json.dumps(obj))
 
 
 @contextlib.contextmanager
 def _locked(trial_dir: Path) -> Iterator[None]:
     """Serialise pollers of one trial (threads or processes)."""
-    with open(trial_dir / LOCK_FILE, "a+") as f:
+    with open_in(trial_dir, LOCK_FILE, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -136,8 +135,8 @@ class SimRunner(TrialRunner):
         _write_json(trial_dir / PLAN_FILE, plan)
         _write_json(trial_dir / META_FILE, meta)
         _write_json(trial_dir / STATE_FILE, self._usage(plan, written=0, sim_t=0.0, polls=0, final=None))
-        (trial_dir / METRICS_FILE).touch()
-        with open(trial_dir / LOG_FILE, "w") as log:
+        open_in(trial_dir, METRICS_FILE, "a").close()
+        with open_in(trial_dir, LOG_FILE, "w") as log:
             log.write(f"[sim] {spec.trial_id} on {self.scenario}: {spec.steps} steps, seed {seed}, "
                       f"{result.n_gpus} GPUs, clock={self.clock}\n")
         return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), started_at=started,
@@ -201,10 +200,10 @@ class SimRunner(TrialRunner):
 
         new = [e for e in events[written:] if e[0] <= target]
         if new:
-            with open(trial_dir / METRICS_FILE, "a") as f:
+            with open_in(trial_dir, METRICS_FILE, "a") as f:
                 for _, step, data in new:
                     write_record(f, step, data)
-            with open(trial_dir / LOG_FILE, "a") as log:
+            with open_in(trial_dir, LOG_FILE, "a") as log:
                 for _, step, data in new:
                     shown = {k: data[k] for k in ("perf/throughput", "timing_s/step", "perf/max_memory_allocated_gb",
                                                   "critic/score/mean", model.VAL_KEY) if k in data}
@@ -212,8 +211,7 @@ class SimRunner(TrialRunner):
         checkpoints = plan.get("checkpoints") or {}
         for _, step, _ in new:
             if str(step) in checkpoints:
-                ckpt = Path(checkpoint_dir(str(trial_dir), step))
-                ckpt.mkdir(parents=True, exist_ok=True)
+                ckpt = ensure_dir(trial_dir, Path(checkpoint_dir(str(trial_dir), step)))
                 _write_json(ckpt / CHECKPOINT_FILE, checkpoints[str(step)])
         written += len(new)
         last_step = events[written - 1][1] if written else 0
@@ -234,7 +232,7 @@ class SimRunner(TrialRunner):
             advance_virtual(trial_dir, meta["spec"]["trial_id"], None if due is None else float(meta["sim_start"]) + due)
         if final is None:
             return TrialPoll(status=TrialStatus.RUNNING, last_step=last_step)
-        with open(trial_dir / LOG_FILE, "a") as log:
+        with open_in(trial_dir, LOG_FILE, "a") as log:
             log.write(f"[sim] {final.status.value}: {final.reason or 'ok'} (step {final.last_step}, "
                       f"{sim_t:.0f} simulated s, {sim_t * plan['n_gpus'] / 3600:.2f} GPU-h)\n")
         write_status(trial_dir, final.status, final.reason, final.last_step or 0)
@@ -250,7 +248,7 @@ class SimRunner(TrialRunner):
 def _clock(trial_dir: Path) -> Iterator[dict[str, Any]]:
     """The run's virtual clock, locked while it is read and written back."""
     path = trial_dir.parent / CLOCK_FILE
-    with open(trial_dir.parent / (CLOCK_FILE + ".lock"), "a+") as lock:
+    with open_in(trial_dir.parent, CLOCK_FILE + ".lock", "a") as lock:  # no planted link followed
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             try:

@@ -22,6 +22,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mart.state.files import InputFileError, read_text_capped
+
 GIB = 1024**3
 
 
@@ -233,13 +235,13 @@ class ModelFile(_Strict):
     name: str = Field(min_length=1)
     hf_path: str | None = None
     num_hidden_layers: int = Field(ge=1, le=512)
-    hidden_size: int = Field(ge=64)
-    intermediate_size: int = Field(ge=64)
-    num_attention_heads: int = Field(ge=1)
-    num_key_value_heads: int = Field(ge=1)
-    vocab_size: int = Field(ge=256)
+    hidden_size: int = Field(ge=64, le=1 << 17)
+    intermediate_size: int = Field(ge=64, le=1 << 19)
+    num_attention_heads: int = Field(ge=1, le=1024)
+    num_key_value_heads: int = Field(ge=1, le=1024)
+    vocab_size: int = Field(ge=256, le=1 << 22)
     num_parameters: float = Field(gt=1e7, le=2e12, description="total parameters, embeddings included (e.g. 8.03e9)")
-    head_dim: int | None = Field(default=None, ge=16)
+    head_dim: int | None = Field(default=None, ge=16, le=4096)
 
     @model_validator(mode="after")
     def _heads(self) -> ModelFile:
@@ -269,15 +271,16 @@ class ClusterFile(_Strict):
 class WorkloadFile(_Strict):
     """``workload:`` - the job's batch shape and response lengths."""
 
-    train_batch_size: int = Field(ge=1)
-    rollout_n: int = Field(ge=2, description="GRPO needs a group of >= 2 samples per prompt")
-    max_prompt_length: int = Field(ge=16)
-    max_response_length: int = Field(ge=16)
+    # upper bounds: far above any real GRPO job, low enough that a simulated trial always ends
+    train_batch_size: int = Field(ge=1, le=1 << 20)
+    rollout_n: int = Field(ge=2, le=1024, description="GRPO needs a group of >= 2 samples per prompt")
+    max_prompt_length: int = Field(ge=16, le=1 << 20)
+    max_response_length: int = Field(ge=16, le=1 << 20)
     mean_response_length: float = Field(gt=0)
     mean_prompt_length: float | None = Field(default=None, gt=0)
     response_length_cv: float = Field(default=0.7, gt=0.05, le=3.0)
-    val_size: int = Field(default=775, ge=1)
-    test_freq: int = Field(default=5, ge=-1)
+    val_size: int = Field(default=775, ge=1, le=1_000_000)
+    test_freq: int = Field(default=5, ge=-1, le=1_000_000)
 
     @model_validator(mode="after")
     def _lengths(self) -> WorkloadFile:
@@ -297,7 +300,7 @@ class LearningFile(_Strict):
     entropy0: float | None = Field(default=None, gt=0, le=12)
     reward0: float | None = Field(default=None, ge=0, le=1)
     resp_growth: float | None = Field(default=None, ge=-0.9, le=10)
-    tau_steps: float | None = Field(default=None, gt=0)
+    tau_steps: float | None = Field(default=None, gt=0, le=1e6)
 
 
 class ScenarioFile(_Strict):
@@ -420,6 +423,8 @@ def parse_scenario(text: str, source: str = "<scenario>", check_baseline: bool =
 
 
 SHIPPED_DIR = "scenarios"
+#: a scenario file is a few KB: a larger one, or one that is not a regular file, is refused unread
+MAX_SCENARIO_BYTES = 1 << 20
 
 
 @lru_cache(maxsize=4)
@@ -472,9 +477,11 @@ def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Sc
         path = Path(text).expanduser()
         if text in SCENARIOS or text in CALIBRATION or text in MULTI_AGENT:
             sc = get_scenario(text)
-        elif text.endswith((".yaml", ".yml")) or path.is_file():
+        elif text.endswith((".yaml", ".yml")) or path.exists():
             try:
-                content = path.read_text()
+                content = read_text_capped(path, MAX_SCENARIO_BYTES, "scenario file")
+            except InputFileError as e:
+                raise ScenarioError(str(e)) from None
             except OSError as e:
                 raise ScenarioError(f"cannot read scenario file {text}: {e.strerror or e}") from None
             sc = parse_scenario(content, text)

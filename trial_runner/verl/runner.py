@@ -8,6 +8,7 @@ Per trial directory ``D`` and attempt ``k`` (1, 2, ... for relaunches of the sam
     D/attempt-k/exit.json       exit code, written by ``mart.trial_runner.verl.supervise``
     D/attempt-k/gpu_peaks.json  peak GPU memory sampled over the run (NVML; only with GPUs)
     D/attempt-k/hydra/          Hydra's run dir (``hydra.run.dir``)
+    D/attempt-k/cwd-XXXXXXXX/   the attempt's working directory, new and empty at launch (``process.private_workdir``)
     D/checkpoints/              ``trainer.default_local_dir`` unless the config sets one
     D/trial.log                 stdout+stderr of every attempt, appended (``handle.extra["log_offset"]``)
     D/status.json               written by this runner once the attempt ends (verl does not write one)
@@ -30,13 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
-from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup, find_launched
+from mart.trial_runner.process import (
+    LAUNCH_TOKEN_ENV,
+    ProcessGroup,
+    find_launched,
+    private_workdir,
+    python_command,
+)
 from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
 from mart.trial_runner.watchdog import Progress, WatchdogConfig
@@ -85,8 +93,8 @@ def branch_resume_path(path: str, step: int) -> str:
 def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | None = None) -> list[str]:
     """``--verl-entrypoint`` as argv: shlex-split, ``python`` -> this interpreter, relative script paths absolute.
 
-    Relative paths are resolved against the current directory now, because trials run with their own
-    directory as the working directory.
+    Relative paths are resolved against the current directory now, because trials run in a working
+    directory of their own.
     """
     if entrypoint is None:
         argv = list(DEFAULT_ENTRYPOINT)
@@ -97,6 +105,7 @@ def split_entrypoint(entrypoint: str | Sequence[str] | None, *, python: str | No
     if not argv:
         raise ConfigError("the verl entrypoint is empty.")
     if argv[0] in ("python", "python3"):
+        # this interpreter (absolute), or the one named (``python`` on Ray nodes is theirs: never resolved here)
         argv[0] = python or sys.executable
     for i, tok in enumerate(argv):
         if i and not tok.startswith("-") and not os.path.isabs(tok) and os.path.isfile(tok):
@@ -309,7 +318,10 @@ class VerlRunner(TrialRunner):
         }
 
     def launch_cwd(self, spec: TrialSpec) -> str:
-        return str(Path(spec.trial_dir).resolve())
+        """The attempt's working directory: a new empty one (``process.private_workdir``), never the trial
+        directory, whose contents a run folder may have put there (``python -m`` and Ray import from it)."""
+        k = self.attempt(spec)
+        return str(private_workdir(Path(spec.trial_dir).resolve() / f"attempt-{k}"))
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -381,21 +393,22 @@ class VerlRunner(TrialRunner):
         adir = trial_dir / f"attempt-{k}"
         for stale in ("exit.json", "gpu_peaks.json"):
             (adir / stale).unlink(missing_ok=True)
-        launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "at": time.time()}
-        (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
+        cwd = str(private_workdir(adir))  # see launch_cwd
+        launch_info: dict[str, Any] = {"argv": argv, "env": env_add, "cwd": cwd, "at": time.time()}
+        write_atomic(trial_dir, adir / "launch.json", json.dumps(launch_info, indent=1))
         (trial_dir / "status.json").unlink(missing_ok=True)
-        sup = [sys.executable, "-m", "mart.trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
+        sup = [*python_command(), "-m", "mart.trial_runner.verl.supervise", "--exit-file", str(adir / "exit.json")]
         if self.sample_gpu:
             sup += ["--gpu-peaks-file", str(adir / "gpu_peaks.json")]
         log_path = trial_dir / LOG_FILE
-        with open(log_path, "ab") as log:
+        with open_in(trial_dir, log_path, "ab") as log:
             log_offset = log.tell()
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
             env = trial_env({**env_add, **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
-            group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=trial_dir, env=env, output=log)
+            group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=cwd, env=env, output=log)
         launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
-        (adir / "launch.json").write_text(json.dumps(launch_info, indent=1))
+        write_atomic(trial_dir, adir / "launch.json", json.dumps(launch_info, indent=1))
         handle = TrialHandle(
             trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
             pid_create_time=group.created, started_at=launch_info["at"],
@@ -519,6 +532,9 @@ class VerlRunner(TrialRunner):
         self._update(handle, st, final=True)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
         outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
+        full = disk_full(handle.trial_dir) if outcome.status is TrialStatus.FAILED else None
+        if full:  # the run could not write (its log may not even say so): name the cause
+            return self._finish(handle, st, outcome.status, f"{full}: {outcome.reason or 'the run failed'}")
         return self._finish(handle, st, outcome.status, outcome.reason)
 
     def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
@@ -539,8 +555,8 @@ class VerlRunner(TrialRunner):
             return None
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
         try:
-            (adir / "cleanup.json").write_text(json.dumps(found, indent=1))
-            with open(Path(handle.trial_dir) / LOG_FILE, "a") as log:
+            write_atomic(adir, "cleanup.json", json.dumps(found, indent=1))
+            with open_in(handle.trial_dir, LOG_FILE, "a") as log:
                 log.write(f"=== mart: {summary(found)}\n")
         except OSError:
             pass

@@ -23,10 +23,9 @@ import time
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    from mart.state.files import write_atomic
+
+    write_atomic(os.path.dirname(path) or ".", os.path.basename(path), json.dumps(data))
 
 
 def main(argv: list[str] | None = None) -> int:
