@@ -9,7 +9,9 @@ from mart.nodes import stages
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.job_model import JobModel, observation_from_records
 from mart.nodes.agents.memory_model import MemoryModel
+from mart.nodes.agents.schedule import diagnose
 from mart.nodes.stages import StageView
+from mart.nodes.stages.schedule import diagnosis_input
 from mart.state.graph_state import running_trials
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import throughput_window
@@ -72,9 +74,6 @@ def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> A
     notes: list[str] = []  # the backend's own notes (verl's perf guide) come from prompts.BACKEND_NOTES
     diagnosis = segment = None
     if stage == "schedule":
-        from mart.nodes.agents.schedule import diagnose
-        from mart.nodes.stages.schedule import diagnosis_input
-
         records, events, segment = diagnosis_input(state, services)
         diagnosis = diagnose(records, [e.rule for e in events]) if segment is not None else None
     return AgentContext(

@@ -21,6 +21,7 @@ from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
 from mart.nodes import stages
+from mart.nodes.agent_context import build_agent_context
 from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.runtime import Services, services_for
 from mart.nodes.stages import StageView
@@ -160,7 +161,6 @@ def _answer(services: Any, state: Mapping[str, Any], review_id: str, n: int, can
     stored = services.ledger.review_answer(key)
     if stored is not None:
         return stored
-    from mart.nodes.agent_context import build_agent_context
 
     ctx = build_agent_context(state, services)
     text = services.proposer.answer(ctx, cand, question)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
 from mart.nodes.agents.base import Critic, Proposer
@@ -24,6 +25,7 @@ from mart.state.objectives import memory_limit_gb
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore
 from mart.trial_runner.base import Backend, TrialRunner
+from mart.trial_runner.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -69,7 +71,6 @@ class Services:
 
     def watchdog(self):
         """The progress watchdog's limits for this session's trials (``mart.trial_runner.watchdog``)."""
-        from mart.trial_runner.watchdog import WatchdogConfig
 
         return WatchdogConfig(enabled=not getattr(self.runner, "watches_progress", False),
                               stall_timeout_s=self.options.stall_timeout_s,
@@ -124,8 +125,6 @@ def register_services_factory(factory: ServicesFactory) -> None:
 
 def _thread_id() -> str | None:
     try:
-        from langgraph.config import get_config
-
         return (get_config().get("configurable") or {}).get("thread_id")
     except RuntimeError:  # called outside a graph run
         return None

@@ -3,7 +3,6 @@
 Every command that reads a config value from text uses this module: ``mart trial --set`` and
 ``--config``, ``mart review --edit``, the terminal and Slack edit forms, ``--backend-option`` and the
 backends' ``--base-config`` files. The rules are verl's own (docs/configs.md has the table):
-
 * ``KEY=VALUE`` is Hydra's override grammar, parsed by Hydra's own override parser, so a value means
   what it would mean on verl's command line (https://hydra.cc/docs/advanced/override_grammar/basic/):
   ``true``/``false``/``null`` in any case, ints, floats (``1e-4``, ``nan``, ``inf``), ``[a,b]`` lists,
@@ -28,6 +27,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mart.state.files import InputFileError, read_text_capped
 from mart.state.search_space import ConfigError
 
 RULES: tuple[tuple[str, Any, Any, str], ...] = (
@@ -62,7 +68,6 @@ def check_key(key: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _parser():
     # imported lazily: Hydra's ANTLR parser costs ~0.3 s to import, which `mart --help` need not pay
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
 
@@ -73,7 +78,6 @@ def parse_assignment(item: str) -> tuple[str, Any]:
     Raises:
         ConfigError: naming the item and the rule it breaks.
     """
-    from hydra.errors import HydraException
 
     text = str(item).strip()
     if text.startswith("~"):
@@ -199,7 +203,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     Raises:
         ConfigError: the file cannot be read or parsed, or has the wrong shape (names the file).
     """
-    from mart.state.files import InputFileError, read_text_capped
 
     path = Path(path)
     try:
@@ -215,9 +218,6 @@ def _load_yaml(text: str, source: str) -> Any:
     # OmegaConf reads YAML with the loader Hydra reads verl's configs with (and refuses duplicate
     # keys); to_container(resolve=False) keeps ${...} interpolations as text for verl. It turns a bare
     # scalar document into {scalar: None}, so the document's shape is checked first.
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         shape = yaml.load(text, Loader=yaml.BaseLoader)  # strings only: the shape, no value rules

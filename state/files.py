@@ -18,6 +18,7 @@ import errno
 import fcntl
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,7 +176,6 @@ DISK_FULL_BYTES = 1 << 20
 def disk_full(path: str | os.PathLike) -> str | None:
     """``"the disk holding PATH is full (N bytes free)"`` when its file system has (almost) no room left, else
     None: the cause to name when a write failed, instead of a symptom ("killed?", "disk I/O error")."""
-    import shutil
 
     p = Path(path)
     while not p.exists() and p != p.parent:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import sqlite_utils
 from pydantic import BaseModel, ConfigDict
 
+from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, Critique, HealthEvent, ReviewDecision, TrialRecord
 
 DB_FILE = "mart.sqlite"
@@ -245,8 +246,6 @@ class Ledger:
         return len(rows)
 
     def metric_records(self, trial_id: str) -> list[Any]:
-        from mart.state.metrics import StepRecord
-
         by_step: dict[int, dict[str, float]] = {}
         for r in self.db.table("metrics").rows_where("trial_id = ?", [trial_id], order_by="step"):
             by_step.setdefault(r["step"], {})[r["key"]] = math.nan if r["value"] is None else r["value"]

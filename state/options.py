@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -158,7 +159,6 @@ class TuneOptions(BaseModel):
         # "https://user:password@host/v1" would land in the ledger and every checkpoint: keep host and path
         if not v:
             return v
-        from urllib.parse import urlsplit, urlunsplit
 
         parts = urlsplit(v)
         if parts.username is None and parts.password is None:

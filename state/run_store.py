@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import shutil
 import sqlite3
 import stat
 import time
@@ -19,7 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from mart.state.files import UnsafePath, disk_full, ensure_dir
 from mart.state.ledger import DB_FILE, Ledger, connect_readonly
+from mart.state.serde import make_serde
 
 
 class RunError(Exception):
@@ -152,8 +157,6 @@ class RunStore:
             finally:
                 conn.close()
         except sqlite3.DatabaseError as e:
-            from mart.state.files import disk_full
-
             full = disk_full(db)
             if full:  # SQLite says "disk I/O error" when it cannot map its -shm: the cause is the disk
                 raise RunError(f"cannot open {db}: {full}; free space, then run the command again") from None
@@ -219,9 +222,7 @@ class RunStore:
 
     def checkpointer(self):
         """A SqliteSaver on the run's file (one writer process: guard with ``lock``)."""
-        from langgraph.checkpoint.sqlite import SqliteSaver
 
-        from mart.state.serde import make_serde
 
         if self.readonly:
             conn = connect_readonly(self.db_path)
@@ -234,7 +235,6 @@ class RunStore:
     def trial_dir(self, trial_id: str) -> Path:
         """The trial's folder, made when missing; a folder the run holds as a link (elsewhere) is refused, so
         that nothing a trial writes lands outside the run."""
-        from mart.state.files import UnsafePath, ensure_dir
 
         try:
             return ensure_dir(self.run_dir, Path("trials") / trial_id)
@@ -308,6 +308,4 @@ def _open_lock(path: Path, flags: int) -> int:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from mart.state.graph_state import Batch
 from mart.state.models import STATE_TYPES
+from mart.state.trials import RunningTrial, TrialHandle, TrialPoll
 
 
 def allowed_types() -> list[tuple[str, str]]:
-    from mart.state.graph_state import Batch
-    from mart.state.trials import RunningTrial, TrialHandle, TrialPoll
-
     types = [*STATE_TYPES, TrialHandle, TrialPoll, RunningTrial, Batch]
     return [(t.__module__, t.__qualname__) for t in types]
 

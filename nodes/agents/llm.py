@@ -1,7 +1,6 @@
 """LLM proposer and critic behind any OpenAI-compatible endpoint, with guard rails.
 
 Guard rails (the same for both roles):
-
 1. Every answer is checked: its JSON shape (``mart.nodes.agents.schemas``), every override against the search
    space (``SearchSpace.validate_overrides``) and the full config against the constraints
    (``check_constraints``); the proposer also refuses repeats of tried configs.
@@ -34,6 +33,7 @@ from mart.nodes.agents.prompts import (
     build_proposer_prompt,
     build_repair_message,
 )
+from mart.nodes.agents.rules import RulesCritic, RulesProposer, model_candidates
 from mart.nodes.agents.schedule import capacity_errors, implied_caps, knob_stage
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
@@ -152,7 +152,7 @@ class _LLMStrategy:
 
 
 def _assistant_turn(reply: LLMReply) -> Any:
-    from langchain_core.messages import AIMessage
+    from langchain_core.messages import AIMessage  # noqa: PLC0415 - the llm extra, imported when used
 
     text = reply.text or "(empty answer)"
     if len(text) > MAX_QUOTED_ANSWER:  # quote the head only: a huge answer must not grow every request
@@ -193,8 +193,6 @@ class LLMProposer(_LLMStrategy, Proposer):
                  **overrides: Any) -> None:
         super().__init__(options, api_key=api_key, **overrides)
         if fallback is None:
-            from mart.nodes.agents.rules import RulesProposer
-
             fallback = RulesProposer()
         self.fallback = fallback
 
@@ -229,7 +227,6 @@ class LLMProposer(_LLMStrategy, Proposer):
         (``trials_by_source`` in the summary)."""
         if ctx.stage != "system" or ctx.job_model is None or not ctx.memory_limit_gb:
             return candidates
-        from mart.nodes.agents.rules import model_candidates
 
         keys = {c.key() for c in candidates}
         try:
@@ -338,8 +335,6 @@ class LLMCritic(_LLMStrategy, Critic):
                  **overrides: Any) -> None:
         super().__init__(options, api_key=api_key, **overrides)
         if fallback is None:
-            from mart.nodes.agents.rules import RulesCritic
-
             fallback = RulesCritic()
         self.fallback = fallback
 

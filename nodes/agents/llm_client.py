@@ -1,7 +1,6 @@
 """One structured chat call to any OpenAI-compatible endpoint (OpenAI, ``vllm serve``, ...), via ChatOpenAI.
 
 Configuration (flags win over the environment; the CLI maps its flags onto ``TuneOptions`` and ``api_key``):
-
 =====================  =============================  ===========================================
 setting                from ``TuneOptions`` / arg     environment fallback
 =====================  =============================  ===========================================
@@ -190,7 +189,7 @@ def redact(text: str, secret: str | None = None, limit: int = 300) -> str:
 
 def classify_error(exc: BaseException, secret: str | None = None) -> LLMCallError:
     """Map an openai/httpx exception to an ``LLMCallError`` with a scrubbed message."""
-    import openai
+    import openai  # noqa: PLC0415 - optional extra, imported when used
 
     msg = redact(str(exc) or type(exc).__name__, secret)
     big = _too_large_cause(exc)
@@ -225,7 +224,7 @@ class ResponseTooLarge(Exception):
 def capped_http_client(limit: int = MAX_RESPONSE_BYTES):
     """An ``httpx.Client`` whose responses are refused once their body passes ``limit`` bytes: at once when
     ``Content-Length`` says so, else while the bytes arrive (SSE, chunked), so at most ``limit`` are held."""
-    import httpx
+    import httpx  # noqa: PLC0415 - optional extra, imported when used
 
     class _Capped(httpx.SyncByteStream):
         def __init__(self, inner: Any) -> None:
@@ -287,7 +286,7 @@ class StructuredChat:
     """
 
     def __init__(self, settings: LLMSettings, api_key: str, schema: type[BaseModel]) -> None:
-        from langchain_openai import ChatOpenAI
+        from langchain_openai import ChatOpenAI  # noqa: PLC0415 - the llm extra, imported when used
 
         self.settings = settings
         self.schema = schema

@@ -21,6 +21,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from mart.nodes.agents.base import AgentContext
+from mart.nodes.agents.rules import model_candidates
 from mart.nodes.agents.schedule import RULES, knob_stage, severities, transition_score
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.agents import agents_in_config
@@ -420,7 +421,6 @@ def format_job_model(ctx: AgentContext, top: int = 3) -> str:
     model = ctx.job_model
     if model is None or ctx.stage != "system":
         return ""
-    from mart.nodes.agents.rules import model_candidates
 
     lines = ["", "# Job model (mart's calibrated per-phase model; every candidate is scored by it)"]
     inc = ctx.predict(ctx.full_config(ctx.best_overrides))

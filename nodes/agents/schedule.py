@@ -4,7 +4,6 @@ Training is cut into segments; at a segment boundary (a checkpoint) the proposer
 trajectory so far and proposes K *transitions*: coordinated changes of the learning knobs for the next segment,
 relative to the parent branch's config (``ctx.base_config``). The rules behind them, each with its public source,
 are listed in docs/agents.md ("Stage 3: schedules"):
-
 - LLMZero (arXiv 2606.18388): capacity knobs (rollout n, response length, batch) accumulate across segments;
   regularisation knobs (KL, entropy coefficient, clip ratios, temperature) oscillate with the dynamics.
 - Entropy collapse: clip-higher (DAPO, arXiv 2503.14476), an entropy bonus steered toward a target entropy
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from mart.nodes.agents.feedback import parse_feedback
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash, knob_stage
@@ -499,7 +499,6 @@ class _Option:
 def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     """``ctx.num_candidates`` transitions for the next segment, most severe finding first, over distinct
     hypotheses, with a capacity move among them (alone or with the top answer) whenever one fits."""
-    from mart.nodes.agents.feedback import parse_feedback
 
     fb = parse_feedback(ctx.feedback, ctx.search_space)
     diag = ctx.diagnosis
