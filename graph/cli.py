@@ -849,7 +849,7 @@ def slack_serve(
     import logging
 
     from mart.graph.reviewers.slack import SlackConfigError
-    from mart.graph.reviewers.slack_server import serve
+    from mart.graph.slack_server import serve
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -44,6 +44,31 @@ def _has_checkpoints(store: RunStore) -> bool:
     return bool(db.execute("select 1 from checkpoints where thread_id = ? limit 1", [store.run_id]).fetchone())
 
 
+#: LangGraph's strict resume mode (langgraph >= 1.2.20; the SDK's ``strict_resume``): a resume naming an interrupt
+#: that is no longer pending is refused with ``UnknownInterruptError`` before anything is written. The key is
+#: private in LangGraph; tests/graph/test_review_protocol.py proves it against the installed version.
+STRICT_RESUME = "__pregel_strict_resume"
+
+
+def graph_config(run_id: str) -> dict[str, Any]:
+    # Never put secrets in `configurable`: LangGraph copies some of it into checkpoint metadata.
+    return {"configurable": {"thread_id": run_id, STRICT_RESUME: True}, "recursion_limit": 100_000}
+
+
+def state_snapshot(store: RunStore):
+    """The run's current state snapshot (closes its checkpoint connection: servers call this often)."""
+    refuse_studio_run(store, "read its reviews")
+    from mart.graph.builder import (
+        compile_graph,  # LangGraph only when a snapshot is needed: status stays light
+    )
+
+    saver = store.checkpointer()
+    try:
+        return compile_graph(saver).get_state(graph_config(store.run_id))
+    finally:
+        saver.conn.close()
+
+
 def refuse_studio_run(store: RunStore, doing: str) -> None:
     """Raise ``StudioRun`` (what to do instead) when LangGraph Studio drives this run."""
     thread = studio_thread(store)
@@ -107,8 +132,6 @@ def run_status(store: RunStore, *, from_graph: bool = False) -> dict[str, Any]:
                 "waiting_for": "resume", "driver_pid": holder}
     recorded = row.get("snapshot") if isinstance(row.get("snapshot"), dict) else None
     if from_graph or holder or recorded is None or recorded.get("fingerprint") != checkpoint_fingerprint(store):
-        from mart.graph.session import state_snapshot
-
         recorded = status_snapshot(store, state_snapshot(store))
     waiting_for = None
     if holder:

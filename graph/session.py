@@ -22,11 +22,14 @@ from mart.graph.reviewers import Reviewer, make_reviewer
 
 # a run's status, read from the ledger when it can (``mart status`` stays light): re-exported here
 from mart.graph.run_status import (  # noqa: F401
+    STRICT_RESUME,
     StudioRun,
     checkpoint_fingerprint,
+    graph_config,
     refuse_studio_run,
     review_request,
     run_status,
+    state_snapshot,
     status_snapshot,
     studio_thread,
 )
@@ -65,15 +68,6 @@ class UntrustedRun(RunError):
     """The run's stored options name code (a plugin backend, a launch command) the user has not allowed."""
 
 
-#: LangGraph's strict resume mode (langgraph >= 1.2.20; the SDK's ``strict_resume``): a resume naming an interrupt
-#: that is no longer pending is refused with ``UnknownInterruptError`` before anything is written. The key is
-#: private in LangGraph; tests/graph/test_review_protocol.py proves it against the installed version.
-STRICT_RESUME = "__pregel_strict_resume"
-
-
-def graph_config(run_id: str) -> dict[str, Any]:
-    # Never put secrets in `configurable`: LangGraph copies some of it into checkpoint metadata.
-    return {"configurable": {"thread_id": run_id, STRICT_RESUME: True}, "recursion_limit": 100_000}
 
 
 def resume_command(interrupt_id: str, decision: ReviewDecision) -> Command:
@@ -537,13 +531,3 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
 def pending_review(store: RunStore) -> dict[str, Any] | None:
     """The pending review request of a run (with its ``interrupt_id``), or None."""
     return review_request(state_snapshot(store))
-
-
-def state_snapshot(store: RunStore):
-    """The run's current state snapshot (closes its checkpoint connection: servers call this often)."""
-    refuse_studio_run(store, "read its reviews")
-    saver = store.checkpointer()
-    try:
-        return compile_graph(saver).get_state(graph_config(store.run_id))
-    finally:
-        saver.conn.close()

@@ -3,7 +3,7 @@
 ``SlackReviewer.review`` posts the candidate (diff against the current best, rationale, critique,
 predicted memory) with Approve / Edit / Reject controls, records the message in the run's ledger
 (``slack_messages``: channel and ts, never a token) and returns None: the tuner exits and the paused run
-costs nothing. ``mart slack serve`` (``mart.graph.reviewers.slack_server``) receives the clicks and continues
+costs nothing. ``mart slack serve`` (``mart.graph.slack_server``) receives the clicks and continues
 the run. Configuration (flags win over the environment)::
 
     SLACK_BOT_TOKEN      bot token (xoxb-...): environment only, never stored or logged
