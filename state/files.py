@@ -125,9 +125,8 @@ def write_atomic(root: str | os.PathLike, path: str | os.PathLike, data: str | b
     with _dir_fd(root, parts[:-1]) as dfd:
         fd = _open_file(dfd, tmp, full.with_name(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
-            with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w",
-                           **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
-                f.write(data)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
             os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):

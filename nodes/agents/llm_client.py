@@ -254,7 +254,7 @@ def capped_http_client(limit: int = MAX_RESPONSE_BYTES):
     return httpx.Client(transport=_Transport())
 
 
-def _too_large_cause(exc: BaseException) -> ResponseTooLarge | None:
+def _too_large_cause(exc: BaseException | None) -> ResponseTooLarge | None:
     while exc is not None:
         if isinstance(exc, ResponseTooLarge):
             return exc

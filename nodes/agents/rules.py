@@ -502,6 +502,8 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
 def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None) -> list[Candidate]:
     """The job model's best untried configs for stage 1 (reviewer feedback applied), as candidates."""
     fb = parse_feedback(ctx.feedback, ctx.search_space)
+    if ctx.job_model is None or ctx.memory_limit_gb is None:
+        return []  # no model or no margin to search under: the coordinate rules propose instead
     found = search(ctx.job_model, ctx.search_space, ctx.base_config, ctx.memory_limit_gb,
                    incumbent=ctx.best_overrides, tried=ctx.tried_keys(), check=ctx.config_errors,
                    n_out=4 * (n or ctx.num_candidates), stage=ctx.stage)
@@ -550,8 +552,8 @@ def _model_rationale(ctx: AgentContext, s: Scored, base_pred: Any) -> str:
     inc = ctx.full_config(ctx.best_overrides)
     moves = [f"{k.split('.')[-1]} {inc.get(k)!r}->{v!r}" for k, v in s.overrides.items() if inc.get(k) != v]
     gain = s.throughput / max(base_pred.throughput, 1e-9) - 1
-    slow = max(s.phase_s, key=s.phase_s.get) if s.phase_s else "?"
-    binding = max(s.phase_gb, key=s.phase_gb.get) if s.phase_gb else "?"
+    slow = max(s.phase_s, key=lambda p: s.phase_s[p]) if s.phase_s else "?"
+    binding = max(s.phase_gb, key=lambda p: s.phase_gb[p]) if s.phase_gb else "?"
     return (f"job model: predicted {gain:+.1%} tok/s over the incumbent ({s.throughput:.0f} tok/s/GPU), peak "
             f"{fmt_gb(s.peak_gb)} in {binding} (limit {fmt_gb(ctx.memory_limit_gb)}, safety gap {fmt_gb(s.gap_gb)}); "
             f"slowest phase {slow}. Moves: {', '.join(moves) or 'none'}.")
@@ -659,9 +661,11 @@ class RulesCritic(Critic):
         if ctx.slots > 1 and ctx.stage == "system" and ctx.job_model is not None:
             phases = {cid: getattr(ctx.predict(cfg), "phase_s", None) for cid, cfg in configs.items()}
             pending = [getattr(ctx.predict(cfg), "phase_s", None) for cfg in anchors]
-            if all(phases.values()) and all(pending):
-                return select_batch([(c.candidate_id, c.score, phases[c.candidate_id]) for c in ranked], ctx.slots,
-                                    pending, distance=phase_distance)
+            known = {cid: p for cid, p in phases.items() if p}
+            known_pending = [p for p in pending if p]
+            if len(known) == len(phases) and len(known_pending) == len(pending):
+                return select_batch([(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked], ctx.slots,
+                                    known_pending, distance=phase_distance)
         return select_batch([(c.candidate_id, c.score, configs[c.candidate_id]) for c in ranked], ctx.slots, anchors)
 
 
