@@ -63,6 +63,16 @@ TRAIN_KNOBS = ("lp_micro", "ref_micro", "ppo_micro", "dyn", "tok_cap", "sp", "fs
                "remove_pad", "ent_chunk", "ent_ckpt")
 SHARED_KNOBS = ("param_off", "opt_off", "ref_off", "free_cache")
 PHASES = ("gen", "old_log_prob", "ref", "update_actor", "other")
+#: the knobs each phase's time depends on (the calibration's similarity is measured over these alone)
+PHASE_TIME_KNOBS: dict[str, tuple[str, ...]] = {
+    "gen": ROLLOUT_KNOBS,
+    "old_log_prob": ("lp_micro", "dyn", "tok_cap", "sp", "fsdp2", "remove_pad", "ent_chunk", "param_off"),
+    "ref": ("ref_micro", "dyn", "tok_cap", "sp", "fsdp2", "remove_pad", "ent_chunk", "ref_off"),
+    "update_actor": ("ppo_micro", "dyn", "tok_cap", "sp", "fsdp2", "ckpt", "act_off", "remove_pad", "ent_chunk",
+                     "ent_ckpt", "param_off", "opt_off"),
+    "other": ("tp", "util", "free_cache", "param_off"),
+}
+MICRO_KNOBS = ("lp_micro", "ref_micro", "ppo_micro")
 MEM_PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 #: verl timing keys of the phases lumped into "other" (weight sync, reward, advantages)
 OTHER_TIMINGS = ("update_weights", "reward", "adv")
@@ -82,6 +92,7 @@ GRAPH_MAX_BATCH = 512
 DEFAULT_FLOPS, DEFAULT_HBM = 400e12, 2.0e12
 DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 16e9
 ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
+KV_HEADROOM = 1.5  # KV cache for 1.5x the running sequences: response lengths grow, and the context is an estimate
 CPU_FLOPS = 2e10  # an emulated device on one CPU core: tens of GFLOP/s; calibration sets the real scale
 
 
@@ -175,6 +186,8 @@ class Observation:
     clip_ratio: float | None = None  # share of responses cut at the trial's max_response_length
     predicted_peak_gb: float | None = None  # what was predicted before it ran (accuracy record)
     predicted_throughput: float | None = None
+    phase_peaks: dict[str, float] | None = None
+    """each phase's own peak where something measured it (a fit probe); ``peak_gb`` is only their maximum"""
 
 
 @dataclass
@@ -216,6 +229,7 @@ class JobModel:
         self.flops = hw.bf16_flops or (CPU_FLOPS if hw.cpu else DEFAULT_FLOPS)
         self.hbm = (hw.hbm_bandwidth or (CPU_FLOPS / 4 if hw.cpu else DEFAULT_HBM)) * HBM_EFF
         intra = hw.intra_node_bandwidth or DEFAULT_INTRA
+        self.intra_bw = intra  # TP all-reduces stay within a node (an engine never spans nodes)
         self.coll_bw = intra if job.nnodes == 1 else (hw.inter_node_bandwidth or DEFAULT_INTER)
         self.host_bw = hw.host_bandwidth or DEFAULT_HOST
         self.workload_obs: Observation | None = None
@@ -305,13 +319,11 @@ class JobModel:
         engines = self.N / tp
         per_engine = w.seqs / engines
         budget = k["util"] * self.C
-        # vLLM's profile run: activations of one max_num_batched_tokens forward + the sampler's logits
-        workspace = (k["mnbt"] * (4 * self.h + 2 * self.f) * 2 / tp + np.minimum(k["mns"], k["mnbt"]) * self.V * 4) / GIB
-        kv_pool = budget - W / tp / GIB - workspace - VLLM_NON_TORCH_GB
+        kv_pool = budget - self._vllm_fixed_gb(k)
         kv_tokens = np.maximum(kv_pool, 0) * GIB * tp / self.kv_bytes
         kv_fail = kv_tokens < w.max_len
-        ctx = w.prompt_mean + 0.5 * w.resp_mean * (1 + (w.resp_sd / max(w.resp_mean, 1)) ** 2)
-        want = np.maximum(np.minimum(np.minimum(k["mns"], per_engine), k["mnbt"]), 1)
+        ctx = self._decode_context(w)
+        want = self._wanted_concurrency(k, w)
         c_kv = np.maximum(kv_tokens / ctx, 1)
         c = np.minimum(want, c_kv)
         # async workflow tasks: an engine batches only the sequences of the tasks in flight (n samples each)
@@ -333,7 +345,7 @@ class JobModel:
         # cache (and all-reduces its activations under TP); GEMMs become compute bound at large batches
         weights_s = W / tp / self.hbm
         kv_tok = ctx * self.kv_bytes / tp / self.hbm
-        comm_tok = (tp > 1) * self.L * 2 * self.h * 2 * 2 * (tp - 1) / tp / DEFAULT_INTRA
+        comm_tok = (tp > 1) * self.L * 2 * self.h * 2 * 2 * (tp - 1) / tp / self.intra_bw
         compute_tok = 2 * self.P / tp / (self.flops * DECODE_EFF)
         # steps: the queue drains at concurrency c, then the longest response finishes alone (long tail)
         iters = np.maximum(per_engine * w.resp_mean / c + (w.resp_max - w.resp_mean), w.resp_max)
@@ -351,6 +363,31 @@ class JobModel:
         t_gen = (t_prefill + t_decode) * straggler
         return {"t_gen": t_gen, "m_gen": mem, "kv_fail": kv_fail, "concurrency": c, "kv_pool_gb": kv_pool,
                 "u_gen": graphs}
+
+    def _vllm_fixed_gb(self, k: dict) -> np.ndarray:
+        """vLLM's budget outside the KV cache per GPU: the weight shard, the activations of its
+        ``max_num_batched_tokens`` profile run plus the sampler's logits, non-torch memory."""
+        tp = np.maximum(k["tp"], 1)
+        workspace = (k["mnbt"] * (4 * self.h + 2 * self.f) * 2 / tp + np.minimum(k["mns"], k["mnbt"]) * self.V * 4) / GIB
+        return 2 * self.P / tp / GIB + workspace + VLLM_NON_TORCH_GB
+
+    @staticmethod
+    def _decode_context(w: Workload) -> float:
+        """Mean context a generated token attends to (prompt + half the response, length-biased)."""
+        return w.prompt_mean + 0.5 * w.resp_mean * (1 + (w.resp_sd / max(w.resp_mean, 1)) ** 2)
+
+    def _wanted_concurrency(self, k: dict, w: Workload) -> np.ndarray:
+        per_engine = w.seqs / (self.N / np.maximum(k["tp"], 1))
+        return np.maximum(np.minimum(np.minimum(k["mns"], per_engine), k["mnbt"]), 1)
+
+    def kv_share_needed(self, k: dict[str, Any], w: Workload, headroom: float = KV_HEADROOM) -> np.ndarray:
+        """The smallest ``gpu_memory_utilization`` whose KV cache holds ``headroom`` x the sequences the engine
+        runs at once (and one max-length sequence): a larger share buys no concurrency (vLLM only fills the pool
+        with the sequences it schedules), it only raises the rollout's peak."""
+        k = {name: np.asarray(v, dtype=float) for name, v in k.items()}
+        tp = np.maximum(k["tp"], 1)
+        tokens = np.maximum(headroom * self._wanted_concurrency(k, w) * self._decode_context(w), w.max_len)
+        return (tokens * self.kv_bytes / tp / GIB + self._vllm_fixed_gb(k)) / self.C
 
     def _micro(self, k: dict, w: Workload, seqs_gpu: float, micro: np.ndarray, cap: np.ndarray) -> tuple:
         """(micro batches, mean tokens per micro batch, tokens of the largest one)."""
@@ -456,23 +493,43 @@ class JobModel:
 
     # -- calibrated prediction ---------------------------------------------------------------------
     def _time_correction(self, k: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
-        """Per-phase log scale at each config: similarity-weighted mean of the measured log residuals."""
-        out = {}
+        """Per-phase log scale at each config: similarity-weighted mean of the measured log residuals.
+
+        Similarity is per phase, over the knobs that phase's time depends on (``PHASE_TIME_KNOBS``): a
+        trial that changed only training knobs says nothing new about the rollout's residual, so it must
+        not outweigh an older trial that ran the same rollout. (With one distance over every knob, the
+        residual of the latest trials' rollout leaked into every other rollout shape they resembled in
+        training knobs, and a rollout the model mispriced could never be corrected back.)"""
         obs = self.cal.time_obs
         if not obs:
             return {p: np.zeros(size) for p in PHASES}
-        weights = []
-        for ko, _ in obs:
-            d = np.zeros(size)
-            for name in KNOBS:
-                a, b = np.asarray(k[name], dtype=float), ko[name]
-                if name in NUMERIC_KNOBS:
-                    d = d + np.minimum(np.abs(np.log2(np.maximum(a, 1e-3) / max(b, 1e-3))), 2.0) * 0.5
-                else:
-                    d = d + (a != b)
-            weights.append(np.exp(-1.2 * d) + 1e-3)
-        wsum = np.sum(weights, axis=0)
+        dyn = np.asarray(k["dyn"], dtype=float) > 0
+        out = {}
+        cache: dict[tuple[str, ...], list[np.ndarray]] = {}
         for p in PHASES:
+            names = PHASE_TIME_KNOBS[p]
+            if names not in cache:
+                weights = []
+                for ko, _ in obs:
+                    d = np.zeros(size)
+                    for name in names:
+                        a, b = np.asarray(k[name], dtype=float), ko[name]
+                        if name in MICRO_KNOBS:  # ignored under dynamic bsz (the token cap sets the shape)
+                            same = dyn & (ko["dyn"] > 0)
+                        elif name == "tok_cap":  # ignored with static micro batches
+                            same = ~dyn & (ko["dyn"] <= 0)
+                        else:
+                            same = np.zeros(size, dtype=bool)
+                        if name in NUMERIC_KNOBS:
+                            step = np.minimum(np.abs(np.log2(np.maximum(a, 1e-3) / max(b, 1e-3))), 2.0)
+                            step = step * (1.0 if name in ("tp", "sp") else 0.5)  # TP/SP change the layout
+                        else:
+                            step = (a != b).astype(float)
+                        d = d + np.where(same, 0.0, step)
+                    weights.append(np.exp(-1.2 * d) + 1e-3)
+                cache[names] = weights
+            weights = cache[names]
+            wsum = np.sum(weights, axis=0)
             acc = np.zeros(size)
             for wgt, (_, res) in zip(weights, obs):
                 acc = acc + wgt * res.get(p, 0.0)
@@ -653,11 +710,11 @@ class JobModel:
             measured = o.peak_gb if o.peak_gb is not None and o.peak_gb > 0 else None
             if o.oom:
                 measured = max(measured or 0.0, self.C)
-            if measured is None:
+            if measured is None and not o.phase_peaks:
                 continue
             k = self.knobs(o.config)
             raw = self.raw({n: np.array([v]) for n, v in k.items()}, self.workload(o.config))
-            rows.append((raw, measured, o.oom))
+            rows.append((raw, measured, o.oom, {p: v for p, v in (o.phase_peaks or {}).items() if p in MEM_PHASES}))
             if not o.oom:
                 self._mem_refs.append({p: float(v[0]) for p, v in self._components(raw).items()})
         if not rows:
@@ -673,10 +730,14 @@ class JobModel:
         for sc in grid:
             bias = self._biases(rows, sc)
             err = 0.0
-            for raw, measured, oom in rows:
-                top = max(float(v[0]) for v in self._calibrated_memory(raw, sc, bias).values())
+            for raw, measured, oom, phase in rows:
+                cm = self._calibrated_memory(raw, sc, bias)
+                top = max(float(v[0]) for v in cm.values())
                 # an OOM only says the peak reached the capacity: penalise predicting less
-                err += max(0.0, measured - top) ** 2 if oom else (top - measured) ** 2
+                if measured is not None:
+                    err += max(0.0, measured - top) ** 2 if oom else (top - measured) ** 2
+                # a phase measured on its own (a fit probe) is fitted as such
+                err += sum((float(cm[p][0]) - v) ** 2 for p, v in phase.items())
             # large biases mean the scales explain the peaks badly; stay near the (safe) prior otherwise
             err += 0.3 * sum(v * v for v in bias.values()) / len(bias)
             err += 0.005 * self.C ** 2 * sum(math.log(x / p0) ** 2 for x, p0 in zip(sc, prior))
@@ -689,12 +750,16 @@ class JobModel:
         noise = min(0.1, 0.05 * self.C) + 0.002 * self.C
         bias = {p: 0.02 * self.C for p in MEM_PHASES}
         preds = []
-        for raw, measured, oom in rows:
+        exact: dict[str, list[float]] = {}
+        for raw, measured, oom, phase in rows:
             pm = {p: float(v[0]) for p, v in self._calibrated_memory(raw, act_scale, {}).items()}
             preds.append((pm, measured, oom))
+            for p, v in phase.items():
+                if pm[p] > 0:
+                    exact.setdefault(p, []).append(v - pm[p])
         upper = {p: math.inf for p in MEM_PHASES}
         for pm, measured, oom in preds:
-            if oom:
+            if oom or measured is None:
                 continue
             for p in MEM_PHASES:
                 if pm[p] > 0:
@@ -702,15 +767,19 @@ class JobModel:
         for p in MEM_PHASES:
             if math.isfinite(upper[p]):
                 bias[p] = min(bias[p], upper[p])
+        # a phase measured on its own sets its bias (the largest residual: a safe side); no peak of another
+        # trial needs to be explained by it any more
+        for p, res in exact.items():
+            bias[p] = max(res)
         for _ in range(3):
             for pm, measured, oom in preds:
                 pred = {p: pm[p] + bias[p] for p in MEM_PHASES if pm[p] > 0}
                 top = max(pred.values())
-                if measured <= top:
+                if measured is None or measured <= top:
                     continue
                 reach = max(0.1 * self.C, 2 * noise)
                 for p, v in pred.items():
-                    if v >= top - reach:
+                    if v >= top - reach and p not in exact:
                         bias[p] = min(max(bias[p], measured - pm[p]), upper[p])
         return bias
 
