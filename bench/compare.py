@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 
 from bench.baselines import Budget, MethodResult, TrialOutcome, run_method, run_trial
 
-ALL_METHODS = ["mart", "default", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
+ALL_METHODS = ["mart", "default", "fit-largest", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
 SCENARIOS = ["qwen3-8b-1x8", "qwen3-8b-2x8", "qwen3-0.6b-1x8", "qwen3-0.6b-2x8"]
 QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
 
@@ -285,11 +285,13 @@ def summarize(run: dict[str, Any], optimum: float | None, budget: Budget, limit_
     complete within the margin, in exactly one of ``oom``, ``over_margin``, ``failed``, ``stopped``."""
     sys_trials = [t for t in run["trials"] if t["stage"] == "system"]
     learn = [t for t in run["trials"] if t["stage"] == "learning"]
-    curve, best = [], None
+    curve, best, gpu_curve, spent_sys = [], None, [], 0.0
     for t in sys_trials:
         if t["feasible"] and t["throughput"] is not None:
             best = t["throughput"] if best is None else max(best, t["throughput"])
         curve.append(best)
+        spent_sys += float(t.get("gpu_hours") or 0.0)
+        gpu_curve.append((spent_sys, best))
     best_thr = max((t["throughput"] for t in sys_trials if t["feasible"] and t["throughput"] is not None), default=None)
     to95 = None
     if optimum:
@@ -326,9 +328,46 @@ def summarize(run: dict[str, Any], optimum: float | None, budget: Budget, limit_
         "system_trials": len(sys_trials),
         "learning_trials": len(learn),
         "curve": [None if (b is None or not optimum) else 100 * b / optimum for b in curve],
+        "gpu_curve": gpu_curve,
+        "probes": sum(bool(t.get("probe")) for t in sys_trials),
         "error": run.get("error"),
         "wall_s": run.get("wall_s"),
     }
+
+
+def best_within(gpu_curve: list[tuple[float, float | None]], gpu_hours: float) -> float | None:
+    """The best feasible stage-1 throughput a method had measured once it had spent ``gpu_hours`` (a trial
+    counts when it has finished)."""
+    best = None
+    for spent, b in gpu_curve:
+        if spent > gpu_hours * (1 + 1e-9):
+            break
+        best = b
+    return best
+
+
+def equal_gpu_pairs(sc_rep: dict[str, Any], ref: str = "mart") -> dict[str, dict[str, Any]]:
+    """Per baseline: in how many seeds ``ref``'s best measured stage-1 throughput is >= the baseline's at equal
+    stage-1 GPU-hours (both read at the smaller of the two spends)."""
+    rows = {r["seed"]: r for r in sc_rep["methods"].get(ref, [])}
+    out: dict[str, dict[str, Any]] = {}
+    for method, others in sc_rep["methods"].items():
+        if method == ref:
+            continue
+        wins, n, gaps = 0, 0, []
+        for o in others:
+            m = rows.get(o["seed"])
+            if m is None or not m.get("gpu_curve") or not o.get("gpu_curve"):
+                continue
+            g = min(m["gpu_curve"][-1][0], o["gpu_curve"][-1][0])
+            a, b = best_within(m["gpu_curve"], g), best_within(o["gpu_curve"], g)
+            n += 1
+            if b is None or (a is not None and a >= b):
+                wins += 1
+            if a is not None and b:
+                gaps.append(100 * (a / b - 1))
+        out[method] = {"pairs": n, "ref_at_least": wins, "median_gain_pct": statistics.median(gaps) if gaps else None}
+    return out
 
 
 def _fmt(vals: list[float | None], fmt: str, missing: str = "—", pct: bool = False) -> str:
@@ -466,6 +505,14 @@ def render_table(report: dict[str, Any]) -> str:
             if local:
                 row += f" {_fmt([statistics.median(r['remeasured']) if r['remeasured'] else None for r in rows], '{:.0f}')} |"
             lines.append(row)
+        pairs = equal_gpu_pairs(sc_rep) if "mart" in sc_rep["methods"] else {}
+        if any(v["pairs"] for v in pairs.values()):
+            lines.append("")
+            lines.append("At equal stage-1 GPU-hours (each pair read at the smaller spend): mart's best measured "
+                         "throughput ≥ the method's in " + ", ".join(
+                             f"{m} {v['ref_at_least']}/{v['pairs']}"
+                             + (f" ({v['median_gain_pct']:+.1f}% median)" if v["median_gain_pct"] is not None else "")
+                             for m, v in pairs.items() if v["pairs"]) + " seeds.")
         if local:
             lines.append("")
             lines += render_local_noise(sc_rep, report["runs"], sc)
@@ -488,7 +535,8 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     scenarios = {}
     for sc, sc_rep in report["scenarios"].items():
         gt = sc_rep.get("ground_truth") or {}
-        scenarios[sc] = {"optimum": gt.get("throughput"), "optimum_config": optimum_config(gt)}
+        scenarios[sc] = {"optimum": gt.get("throughput"), "optimum_config": optimum_config(gt),
+                         "mart_vs_at_equal_gpu_hours": equal_gpu_pairs(sc_rep) if "mart" in sc_rep["methods"] else {}}
     runs = []
     for sc, sc_rep in report["scenarios"].items():
         for method, rows in sc_rep["methods"].items():
@@ -496,6 +544,7 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
                 runs.append({
                     "scenario": sc, "seed": r["seed"], "method": method,
                     "best_so_far_pct": r["curve"],
+                    "stage1_gpu_hours": r["gpu_curve"][-1][0] if r["gpu_curve"] else 0.0, "probes": r["probes"],
                     "chosen_noise_free_pct": r["chosen_pct_noise_free"],
                     "trials": r["trials"], "oom": r["oom"], "over_margin": r["over_margin"], "failed": r["failed"],
                     "stage2_chosen_noise_free": r["learning_score_noise_free"],

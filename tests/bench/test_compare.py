@@ -15,7 +15,7 @@ from tests.support.paths import REPO as REPO_ROOT
 
 ROOT = REPO_ROOT
 SCENARIO = "qwen3-0.6b-1x8"
-BASELINES = ["default", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
+BASELINES = ["default", "fit-largest", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +202,54 @@ def test_scenario_file_and_perturb_reach_the_simulator(compare, tmp_path: Path, 
         assert all(r["error"] is None and r["scenario"] == name for r in v["runs"])
     # the perturbed simulator has other hidden constants, so another optimum
     assert verdicts[0]["scenarios"][name]["optimum"] != verdicts[1]["scenarios"][name]["optimum"]
+
+
+def test_fit_largest_keeps_the_largest_shape_that_fits(compare, tmp_path: Path) -> None:
+    """AReaL/SkyRL's rule: probe token caps from the largest down, keep the first whose peak is within the margin,
+    run it as a full trial. The oracle is the simulator's own noise-free peak of each probed shape."""
+    from bench.baselines import Budget, run_method
+    from mart.trial_runner.sim import model
+
+    sc, cap_key = "qwen3-8b-1x8", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    backend = compare.make_backend("sim", sc, 0)
+    budget = Budget(system_trials=8, learning_trials=1, learning_horizon=6)
+    res = run_method("fit-largest", backend, scenario=sc, seed=0, budget=budget, workdir=tmp_path)
+    assert res.error is None
+    limit = 0.9 * backend.memory_capacity_gb()
+    system = [t for t in res.trials if t.stage == "system"]
+    probes = [t for t in system if t.probe]
+    caps = [t.overrides[cap_key] for t in probes]
+    assert caps == sorted(caps, reverse=True) and caps[0] == 65536  # from the largest down, by halves
+    base = model.base_config(sc)
+    peak = {c: model.expected_throughput({**base, **FitShape(c)}, sc, 1)[1] for c in caps}
+    fits = [c for c in caps if peak[c] <= limit - 0.5]  # clear of the measurement noise (0.15 GB)
+    assert fits and len(fits) < len(caps), "the scenario must have shapes on both sides of the limit"
+    chosen = res.best_system.get(cap_key)
+    # the first (largest) probe that fitted is the pick; none clearly over the limit is
+    assert chosen >= max(fits) and peak[chosen] <= limit + 0.5
+    assert all(t.throughput is None and not t.feasible for t in probes)  # a probe is never picked
+    final = [t for t in system if not t.probe and t.overrides]
+    assert len(final) == 1 and final[0].overrides == {**FitShape(max(fits))}
+    # a probe costs its start-up and training passes: less than a full 6-step trial of the same shape
+    assert all(p.gpu_hours < final[0].gpu_hours for p in probes)
+    # the probes over the margin are counted as such in the table
+    s = compare.summarize({**res.to_dict(), "noise_free": None}, 100.0, budget, limit)
+    assert s["over_margin"] + s["oom"] == sum(1 for t in probes if t.status == "oom" or (t.peak_memory_gb or 0) > limit)
+    assert s["probes"] == len(probes)
+
+
+def FitShape(cap: int) -> dict:
+    return {"actor_rollout_ref.actor.use_dynamic_bsz": True, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": cap}
+
+
+def test_equal_gpu_hours_reads_both_curves_at_the_smaller_spend(compare) -> None:
+    # mart: 3 trials of 1 GPU-h each; the baseline: one cheap run then a big one
+    mart = {"seed": 0, "gpu_curve": [(1.0, 50.0), (2.0, 80.0), (3.0, 90.0)]}
+    cheap = {"seed": 0, "gpu_curve": [(0.5, 60.0), (1.6, 85.0)]}
+    costly = {"seed": 0, "gpu_curve": [(2.5, 70.0), (6.0, 95.0)]}
+    rep = {"methods": {"mart": [mart], "cheap": [cheap], "costly": [costly]}}
+    pairs = compare.equal_gpu_pairs(rep)
+    # at 1.6 GPU-h mart had only its first trial (50) against the cheap method's 85: mart loses that pair
+    assert pairs["cheap"] == {"pairs": 1, "ref_at_least": 0, "median_gain_pct": pytest.approx(100 * (50 / 85 - 1))}
+    # at 3.0 GPU-h mart has 90, the costly method 70 (its 95 came after 6 GPU-h)
+    assert pairs["costly"]["ref_at_least"] == 1
