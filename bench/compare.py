@@ -196,6 +196,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"mart-bench-{task['method']}-", dir=task.get("tmp")))
     where = (task.get("scenario_file"), task.get("perturb"))
     t0 = time.monotonic()
+    load0 = _loadavg()
     try:
         if task["method"] == "mart":
             res = run_mart(task, budget, workdir)
@@ -207,8 +208,10 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         res = MethodResult(method=task["method"], scenario=task["scenario"], seed=task["seed"],
                            error=f"{type(e).__name__}: {e}", extra={"traceback": traceback.format_exc(limit=8)})
     res.wall_s = res.wall_s or time.monotonic() - t0
+    res.extra["loadavg"] = [load0, _loadavg()]
     if task.get("remeasure") and not res.error:
         res.extra["remeasured"] = remeasure(task, res, budget, workdir / "remeasure")
+        res.extra["loadavg"].append(_loadavg())
     d = res.to_dict()
     d["workload"] = task["workload"]
     d["scenario_file"] = task.get("scenario_file")
@@ -217,6 +220,14 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     if not task.get("keep"):
         _rmtree(workdir)
     return d
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average (None where the OS has none): CPU-workload timings are read beside it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def remeasure(task: dict[str, Any], res: MethodResult, budget: Budget, workdir: Path) -> list[float | None]:
@@ -424,6 +435,11 @@ def render_local_noise(sc_rep: dict[str, Any], runs: list[dict[str, Any]], scena
                    and t["status"] == "completed" and t["throughput"] is not None), None)
         if t1 is not None:
             by_seed.setdefault(r["seed"], []).append(t1["throughput"])
+    loads = [x for r in runs if r["scenario"] == scenario for x in (r.get("extra") or {}).get("loadavg") or []
+             if x is not None]
+    if loads:
+        lines.append(f"- Load average (1 min) at the start and end of each run and re-measurement: median "
+                     f"{statistics.median(loads):.2f} [{min(loads):.2f}–{max(loads):.2f}] on {os.cpu_count()} cores.")
     spreads = [x for x in (_spread_pct(v) for v in by_seed.values()) if x is not None]
     if spreads:
         lines.append(f"- The defaults, measured once per method (same config, same seed): spread (max−min)/median "
@@ -432,6 +448,23 @@ def render_local_noise(sc_rep: dict[str, Any], runs: list[dict[str, Any]], scena
            if (x := _spread_pct([v for v in [r["best_throughput"], *r["remeasured"]] if v is not None])) is not None]
     if win:
         lines.append(f"- Each winner re-measured: spread {statistics.median(win):.1f}% (median; max {max(win):.1f}%).")
+    methods = sc_rep["methods"]
+    if "mart" in methods and any(m in methods for m in ("random", "tpe")):
+        # mart's winner re-measured against the better of random's and TPE's, seed by seed (equal trials)
+        def remeasured(m: str, seed: int) -> float | None:
+            row = next((r for r in methods.get(m, []) if r["seed"] == seed), None)
+            return statistics.median(row["remeasured"]) if row and row["remeasured"] else None
+        wins, n = 0, 0
+        for r in methods["mart"]:
+            mine = remeasured("mart", r["seed"])
+            others = [x for x in (remeasured("random", r["seed"]), remeasured("tpe", r["seed"])) if x is not None]
+            if mine is None or not others:
+                continue
+            n += 1
+            wins += mine >= max(others)
+        if n:
+            lines.append(f"- mart's re-measured winner ≥ the better of random's and TPE's re-measured winners in "
+                         f"{wins} of {n} seeds.")
     bests = [statistics.median(xs) for rows in sc_rep["methods"].values()
              if (xs := [r["best_throughput"] for r in rows if r["best_throughput"] is not None])]
     if len(bests) > 1:
@@ -611,7 +644,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "unless --scenarios is also given)")
     p.add_argument("--perturb", type=int, default=None, metavar="SEED",
                    help="perturb the simulator's hidden constants with this seed (model mismatch)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 3; local 2)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 3; local 3)")
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
     p.add_argument("--system-trials", type=int, default=None)
     p.add_argument("--learning-trials", type=int, default=None)
@@ -631,7 +664,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_plan(args: argparse.Namespace) -> tuple[Budget, list[str], list[int], list[str]]:
     local = args.workload == "local"
     if local:
-        n1, n2, h2, seeds, scs = 4, 2, 8, 2, ["local"]
+        n1, n2, h2, seeds, scs = 4, 2, 8, 3, ["local"]
     elif args.quick:
         n1, n2, h2, seeds, scs = 10, 4, 20, 3, QUICK_SCENARIOS
     else:
@@ -690,6 +723,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"--scenario-file {f}: scenario name {name!r} is already used; names must be unique")
         files[name] = str(Path(f).resolve())
     t0 = time.monotonic()
+    print(f"[compare] load average at the start: {os.getloadavg() if hasattr(os, 'getloadavg') else 'n/a'}",
+          file=sys.stderr)
     report: dict[str, Any] = {"workload": args.workload, "budget": asdict(budget), "seeds": seeds, "methods": methods,
                               "perturb": args.perturb, "scenario_files": {k: v for k, v in files.items() if v},
                               "scenarios": {}, "runs": []}
@@ -743,7 +778,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["wall_s"] = time.monotonic() - t0
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    table = render_table(report) + f"\nWall time: {report['wall_s']:.0f} s with {jobs} worker(s).\n"
+    table = render_table(report) + (f"\nWall time: {report['wall_s']:.0f} s with {jobs} worker(s); load average at the "
+                                     f"end {_loadavg()}.\n")
     report["verdict"] = verdict(report)
     (out / "table.md").write_text(table)
     (out / "raw.json").write_text(json.dumps(report, indent=1, default=str))
