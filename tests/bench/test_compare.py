@@ -253,3 +253,24 @@ def test_equal_gpu_hours_reads_both_curves_at_the_smaller_spend(compare) -> None
     assert pairs["cheap"] == {"pairs": 1, "ref_at_least": 0, "median_gain_pct": pytest.approx(100 * (50 / 85 - 1))}
     # at 3.0 GPU-h mart has 90, the costly method 70 (its 95 came after 6 GPU-h)
     assert pairs["costly"]["ref_at_least"] == 1
+
+
+def test_local_table_reads_remeasured_winners_per_seed_and_the_load(compare) -> None:
+    from bench.baselines import Budget
+
+    def row(method: str, seed: int, remeasured: list[float]) -> dict:
+        run = {"method": method, "scenario": "local", "seed": seed, "trials": [trial("system", 1, throughput=100.0)],
+               "extra": {"remeasured": remeasured, "loadavg": [1.5, 2.5]}, "noise_free": None}
+        return run, {**compare.summarize(run, None, Budget()), "seed": seed}
+
+    runs, methods = [], {"mart": [], "random": [], "tpe": []}
+    # seed 0: mart 12 vs best other 11 (win); seed 1: 9 vs 10 (loss); seed 2: 10 vs 10 (a tie counts)
+    for seed, (m, r, t) in enumerate([(12.0, 11.0, 8.0), (9.0, 10.0, 7.0), (10.0, 10.0, 9.0)]):
+        for method, v in (("mart", m), ("random", r), ("tpe", t)):
+            run, s = row(method, seed, [v, v])
+            runs.append(run)
+            methods[method].append(s)
+    lines = compare.render_local_noise({"methods": methods}, runs, "local")
+    text = "\n".join(lines)
+    assert "better of random's and TPE's re-measured winners in 2 of 3 seeds" in text, text
+    assert "Load average (1 min)" in text and "median 2.00 [1.50–2.50]" in text, text
