@@ -164,6 +164,8 @@ class Calibration:
 
     step_overhead_mult: float = 1.0
     knee_mult: float = 1.0
+    comm_mult: float = 1.0
+    """x the described collective bandwidths (TP all-reduces, FSDP gathers): a link's reached bandwidth is a guess"""
     act_scale: tuple[float, float] = (1.3, 1.2)
     """(saved activations, logits) x the textbook bytes: conservative until peaks are measured"""
     mem_bias: dict[str, float] = field(default_factory=dict)
@@ -347,7 +349,7 @@ class JobModel:
         # cache (and all-reduces its activations under TP); GEMMs become compute bound at large batches
         weights_s = W / tp / self.hbm
         kv_tok = ctx * self.kv_bytes / tp / self.hbm
-        comm_tok = (tp > 1) * self.L * 2 * self.h * 2 * 2 * (tp - 1) / tp / self.intra_bw
+        comm_tok = (tp > 1) * self.L * 2 * self.h * 2 * 2 * (tp - 1) / tp / (self.intra_bw * cal.comm_mult)
         compute_tok = 2 * self.P / tp / (self.flops * DECODE_EFF)
         # steps: the queue drains at concurrency c, then the longest response finishes alone (long tail)
         iters = np.maximum(per_engine * w.resp_mean / c + (w.resp_max - w.resp_mean), w.resp_max)
@@ -438,7 +440,7 @@ class JobModel:
         seqs_gpu = w.seqs / dp
         W = 2 * self.P
         flops_tok = 2 * self.P + 4 * self.L * self.h * w.seq_mean / 2  # matmuls + causal attention
-        ag = W * (self.N - 1) / self.N / self.coll_bw if self.N > 1 else 0.0
+        ag = W * (self.N - 1) / self.N / (self.coll_bw * self.cal.comm_mult) if self.N > 1 else 0.0
         frag = np.where(k["fsdp2"] > 0, 0.93, 1.0)  # FSDP2: -7% memory (verl's FSDP2 notes)
         speed = np.where(k["fsdp2"] > 0, 0.985, 1.0)
         sp_cost = 1 + 0.05 * (sp - 1)  # Ulysses all-to-all
@@ -498,7 +500,7 @@ class JobModel:
     def _other(self, k: dict, w: Workload) -> dict[str, np.ndarray]:
         tp = np.maximum(k["tp"], 1)
         W = 2 * self.P
-        sync = W * (self.N - 1) / max(self.N, 1) / self.coll_bw + 0.5 + k["param_off"] * 4 * self.P / self.N / self.host_bw
+        sync = W * (self.N - 1) / max(self.N, 1) / (self.coll_bw * self.cal.comm_mult) + 0.5 + k["param_off"] * 4 * self.P / self.N / self.host_bw
         wake = k["free_cache"] * (0.5 + W / tp / self.host_bw) * (0.0 if self.cpu else 1.0)
         return {"t_other": sync * (0.0 if self.cpu else 1.0) + wake + 0.2 + w.seqs * 3e-4}
 
@@ -681,14 +683,17 @@ class JobModel:
                 cal.throughput_errors.append(math.log(o.throughput / o.predicted_throughput))
         # structural constants: least squares over a small grid once enough configs differ
         if len(usable) >= 3:
-            best = (math.inf, 1.0, 1.0)
-            for so in (0.25, 0.5, 1.0, 2.0, 4.0):
-                for km in (0.25, 0.5, 1.0, 2.0, 4.0):
-                    cal.step_overhead_mult, cal.knee_mult = so, km
-                    err = self._residual_spread(usable)
-                    if err < best[0] - 1e-9:
-                        best = (err, so, km)
-            cal.step_overhead_mult, cal.knee_mult = best[1], best[2]
+            best = (math.inf, 1.0, 1.0, 1.0)
+            stacked = self._stack(usable)
+            # the collective bandwidth last, so a tie keeps the described link (1.0 is tried first)
+            for cm in (1.0, 0.7, 1.4, 0.5, 2.0):
+                for so in (0.25, 0.5, 1.0, 2.0, 4.0):
+                    for km in (0.25, 0.5, 1.0, 2.0, 4.0):
+                        cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = so, km, cm
+                        err = self._residual_spread(usable, stacked)
+                        if err < best[0] - 1e-9:
+                            best = (err, so, km, cm)
+            cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = best[1], best[2], best[3]
         for o in usable:
             k = self.knobs(o.config)
             w = self.workload(o.config)
@@ -701,12 +706,26 @@ class JobModel:
         self._fit_memory(observations)
         return self
 
-    def _residual_spread(self, usable: list[Observation]) -> float:
+    def _stack(self, usable: list[Observation]) -> tuple[dict[str, np.ndarray], Workload] | None:
+        """The usable trials' knobs as arrays for one vectorised evaluation (None when their workloads differ)."""
+        ws = [self.workload(o.config) for o in usable]
+        if any(w != ws[0] for w in ws[1:]):
+            return None
+        ks = [self.knobs(o.config) for o in usable]
+        return {n: np.array([k[n] for k in ks]) for n in KNOBS}, ws[0]
+
+    def _residual_spread(self, usable: list[Observation], stacked: tuple | None = None) -> float:
         per_phase: dict[str, list[float]] = {}
-        for o in usable:
-            k = self.knobs(o.config)
-            raw = self.raw({n: np.array([v]) for n, v in k.items()}, self.workload(o.config))
-            pred = {"gen": raw["t_gen"][0], "old_log_prob": raw["t_old"][0], "update_actor": raw["t_upd"][0]}
+        if stacked is not None:
+            raw = self.raw(*stacked)
+            preds = [{"gen": raw["t_gen"][i], "old_log_prob": raw["t_old"][i], "update_actor": raw["t_upd"][i]}
+                     for i in range(len(usable))]
+        else:
+            preds = []
+            for o in usable:
+                raw = self.raw({n: np.array([v]) for n, v in self.knobs(o.config).items()}, self.workload(o.config))
+                preds.append({"gen": raw["t_gen"][0], "old_log_prob": raw["t_old"][0], "update_actor": raw["t_upd"][0]})
+        for o, pred in zip(usable, preds):
             for p, v in pred.items():
                 if o.phases.get(p) and float(v) > 0:
                     per_phase.setdefault(p, []).append(math.log(o.phases[p] / float(v)))
