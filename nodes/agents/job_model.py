@@ -73,6 +73,10 @@ PHASE_TIME_KNOBS: dict[str, tuple[str, ...]] = {
     "other": ("tp", "util", "free_cache", "param_off"),
 }
 MICRO_KNOBS = ("lp_micro", "ref_micro", "ppo_micro")
+#: sharpness of the similarity kernel: a trial one unit away (a switch flipped, TP doubled, a size x4) weighs 5%
+#: of one at the same point, so a measured shape's residual is what predicts that shape (with 1.2, several
+#: trials one unit away outweighed the one trial that ran it, and a mispriced shape stayed mispriced after it ran)
+KERNEL = 3.0
 MEM_PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 #: verl timing keys of the phases lumped into "other" (weight sync, reward, advantages)
 OTHER_TIMINGS = ("update_weights", "reward", "adv")
@@ -539,7 +543,7 @@ class JobModel:
                         else:
                             step = (a != b).astype(float)
                         d = d + np.where(same, 0.0, step)
-                    weights.append(np.exp(-1.2 * d) + 1e-3)
+                    weights.append(np.exp(-KERNEL * d) + 1e-3)
                 cache[names] = weights
             weights = cache[names]
             wsum = np.sum(weights, axis=0)
