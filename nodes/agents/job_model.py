@@ -97,6 +97,7 @@ DEFAULT_FLOPS, DEFAULT_HBM = 400e12, 2.0e12
 DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 16e9
 ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
 UNTESTED_SAVING_SHARE = 0.5  # of the memory an approximate saver (activation offload, entropy tricks) claims
+DYN_IMBALANCE = 1.1  # the largest of verl's length-balanced dynamic micro batches vs their mean
 KV_HEADROOM = 1.5  # KV cache for 1.5x the running sequences: response lengths grow, and the context is an estimate
 CPU_FLOPS = 2e10  # an emulated device on one CPU core: tens of GFLOP/s; calibration sets the real scale
 
@@ -408,9 +409,12 @@ class JobModel:
                                np.maximum(np.minimum(micro * w.seq_mean + 2.5 * np.sqrt(micro) * w.resp_sd,
                                                      micro * longest), longest), micro * w.max_len)
         tokens_gpu = seqs_gpu * seq_len
-        n_dyn = np.ceil(tokens_gpu / np.maximum(cap * 0.9, 1))
-        mean_dyn = tokens_gpu / np.maximum(n_dyn, 1)
-        peak_dyn = np.minimum(np.maximum(cap, longest), np.maximum(tokens_gpu, longest))
+        # verl's rearrange_micro_batches (verl/utils/seqlen_balancing.py) splits the tokens into
+        # ceil(total / cap) micro batches balanced by length (Karmarkar-Karp): the largest holds about the mean,
+        # not the cap (a cap above the total tokens buys nothing more)
+        n_dyn = np.maximum(np.ceil(tokens_gpu / np.maximum(cap, 1)), 1)
+        mean_dyn = tokens_gpu / n_dyn
+        peak_dyn = np.minimum(np.maximum(cap, longest), np.maximum(mean_dyn * DYN_IMBALANCE, longest))
         return (np.where(dyn, n_dyn, n_static), np.where(dyn, mean_dyn, micro * seq_len),
                 np.where(dyn, peak_dyn, peak_static))
 
