@@ -274,3 +274,50 @@ def test_local_table_reads_remeasured_winners_per_seed_and_the_load(compare) -> 
     text = "\n".join(lines)
     assert "better of random's and TPE's re-measured winners in 2 of 3 seeds" in text, text
     assert "Load average (1 min)" in text and "median 2.00 [1.50–2.50]" in text, text
+
+
+def _capturing(cls):
+    """The baseline ``cls`` keeping every (config run, outcome, the study's trial as told) for the test."""
+
+    class Capturing(cls):
+        told: list = []
+
+        def tell(self, stage, overrides, outcome, pruned_ok=True):
+            trial = self.current
+            super().tell(stage, overrides, outcome, pruned_ok)
+            if stage == "system" and trial is not None:
+                Capturing.told.append((outcome, self.study.trials[trial.number]))
+
+    return Capturing
+
+
+@pytest.mark.parametrize(("method", "seed"), [("tpe", 2), ("cmaes", 1)])  # seeds with an OOM and an over-margin run
+def test_optuna_baselines_see_oom_and_over_margin_as_infeasible(compare, tmp_path: Path, monkeypatch,
+                                                                method: str, seed: int) -> None:
+    """Constrained TPE (Optuna 5's ``Trial.set_constraint``, which replaced ``constraints_func``) is told each
+    trial's margin violation: an OOM or a peak over 0.9 of the card is infeasible, a run within it feasible; a
+    sampler without constraints (CMA-ES) is told 0 for an infeasible trial instead of its throughput."""
+    from bench.baselines import Budget, methods, run_method
+
+    cls = _capturing(methods.METHODS[method])
+    monkeypatch.setitem(methods.METHODS, method, cls)
+    sc = "qwen3-8b-1x8"
+    backend = compare.make_backend("sim", sc, 0)
+    limit = 0.9 * backend.memory_capacity_gb()
+    res = run_method(method, backend, scenario=sc, seed=seed, budget=Budget(system_trials=8, learning_trials=0),
+                     workdir=tmp_path)
+    assert res.error is None
+    told = cls.told
+    assert len(told) >= len([t for t in res.trials if t.stage == "system"])
+    # the oracle: the benchmark's own record of each run (its status and measured peak against the limit)
+    bad = [o.status != "completed" or (o.peak_memory_gb is not None and o.peak_memory_gb > limit) for o, _ in told]
+    assert not all(bad) and any(o.status == "oom" for o, _ in told)
+    assert any(o.status == "completed" and b for (o, _), b in zip(told, bad)), "no completed run over the margin"
+    for (o, ft), infeasible in zip(told, bad):
+        assert ft.state.name == "COMPLETE"
+        if method == "tpe":
+            assert (max(ft.constraints.values()) > 0) == infeasible, (o.status, o.peak_memory_gb, ft.constraints)
+            assert ft.value == (o.throughput if o.status == "completed" else 0.0)
+        else:
+            assert not ft.constraints
+            assert ft.value == (0.0 if infeasible else o.throughput)
