@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 
 from bench.baselines import Budget, MethodResult, TrialOutcome, run_method, run_trial
 
-ALL_METHODS = ["mart", "default", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
+ALL_METHODS = ["mart", "default", "fit-largest", "random", "grid", "tpe", "tpe-restricted", "cmaes", "cmaes-restricted"]
 SCENARIOS = ["qwen3-8b-1x8", "qwen3-8b-2x8", "qwen3-0.6b-1x8", "qwen3-0.6b-2x8"]
 QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
 
@@ -196,6 +196,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"mart-bench-{task['method']}-", dir=task.get("tmp")))
     where = (task.get("scenario_file"), task.get("perturb"))
     t0 = time.monotonic()
+    load0 = _loadavg()
     try:
         if task["method"] == "mart":
             res = run_mart(task, budget, workdir)
@@ -207,8 +208,10 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         res = MethodResult(method=task["method"], scenario=task["scenario"], seed=task["seed"],
                            error=f"{type(e).__name__}: {e}", extra={"traceback": traceback.format_exc(limit=8)})
     res.wall_s = res.wall_s or time.monotonic() - t0
+    res.extra["loadavg"] = [load0, _loadavg()]
     if task.get("remeasure") and not res.error:
         res.extra["remeasured"] = remeasure(task, res, budget, workdir / "remeasure")
+        res.extra["loadavg"].append(_loadavg())
     d = res.to_dict()
     d["workload"] = task["workload"]
     d["scenario_file"] = task.get("scenario_file")
@@ -217,6 +220,14 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     if not task.get("keep"):
         _rmtree(workdir)
     return d
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average (None where the OS has none): CPU-workload timings are read beside it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def remeasure(task: dict[str, Any], res: MethodResult, budget: Budget, workdir: Path) -> list[float | None]:
@@ -285,11 +296,13 @@ def summarize(run: dict[str, Any], optimum: float | None, budget: Budget, limit_
     complete within the margin, in exactly one of ``oom``, ``over_margin``, ``failed``, ``stopped``."""
     sys_trials = [t for t in run["trials"] if t["stage"] == "system"]
     learn = [t for t in run["trials"] if t["stage"] == "learning"]
-    curve, best = [], None
+    curve, best, gpu_curve, spent_sys = [], None, [], 0.0
     for t in sys_trials:
         if t["feasible"] and t["throughput"] is not None:
             best = t["throughput"] if best is None else max(best, t["throughput"])
         curve.append(best)
+        spent_sys += float(t.get("gpu_hours") or 0.0)
+        gpu_curve.append((spent_sys, best))
     best_thr = max((t["throughput"] for t in sys_trials if t["feasible"] and t["throughput"] is not None), default=None)
     to95 = None
     if optimum:
@@ -326,9 +339,46 @@ def summarize(run: dict[str, Any], optimum: float | None, budget: Budget, limit_
         "system_trials": len(sys_trials),
         "learning_trials": len(learn),
         "curve": [None if (b is None or not optimum) else 100 * b / optimum for b in curve],
+        "gpu_curve": gpu_curve,
+        "probes": sum(bool(t.get("probe")) for t in sys_trials),
         "error": run.get("error"),
         "wall_s": run.get("wall_s"),
     }
+
+
+def best_within(gpu_curve: list[tuple[float, float | None]], gpu_hours: float) -> float | None:
+    """The best feasible stage-1 throughput a method had measured once it had spent ``gpu_hours`` (a trial
+    counts when it has finished)."""
+    best = None
+    for spent, b in gpu_curve:
+        if spent > gpu_hours * (1 + 1e-9):
+            break
+        best = b
+    return best
+
+
+def equal_gpu_pairs(sc_rep: dict[str, Any], ref: str = "mart") -> dict[str, dict[str, Any]]:
+    """Per baseline: in how many seeds ``ref``'s best measured stage-1 throughput is >= the baseline's at equal
+    stage-1 GPU-hours (both read at the smaller of the two spends)."""
+    rows = {r["seed"]: r for r in sc_rep["methods"].get(ref, [])}
+    out: dict[str, dict[str, Any]] = {}
+    for method, others in sc_rep["methods"].items():
+        if method == ref:
+            continue
+        wins, n, gaps = 0, 0, []
+        for o in others:
+            m = rows.get(o["seed"])
+            if m is None or not m.get("gpu_curve") or not o.get("gpu_curve"):
+                continue
+            g = min(m["gpu_curve"][-1][0], o["gpu_curve"][-1][0])
+            a, b = best_within(m["gpu_curve"], g), best_within(o["gpu_curve"], g)
+            n += 1
+            if b is None or (a is not None and a >= b):
+                wins += 1
+            if a is not None and b:
+                gaps.append(100 * (a / b - 1))
+        out[method] = {"pairs": n, "ref_at_least": wins, "median_gain_pct": statistics.median(gaps) if gaps else None}
+    return out
 
 
 def _fmt(vals: list[float | None], fmt: str, missing: str = "—", pct: bool = False) -> str:
@@ -385,6 +435,11 @@ def render_local_noise(sc_rep: dict[str, Any], runs: list[dict[str, Any]], scena
                    and t["status"] == "completed" and t["throughput"] is not None), None)
         if t1 is not None:
             by_seed.setdefault(r["seed"], []).append(t1["throughput"])
+    loads = [x for r in runs if r["scenario"] == scenario for x in (r.get("extra") or {}).get("loadavg") or []
+             if x is not None]
+    if loads:
+        lines.append(f"- Load average (1 min) at the start and end of each run and re-measurement: median "
+                     f"{statistics.median(loads):.2f} [{min(loads):.2f}–{max(loads):.2f}] on {os.cpu_count()} cores.")
     spreads = [x for x in (_spread_pct(v) for v in by_seed.values()) if x is not None]
     if spreads:
         lines.append(f"- The defaults, measured once per method (same config, same seed): spread (max−min)/median "
@@ -393,6 +448,23 @@ def render_local_noise(sc_rep: dict[str, Any], runs: list[dict[str, Any]], scena
            if (x := _spread_pct([v for v in [r["best_throughput"], *r["remeasured"]] if v is not None])) is not None]
     if win:
         lines.append(f"- Each winner re-measured: spread {statistics.median(win):.1f}% (median; max {max(win):.1f}%).")
+    methods = sc_rep["methods"]
+    if "mart" in methods and any(m in methods for m in ("random", "tpe")):
+        # mart's winner re-measured against the better of random's and TPE's, seed by seed (equal trials)
+        def remeasured(m: str, seed: int) -> float | None:
+            row = next((r for r in methods.get(m, []) if r["seed"] == seed), None)
+            return statistics.median(row["remeasured"]) if row and row["remeasured"] else None
+        wins, n = 0, 0
+        for r in methods["mart"]:
+            mine = remeasured("mart", r["seed"])
+            others = [x for x in (remeasured("random", r["seed"]), remeasured("tpe", r["seed"])) if x is not None]
+            if mine is None or not others:
+                continue
+            n += 1
+            wins += mine >= max(others)
+        if n:
+            lines.append(f"- mart's re-measured winner ≥ the better of random's and TPE's re-measured winners in "
+                         f"{wins} of {n} seeds.")
     bests = [statistics.median(xs) for rows in sc_rep["methods"].values()
              if (xs := [r["best_throughput"] for r in rows if r["best_throughput"] is not None])]
     if len(bests) > 1:
@@ -466,6 +538,14 @@ def render_table(report: dict[str, Any]) -> str:
             if local:
                 row += f" {_fmt([statistics.median(r['remeasured']) if r['remeasured'] else None for r in rows], '{:.0f}')} |"
             lines.append(row)
+        pairs = equal_gpu_pairs(sc_rep) if "mart" in sc_rep["methods"] else {}
+        if any(v["pairs"] for v in pairs.values()):
+            lines.append("")
+            lines.append("At equal stage-1 GPU-hours (each pair read at the smaller spend): mart's best measured "
+                         "throughput ≥ the method's in " + ", ".join(
+                             f"{m} {v['ref_at_least']}/{v['pairs']}"
+                             + (f" ({v['median_gain_pct']:+.1f}% median)" if v["median_gain_pct"] is not None else "")
+                             for m, v in pairs.items() if v["pairs"]) + " seeds.")
         if local:
             lines.append("")
             lines += render_local_noise(sc_rep, report["runs"], sc)
@@ -488,7 +568,8 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     scenarios = {}
     for sc, sc_rep in report["scenarios"].items():
         gt = sc_rep.get("ground_truth") or {}
-        scenarios[sc] = {"optimum": gt.get("throughput"), "optimum_config": optimum_config(gt)}
+        scenarios[sc] = {"optimum": gt.get("throughput"), "optimum_config": optimum_config(gt),
+                         "mart_vs_at_equal_gpu_hours": equal_gpu_pairs(sc_rep) if "mart" in sc_rep["methods"] else {}}
     runs = []
     for sc, sc_rep in report["scenarios"].items():
         for method, rows in sc_rep["methods"].items():
@@ -496,6 +577,7 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
                 runs.append({
                     "scenario": sc, "seed": r["seed"], "method": method,
                     "best_so_far_pct": r["curve"],
+                    "stage1_gpu_hours": r["gpu_curve"][-1][0] if r["gpu_curve"] else 0.0, "probes": r["probes"],
                     "chosen_noise_free_pct": r["chosen_pct_noise_free"],
                     "trials": r["trials"], "oom": r["oom"], "over_margin": r["over_margin"], "failed": r["failed"],
                     "stage2_chosen_noise_free": r["learning_score_noise_free"],
@@ -562,7 +644,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "unless --scenarios is also given)")
     p.add_argument("--perturb", type=int, default=None, metavar="SEED",
                    help="perturb the simulator's hidden constants with this seed (model mismatch)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 3; local 2)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 3; local 3)")
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
     p.add_argument("--system-trials", type=int, default=None)
     p.add_argument("--learning-trials", type=int, default=None)
@@ -582,7 +664,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_plan(args: argparse.Namespace) -> tuple[Budget, list[str], list[int], list[str]]:
     local = args.workload == "local"
     if local:
-        n1, n2, h2, seeds, scs = 4, 2, 8, 2, ["local"]
+        n1, n2, h2, seeds, scs = 4, 2, 8, 3, ["local"]
     elif args.quick:
         n1, n2, h2, seeds, scs = 10, 4, 20, 3, QUICK_SCENARIOS
     else:
@@ -641,6 +723,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"--scenario-file {f}: scenario name {name!r} is already used; names must be unique")
         files[name] = str(Path(f).resolve())
     t0 = time.monotonic()
+    print(f"[compare] load average at the start: {os.getloadavg() if hasattr(os, 'getloadavg') else 'n/a'}",
+          file=sys.stderr)
     report: dict[str, Any] = {"workload": args.workload, "budget": asdict(budget), "seeds": seeds, "methods": methods,
                               "perturb": args.perturb, "scenario_files": {k: v for k, v in files.items() if v},
                               "scenarios": {}, "runs": []}
@@ -694,7 +778,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["wall_s"] = time.monotonic() - t0
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    table = render_table(report) + f"\nWall time: {report['wall_s']:.0f} s with {jobs} worker(s).\n"
+    table = render_table(report) + (f"\nWall time: {report['wall_s']:.0f} s with {jobs} worker(s); load average at the "
+                                     f"end {_loadavg()}.\n")
     report["verdict"] = verdict(report)
     (out / "table.md").write_text(table)
     (out / "raw.json").write_text(json.dumps(report, indent=1, default=str))

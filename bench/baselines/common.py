@@ -46,6 +46,8 @@ class TrialOutcome:
     reason: str | None = None
     started_s: float | None = None  # parallel runs: simulated seconds from the session's start
     ended_s: float | None = None
+    probe: bool = False
+    """a fit probe (a short run that measures memory only: no throughput, never a pick)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,10 +105,12 @@ def run_trial(
     poll_sleep_s: float = 0.0,
     on_records: Callable[[list[StepRecord]], bool] | None = None,
     n_devices: int = 1,
+    records_out: list[StepRecord] | None = None,
 ) -> TrialOutcome:
     """Launch, poll until it ends (or ``on_records`` asks to stop it), score it with ``mart.state.objectives``.
 
-    ``on_records(all_records_so_far)`` returning True stops the trial (a pruner).
+    ``on_records(all_records_so_far)`` returning True stops the trial (a pruner). ``records_out``, when
+    given, receives the trial's metric records.
     """
     spec = TrialSpec(trial_id=trial_id, config={**base, **overrides}, steps=steps, trial_dir=str(workdir / trial_id),
                      memory_capacity_gb=backend.memory_capacity_gb(), seed=seed)
@@ -129,6 +133,8 @@ def run_trial(
             break
         if poll_sleep_s:
             time.sleep(poll_sleep_s)
+    if records_out is not None:
+        records_out.extend(records)
     used, planned = trial_usage(runner, handle, time.monotonic() - t0, n_devices)
     out = TrialOutcome(stage=stage, seq=seq, overrides=dict(overrides), status=poll.status.value,
                        early_stopped=stopped, gpu_hours=used, planned_gpu_hours=planned,

@@ -71,6 +71,23 @@ class Strategy:
     def pruner(self) -> Callable[[list[StepRecord]], bool] | None:
         return None
 
+    def steps(self, stage: str, overrides: dict[str, Any]) -> int | None:
+        """Steps of a short probe run for these overrides; None = a full trial (the stage's horizon)."""
+        return None
+
+
+def charge_probe(out: TrialOutcome, records: list[StepRecord], n_devices: int) -> None:
+    """Turn a short run into a fit probe: it measures memory only (no throughput, never picked), and its
+    GPU-hours are the start-up and the training passes (``PROBE_SKIPS`` phases are not charged)."""
+    out.probe = True
+    out.throughput = None
+    out.feasible = False
+    skipped = sum(r.data.get(k, 0.0) for r in records if r.step >= 1 for k in PROBE_SKIPS
+                  if isinstance(r.data.get(k), float) and math.isfinite(r.data[k]))
+    cut = skipped * n_devices / 3600.0
+    out.gpu_hours = max(0.0, out.gpu_hours - cut)
+    out.planned_gpu_hours = max(out.gpu_hours, out.planned_gpu_hours - cut)
+
 
 class DefaultOnly(Strategy):
     """verl's defaults: one trial per stage, nothing tuned."""
@@ -232,7 +249,74 @@ class CMAESRestricted(CMAES):
     restricted = True
 
 
+#: phases a fit probe does not run: with dummy weights it only times the training passes at the shape
+#: (AReaL's probe, SkyRL's profiling step); the sim's 1-step trial also generates, which is not charged
+PROBE_SKIPS = ("timing_s/gen", "timing_s/update_weights", "timing_s/reward", "timing_s/adv")
+PROBE_STEPS = 1
+#: a probe runs one step without validation (trainer.* keys are not catalogue knobs)
+PROBE_FLAGS = {"trainer.val_before_train": False, "trainer.test_freq": -1}
+
+
+class FitLargest(Strategy):
+    """The "fit the largest" auto-tuners RL frameworks ship. AReaL's ``--tune-params`` probes candidate
+    micro-batch shapes from the largest down (with dummy weights) and keeps the first whose peak memory is
+    <= 0.9 of the card; SkyRL's automatic micro batch (NovaSky-AI/SkyRL#1060) runs a forward and backward
+    pass per candidate and keeps the largest that fits. In verl's terms: dynamic bsz with a token cap per
+    micro batch (``ppo_max_token_len_per_gpu``, which verl's yaml also gives the log-prob passes), probed
+    from the focused range's largest cap down by halves (never below the longest sequence: verl's rule);
+    each probe is a 1-step run without validation whose cost is its start-up and training passes (as a
+    dummy-weight probe's); the first probe whose peak is within the margin (0.9 of the card at the
+    benchmark's 10%) is then run as a full trial. Stage 2 is left at the defaults (these tuners fit
+    shapes, not learning knobs). Everything else stays the job's own config."""
+
+    def bind(self, *a: Any) -> None:
+        super().bind(*a)
+        cap = self.space[_CAP] if _CAP in self.space else None
+        hi = int(min(65536, cap.high)) if cap is not None and cap.high else 65536
+        seq = int(self.base.get("data.max_prompt_length", 512)) + int(self.base.get("data.max_response_length", 512))
+        ladder = []
+        c = hi
+        while c >= seq and c >= 1024:
+            ladder.append(c)
+            c //= 2
+        self.ladder = ladder or [max(seq, 1024)]
+        self.pos = 0
+        self.found: int | None = None
+        self.done = False
+
+    @staticmethod
+    def shape(cap: int) -> dict[str, Any]:
+        return {_A + "use_dynamic_bsz": True, _CAP: int(cap)}
+
+    def draw(self, stage: str, i: int) -> dict[str, Any] | None:
+        if stage != "system" or self.done:
+            return None
+        if self.found is not None:  # the shape that fits, measured as a full trial
+            self.done = True
+            return self.shape(self.found)
+        if self.pos >= len(self.ladder):
+            return None  # nothing fits: the defaults stay
+        return {**self.shape(self.ladder[self.pos]), **PROBE_FLAGS}
+
+    def steps(self, stage: str, overrides: dict[str, Any]) -> int | None:
+        return PROBE_STEPS if all(overrides.get(k) == v for k, v in PROBE_FLAGS.items()) else None
+
+    def tell(self, stage: str, overrides: dict[str, Any], outcome: TrialOutcome) -> None:
+        if stage != "system" or not outcome.probe:
+            return
+        self.pos += 1
+        fits = (outcome.status == "completed" and outcome.peak_memory_gb is not None
+                and (self.limit_gb is None or outcome.peak_memory_gb <= self.limit_gb))
+        if fits:
+            self.found = int(overrides[_CAP])
+
+
+_A = "actor_rollout_ref.actor."
+_CAP = _A + "ppo_max_token_len_per_gpu"
+
+
 METHODS: dict[str, Callable[[], Strategy]] = {
+    "fit-largest": FitLargest,
     "default": DefaultOnly,
     "random": RandomSearch,
     "grid": GridSearch,
@@ -294,9 +378,14 @@ def run_method(method: str, backend: Backend, *, scenario: str, seed: int, budge
                 over = propose(name, i, stage_base, ran)
             if over is None:
                 break
+            probe_steps = strategy.steps(name, over)
+            records: list[StepRecord] = []
             out = run_trial(backend, runner, trial_id=f"{method}-{name[:3]}-{i + 1:02d}", stage=name, seq=i + 1,
-                            base=stage_base, overrides=over, steps=horizon, workdir=workdir, seed=seed,
-                            limit_gb=limit, poll_sleep_s=budget.poll_sleep_s, on_records=prune, n_devices=n_dev)
+                            base=stage_base, overrides=over, steps=probe_steps or horizon, workdir=workdir, seed=seed,
+                            limit_gb=limit, poll_sleep_s=budget.poll_sleep_s, on_records=prune, n_devices=n_dev,
+                            records_out=records)
+            if probe_steps:
+                charge_probe(out, records, n_dev)
             result.trials.append(out)
             ran[config_key(stage_base, over)] = out
             strategy.tell(name, over, out)

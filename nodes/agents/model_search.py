@@ -164,6 +164,10 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
             kr0 = {**kr, "util": np.zeros(nr)}
             e0 = model.evaluate(kr0, w)
             util = (limit - e0["gap_phase"]["gen"] - e0["m"]["gen"]) / model.C
+            # no more KV cache than the engine can fill: a larger share only raises the rollout's peak (and,
+            # with the pool kept, the training phases'), and a rollout peak at the limit hides how much the
+            # training phases need
+            util = np.minimum(util, model.kv_share_needed(kr, w))
             if sh["free_cache"] < 0.5:  # the KV pool stays through training: leave room for the best train config
                 util = np.minimum(util, (target - float(m_train[ok_t].min())) / model.C)
             util = np.floor(np.clip(util, spec.low, spec.high) * 100) / 100

@@ -61,3 +61,14 @@ def test_model_config_errors_name_the_file_and_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(ValueError, match="config.json.*num_hidden_layers"):
         ModelShape.from_config_file(tmp_path)
+
+
+def test_sim_card_without_nvlink_is_described_with_its_pcie_link(tmp_path):
+    # L40S: "PCIe Gen4 only (no NVLink)" must not read as NVLink (its TP all-reduces and FSDP gathers cross PCIe)
+    from tests.support.paths import REPO
+
+    l40s = load_backend("sim", scenario_file=str(REPO / "examples" / "scenarios" / "qwen2.5-1.5b-1x8-l40s.yaml"))
+    assert l40s.describe_job().hardware.intra_node_bandwidth is not None
+    h100 = load_backend("sim", scenario="qwen3-8b-1x8").describe_job().hardware
+    assert h100.intra_node_bandwidth is None  # NVLink: the model's NVLink prior
+    assert l40s.describe_job().hardware.intra_node_bandwidth < 50e9

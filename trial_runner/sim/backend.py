@@ -96,7 +96,9 @@ class SimBackend(Backend):
         datasheet figures, the cluster, the workload). None of the simulator's cost constants crosses over."""
         job = self.scenario.job()
         m, c, w = job["model"], job["cluster"], job["workload"]
-        nvlink = "nvlink" in str(c.get("interconnect", "")).lower()
+        # "PCIe Gen4 only (no NVLink)" names NVLink too: only a link it has counts
+        link = str(c.get("interconnect", "")).lower()
+        nvlink = "nvlink" in link and "no nvlink" not in link
         return JobDescription(
             model=ModelShape(num_hidden_layers=m["num_hidden_layers"], hidden_size=m["hidden_size"],
                              intermediate_size=m["intermediate_size"], num_attention_heads=m["num_attention_heads"],
