@@ -47,3 +47,6 @@ PY
 python3 -m pip install -q --no-deps --no-compile --target "$tmp/site" "$whl"
 # run from the scratch folder, so the repository's own folders are not importable
 (cd "$tmp" && PYTHONPATH="$tmp/site" lint-imports "$repo/pyproject.toml")
+# the type checker over the lower layers (state/ and nodes/), on the installed wheel as import-linter sees it
+# (py.typed ships in the wheel; pyproject's [tool.mypy] sets the pydantic plugin)
+(cd "$tmp" && PYTHONPATH="$tmp/site" python3 -m mypy --config-file "$repo/pyproject.toml" -p mart.state -p mart.nodes)

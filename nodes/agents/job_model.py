@@ -267,7 +267,7 @@ class JobModel:
         resp = (obs.resp_mean if obs and obs.resp_mean else None) or wl.response_length_mean or max_r / 2
         resp_max = (obs.resp_max if obs and obs.resp_max else None) or max_r
         cut_at = _cut_limit(obs)
-        if cut_at is not None and max_r > cut_at:
+        if obs is not None and cut_at is not None and max_r > cut_at:
             # the measured responses were cut at a shorter limit: under this one the tail runs on to it (the step
             # ends with its longest response), and the cut ones grow by about half the added room
             resp_max = max_r
@@ -557,7 +557,7 @@ class JobModel:
             out[p] = acc / wsum
         return out
 
-    def evaluate(self, k: dict[str, Any], w: Workload) -> dict[str, np.ndarray]:
+    def evaluate(self, k: dict[str, Any], w: Workload) -> dict[str, Any]:
         """Calibrated times, memories, step time, throughput and peak for knob arrays ``k``."""
         size = int(np.broadcast(*[np.asarray(v) for v in k.values()]).size)
         k = {name: np.broadcast_to(np.asarray(v, dtype=float), (size,)) for name, v in k.items()}
@@ -653,9 +653,10 @@ class JobModel:
         base = self.base_gap_gb()
         # relative error of textbook activation estimates: ~35% untested, less once the model proves accurate
         kappa = (0.35 - 0.15 * self.confidence()) * max(self.cal.act_scale)
-        out = {}
+        out: dict[str, Any] = {}
         for p in MEM_PHASES:
             keys = ["gen"] if p == "gen" else [p + ":act", p + ":logits"]
+            dist: Any
             if not self._mem_refs:
                 dist = sum(parts[q] for q in keys)
             else:
@@ -793,6 +794,7 @@ class JobModel:
             err += 0.005 * self.C ** 2 * sum(math.log(x / p0) ** 2 for x, p0 in zip(sc, prior))
             if best is None or err < best[0] - 1e-9:
                 best = (err, sc, bias)
+        assert best is not None  # the grid is never empty
         self.cal.act_scale, self.cal.mem_bias = best[1], best[2]
 
     def _biases(self, rows: list, act_scale: tuple[float, float]) -> dict[str, float]:

@@ -61,6 +61,7 @@ def _grid_values(name: str, spec: ParamSpec, model: JobModel, base_value: Any) -
         if name == "sp":
             vals = [v for v in vals if v <= 2]
         return vals or [float(base_value)]
+    grid: tuple[int, ...]
     if name == "mns":
         grid = MNS_GRID if not model.cpu else POW2
     elif name == "mnbt":
