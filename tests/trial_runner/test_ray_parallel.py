@@ -4,7 +4,7 @@ nodes, a job waiting for resources reported as queued (not failed, not timed out
 jobs running, then ``mart resume``, re-attaching both.
 
 Oracles: the head's resources are what the fixture started it with; what Ray was asked for is read back from Ray
-(``get_job_info``, ``list_jobs``); trial intervals and slots come from ``mart trials --json``. A "blocker" job
+(the job supervisor actor's ``required_resources`` in the state API, ``list_jobs``); trial intervals and slots come from ``mart trials --json``. A "blocker" job
 (another user of the cluster) holds its CPUs so that mart's trials must wait.
 """
 
@@ -52,6 +52,20 @@ def _mart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def _jobs_of(client, trial_dir: str) -> list[str]:
     """The submission ids of every job the cluster was given for the trial in ``trial_dir``."""
     return [j.submission_id for j in client.list_jobs() if (j.metadata or {}).get("mart_trial_dir") == trial_dir]
+
+
+def _reserved(address: str, submission_id: str) -> dict[str, float]:
+    """What Ray reserves for the job's driver: the resources of the actor that runs its entrypoint (Ray's job
+    supervisor, ``_ray_internal_job_actor_<submission id>``), read from the state API."""
+    from ray.util.state import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
+
+    state = StateApiClient(address=address, headers={"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"})
+    options = ListApiOptions(detail=True, filters=[("name", "=", f"_ray_internal_job_actor_{submission_id}")])
+    # the supervisor is registered with Ray's control store a moment after the submission returns
+    actor = wait_for(lambda: next(iter(state.list(StateResource.ACTORS, options=options,
+                                                  raise_on_missing_output=False)), None), 30, "the job's supervisor")
+    return dict((actor.get("required_resources") if isinstance(actor, dict) else actor.required_resources) or {})
 
 
 class Blocker:
@@ -102,8 +116,7 @@ def test_a_pending_job_is_queued_and_its_first_step_clock_waits(ray_head, tmp_pa
         assert runner.watches_progress
         handle = runner.launch(TrialSpec(trial_id="ray-queued", config=backend.base_config(), steps=4,
                                          trial_dir=str(tmp_path / "q")))
-        info = runner.client.get_job_info(handle.job_id)
-        assert info.entrypoint_num_cpus == 1 and not info.entrypoint_num_gpus
+        assert _reserved(ray_head, handle.job_id) == {"CPU": 1}
         deadline = time.monotonic() + 7  # longer than the first-step timeout
         while time.monotonic() < deadline:
             poll = runner.poll(handle)
@@ -141,7 +154,7 @@ def test_two_trials_as_ray_jobs_at_once_and_a_kill_minus_9_re_attaches_both(ray_
     for tid in rows:  # every trial is one Ray job, submitted once, with its reservation
         jobs = _jobs_of(client, str(Path(rows[tid]["trial_dir"]).resolve()))
         assert jobs == [rows[tid]["handle"]["job_id"]], (tid, jobs)
-        assert client.get_job_info(jobs[0]).entrypoint_num_cpus == 1
+        assert _reserved(ray_head, jobs[0]) == {"CPU": 1}
     a, b = (rows[t] for t in at_kill)
     assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"], "the two jobs did not run side by side"
     assert {a["slot"], b["slot"]} == {0, 1}
@@ -153,8 +166,9 @@ def test_more_trials_than_the_cluster_holds_now_are_queued_not_failed(ray_head, 
     first_step_s = 20.0  # the first-step watchdog; both trials wait longer than that in Ray's queue
     runs = tmp_path / "runs"
     blocker = Blocker(ray_head, HEAD_CPUS)  # the cluster holds two trials, but another job has its CPUs now
+    # --parallel 3 asks for more than the head ever holds: two slots, and the session says why
     cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--ray-address", ray_head,
-           "--approve", "auto", "--parallel", "2", "--stages", "learning", "--learning-trials", "3",
+           "--approve", "auto", "--parallel", "3", "--stages", "learning", "--learning-trials", "3",
            "--learning-horizon", "6", "--learning-confirm-trials", "0", "--first-step-timeout-s", str(first_step_s),
            *SETS, "--runs-dir", str(runs), "--json"]
     err = open(tmp_path / "progress.txt", "w+")
@@ -185,8 +199,12 @@ def test_more_trials_than_the_cluster_holds_now_are_queued_not_failed(ray_head, 
     assert tuner.returncode == 0, progress[-3000:]
     summary = json.loads(out)
     assert summary["status"] == "completed" and summary["trials"]["failed"] == 0
+    capped = (f"--parallel 3: the local backend runs {HEAD_CPUS} trial(s) at once ({HEAD_CPUS} CPUs on 1 node(s), 1 per "
+              "trial); the other trials wait for a free slot")
+    assert capped in summary["notes"] and capped in progress
     trials = {r["trial_id"]: r for r in query(db, "select * from trials")}
     assert len(trials) == 3 and {t["status"] for t in trials.values()} == {"completed"}
+    assert {t["slot"] for t in trials.values()} == {0, 1}
     for r in queued:
         t = trials[r["trial_id"]]
         assert t["running_at"] - t["waiting_since"] > first_step_s  # waited past the watchdog's limit, not stopped
