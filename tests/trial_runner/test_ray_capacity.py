@@ -102,3 +102,37 @@ def test_a_verl_trial_is_one_whole_node_of_the_cluster_by_default(monkeypatch):
     two = load_backend("verl", entrypoint=f"{sys.executable} {FAKE_VERL}", ray_address="127.0.0.1:8265",
                        base_config={"trainer.nnodes": 2, "trainer.n_gpus_per_node": 4})
     assert two.max_parallel_trials() == 1 and two.parallel_limit_reason().endswith("2 nodes x 4 per trial")
+
+
+class _Head:
+    """A job API that answers Ray's "no agent yet" 500 ``busy`` times, then accepts; ``made`` is what it created."""
+
+    def __init__(self, busy: int, error: str = "No available agent to submit job, please try again later.") -> None:
+        self.busy, self.error, self.made = busy, error, []
+
+    def submit_job(self, submission_id, **kwargs):
+        if self.busy:
+            self.busy -= 1
+            raise RuntimeError(f"Request failed with status code 500: {self.error}.")
+        self.made.append(submission_id)
+        return submission_id
+
+    def get_job_status(self, submission_id):
+        if submission_id not in self.made:
+            raise RuntimeError("Request failed with status code 404: Job does not exist.")
+        return "PENDING"
+
+
+def test_a_submission_rides_out_a_head_without_its_job_agent_yet(monkeypatch):
+    from mart.trial_runner.ray import runner
+
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    head = _Head(busy=3)
+    assert runner.submit_with_retry(head, submission_id="mart-a-1", entrypoint="true") == "mart-a-1"
+    assert head.made == ["mart-a-1"]  # submitted once it could be, once
+    other = _Head(busy=1, error="Job with submission_id mart-a-1 already exists")
+    with pytest.raises(RuntimeError, match="already exists"):  # any other refusal is the caller's
+        runner.submit_with_retry(other, submission_id="mart-a-1", entrypoint="true")
+    stuck = _Head(busy=10**9)
+    with pytest.raises(RuntimeError, match="No available agent"):  # and the wait has an end
+        runner.submit_with_retry(stuck, submission_id="mart-b-1", entrypoint="true", retry_s=0)

@@ -24,6 +24,7 @@ pytest.importorskip("ray.job_submission", reason="ray[default] not installed: pi
 
 from mart.state.trials import TrialSpec
 from mart.trial_runner.local.config import TINY_CONFIG
+from mart.trial_runner.ray.runner import submit_with_retry
 from mart.trial_runner.registry import load_backend
 from tests.support.paths import FAKE_VERL, REPO
 from tests.support.sessions import kill_with_two_running, query, wait_for
@@ -73,8 +74,8 @@ class Blocker:
 
     def __init__(self, address: str, cpus: int) -> None:
         self.client = _client(address)
-        self.id = self.client.submit_job(entrypoint="sleep 900", entrypoint_num_cpus=cpus,
-                                         submission_id=f"blocker-{secrets.token_hex(4)}")
+        self.id = submit_with_retry(self.client, entrypoint="sleep 900", entrypoint_num_cpus=cpus,
+                                    submission_id=f"blocker-{secrets.token_hex(4)}")
         wait_for(lambda: self.client.get_job_status(self.id).value == "RUNNING", 60, "the blocker to run")
 
     def stop(self) -> None:

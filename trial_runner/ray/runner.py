@@ -54,6 +54,30 @@ _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 QUEUED_REASON = "waiting for cluster resources"
 
 
+#: how long a submission is retried while the head has no job agent yet (Ray's own wait is 10 s)
+SUBMIT_RETRY_S = 60.0
+_NO_AGENT = "No available agent to submit job"
+
+
+def submit_with_retry(client: Any, *, submission_id: str, retry_s: float = SUBMIT_RETRY_S, **kwargs: Any) -> str:
+    """``client.submit_job`` that rides out a head whose job agent is not up yet (just started, or busy): Ray
+    answers HTTP 500 "No available agent to submit job, please try again later" before it creates the job, so the
+    submission is made again (after checking that the id is still unknown) until ``retry_s`` has passed."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return client.submit_job(submission_id=submission_id, **kwargs)
+        except RuntimeError as e:
+            if _NO_AGENT not in str(e) or time.monotonic() > deadline:
+                raise
+        time.sleep(2.0)
+        try:
+            client.get_job_status(submission_id)
+            return submission_id  # the earlier request did create it after all
+        except RuntimeError:
+            pass
+
+
 def normalize_address(address: str) -> str:
     """``HOST:8265`` -> ``http://HOST:8265``; http(s) addresses are kept. ``ray://`` is refused."""
     address = address.strip().rstrip("/")
@@ -246,13 +270,10 @@ class RayJobRunner(TrialRunner):
             extra["metrics_path"] = env["VERL_FILE_LOGGER_PATH"]
             write_atomic(Path(env["VERL_FILE_LOGGER_PATH"]).parent, "launch.json",
                          json.dumps({"argv": argv, "env": env, "submission_id": submission_id, "at": time.time()}, indent=1))
-        self.client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=submission_id,
-            runtime_env={"env_vars": {k: str(v) for k, v in env.items()}} if env else None,
-            metadata={"mart_trial_id": spec.trial_id, "mart_trial_dir": str(trial_dir)},
-            **self.resources.submit_options(),
-        )
+        submit_with_retry(self.client, entrypoint=entrypoint, submission_id=submission_id,
+                          runtime_env={"env_vars": {k: str(v) for k, v in env.items()}} if env else None,
+                          metadata={"mart_trial_id": spec.trial_id, "mart_trial_dir": str(trial_dir)},
+                          **self.resources.submit_options())
         self._write_job_file(trial_dir, {"submission_id": submission_id, "address": self.address,
                                          "entrypoint": entrypoint, "extra": extra,
                                          "resources": self.resources.submit_options()})
