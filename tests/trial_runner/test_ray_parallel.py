@@ -141,7 +141,9 @@ def test_two_trials_as_ray_jobs_at_once_and_a_kill_minus_9_re_attaches_both(ray_
     at_kill = {tid: h["job_id"] for tid, h in handles.items()}
     # the jobs belong to the cluster: they run on without the tuner
     assert {client.get_job_status(j).value for j in at_kill.values()} == {"RUNNING"}
-    out = _mart("resume", where.name, "--runs-dir", str(runs), "--quiet", "--json", timeout=400)
+    # the run folder's cluster address is not trusted on its own: the user names it again
+    out = _mart("resume", where.name, "--runs-dir", str(runs), "--ray-address", ray_head, "--quiet", "--json",
+                timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert summary["status"] == "completed" and summary["trials"]["total"] == 3 and summary["trials"]["failed"] == 0
