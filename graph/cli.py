@@ -642,8 +642,8 @@ def status(
     running = info.get("running_trials") or ([info["running_trial"]] if info.get("running_trial") else [])
     for t in running:  # every trial in flight (several with --parallel)
         slot = f", slot {t['slot'] + 1}" if t.get("slot") is not None and (info.get("slots") or 1) > 1 else ""
-        typer.echo(one_line(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): "
-                            f"{t['steps_done']}/{t['horizon']} steps"))
+        where = f"queued ({t['queued']})" if t.get("queued") else f"{t['steps_done']}/{t['horizon']} steps"
+        typer.echo(one_line(f"running trial {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {where}"))
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:

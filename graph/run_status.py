@@ -162,10 +162,11 @@ def run_status(store: RunStore, *, from_graph: bool = False) -> dict[str, Any]:
 
 
 def _running_rows(store: RunStore, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every trial the ledger has in flight: id, stage, kind, slot, steps so far, horizon, when it started."""
+    """Every trial the ledger has in flight: id, stage, kind, slot, steps so far, horizon, when it started, and
+    what it waits for while it is queued (its resources on a cluster)."""
     return [{"trial_id": t["trial_id"], "stage": t["stage"], "kind": t["kind"], "slot": t.get("slot"),
              "steps_done": len(store.ledger.metric_records(t["trial_id"])), "horizon": t.get("horizon"),
-             "started_at": t.get("started_at")}
+             "started_at": t.get("started_at"), "queued": t.get("waiting")}
             for t in trials if t["status"] == "running"]
 
 

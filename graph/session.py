@@ -43,7 +43,9 @@ from mart.nodes.progress import (
     TrialDone,
     TrialFailed,
     TrialLaunched,
+    TrialQueued,
     TrialReattached,
+    TrialStarted,
     TrialStep,
     TrialStopped,
     parse_event,
@@ -83,6 +85,14 @@ def _fmt_launched(e: TrialLaunched) -> tuple[str, str | None]:
 
 def _fmt_reattached(e: TrialReattached) -> tuple[str, str | None]:
     return f"[bold]↺ {e.trial_id}[/] re-attached (still known to the ledger)", None
+
+
+def _fmt_queued(e: TrialQueued) -> tuple[str, str | None]:
+    return f"  ⏸ {e.trial_id}: queued ({e.reason})", "yellow"
+
+
+def _fmt_started(e: TrialStarted) -> tuple[str, str | None]:
+    return f"  ▶ {e.trial_id}: started after {e.waited_s:.0f} s in the queue", None
 
 
 def _fmt_failed(e: TrialFailed) -> tuple[str, str | None]:
@@ -136,7 +146,8 @@ def _fmt_critique(e: CritiqueDone) -> tuple[str, str | None]:
 
 #: one formatter per kind of progress event: (rich markup, style)
 FORMATTERS: dict[type, Callable[[Any], tuple[str, str | None]]] = {
-    TrialLaunched: _fmt_launched, TrialReattached: _fmt_reattached, TrialFailed: _fmt_failed,
+    TrialLaunched: _fmt_launched, TrialReattached: _fmt_reattached, TrialQueued: _fmt_queued,
+    TrialStarted: _fmt_started, TrialFailed: _fmt_failed,
     TrialStep: _fmt_step, HealthNotice: _fmt_health, TrialStopped: _fmt_stopped, TrialDone: _fmt_done,
     Proposed: _fmt_proposed, CritiqueDone: _fmt_critique, SessionNote: _fmt_note,
 }

@@ -45,6 +45,23 @@ class TrialReattached(_Event):
     trial_id: str
 
 
+class TrialQueued(_Event):
+    """A launched trial waits for its resources (a Ray job held PENDING until a node is free): not failed."""
+
+    event: Literal["trial_queued"] = "trial_queued"
+    trial_id: str
+    reason: str
+    """What it waits for, as its runner says (``TrialPoll.queued``)."""
+
+
+class TrialStarted(_Event):
+    """A queued trial got its resources and runs."""
+
+    event: Literal["trial_started"] = "trial_started"
+    trial_id: str
+    waited_s: float
+
+
 class TrialFailed(_Event):
     """The trial could not be launched."""
 
@@ -131,12 +148,13 @@ class SessionNote(_Event):
 
 #: every kind of progress event, discriminated by its ``event`` field
 ProgressEvent = Annotated[
-    Union[TrialLaunched, TrialReattached, TrialFailed, TrialStep, HealthNotice, TrialStopped, TrialDone, Proposed,
-          CritiqueDone, SessionNote],
+    Union[TrialLaunched, TrialReattached, TrialQueued, TrialStarted, TrialFailed, TrialStep, HealthNotice, TrialStopped,
+          TrialDone, Proposed, CritiqueDone, SessionNote],
     Field(discriminator="event"),
 ]
-EVENT_TYPES: tuple[type[_Event], ...] = (TrialLaunched, TrialReattached, TrialFailed, TrialStep, HealthNotice,
-                                         TrialStopped, TrialDone, Proposed, CritiqueDone, SessionNote)
+EVENT_TYPES: tuple[type[_Event], ...] = (TrialLaunched, TrialReattached, TrialQueued, TrialStarted, TrialFailed,
+                                         TrialStep, HealthNotice, TrialStopped, TrialDone, Proposed, CritiqueDone,
+                                         SessionNote)
 _ADAPTER: TypeAdapter[ProgressEvent] = TypeAdapter(ProgressEvent)
 
 
@@ -159,5 +177,5 @@ def emit(services: Any, event: ProgressEvent) -> None:
 
 
 __all__ = ["EVENT_TYPES", "CritiqueDone", "HealthNotice", "ProgressEvent", "Proposed", "ProposedCandidate", "SessionNote",
-           "TrialDone", "TrialFailed", "TrialLaunched", "TrialReattached", "TrialStep", "TrialStopped", "emit",
-           "parse_event"]
+           "TrialDone", "TrialFailed", "TrialLaunched", "TrialQueued", "TrialReattached", "TrialStarted", "TrialStep",
+           "TrialStopped", "emit", "parse_event"]

@@ -34,7 +34,9 @@ _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
                 # re-evaluations under noise: the trial's own seed, the trial whose config it repeats
                 "seed": int, "confirms": str,
                 # parallel trials: the slot it held, when it was queued, the token its launch was recorded under
-                "slot": int, "queued_at": float, "launch_token": str}, "trial_id"),
+                "slot": int, "queued_at": float, "launch_token": str,
+                # launched but waiting for its resources (what for, since when; null once it runs), when it began to run
+                "waiting": str, "waiting_since": float, "running_at": float}, "trial_id"),
     "metrics": ({"trial_id": str, "step": int, "key": str, "value": float}, ("trial_id", "step", "key")),
     "proposals": ({"candidate_id": str, "run_id": str, "stage": str, "round": int, "overrides": str,
                    "rationale": str, "source": str, "predicted_memory_gb": float, "expected_gain": float,
@@ -99,6 +101,9 @@ class TrialRow(_Row):
     slot: int | None = None
     queued_at: float | None = None
     launch_token: str | None = None
+    waiting: str | None = None
+    waiting_since: float | None = None
+    running_at: float | None = None
 
 
 class RunRow(_Row):

@@ -83,6 +83,10 @@ class TrialPoll(BaseModel):
     status: TrialStatus
     reason: str | None = None
     last_step: int | None = None
+    queued: str | None = Field(
+        None, description="set while a launched trial waits for its resources before it starts (status RUNNING: "
+        "it is neither running yet nor failed), saying for what, e.g. a Ray job held PENDING until a node is free; "
+        "the progress watchdog's first-step clock starts once it is no longer set")
 
 
 class RunningTrial(BaseModel):

@@ -3,9 +3,12 @@
 One loop inside one node: each pass reads every running trial's new metric lines into the ledger, reports
 them as progress, polls the trial, and, per trial, runs the health monitor on each ``watch_interval_s`` pass
 that brought new steps (``mart.nodes.health_monitor.assess``) and the progress watchdog (no new step for too
-long: hung, or frozen by SIGSTOP). It returns to the graph only when a trial finished or must be stopped, so the
-checkpoints a session writes grow with its decisions, not with its polls (a day-long trial adds none). The state
-it keeps is the trials' handles; the ledger's upserts make a resumed watch (a new node run) read again safely.
+long: hung, or frozen by SIGSTOP). A trial whose poll says it is queued (``TrialPoll.queued``: a Ray job waiting
+for a free node) is neither failed nor timed: the ledger says what it waits for (``mart status`` shows it), and
+its first-step clock starts when it leaves the queue (``running_at``). It returns to the graph only when a trial
+finished or must be stopped, so the checkpoints a session writes grow with its decisions, not with its polls (a
+day-long trial adds none). The state it keeps is the trials' handles; the ledger's upserts make a resumed watch (a
+new node run) read again safely.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from mart.nodes.health_monitor import assess
-from mart.nodes.progress import TrialStep, emit
+from mart.nodes.progress import TrialQueued, TrialStarted, TrialStep, emit
 from mart.nodes.runtime import Services, services_for
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.metrics import StepRecord
@@ -29,6 +32,8 @@ from mart.trial_runner.watchdog import Progress
 
 #: Longest sleep between two passes over the running trials.
 MAX_SLEEP_S = 0.25
+#: A trial queued this long is announced (a Ray job is PENDING for a second or two while Ray starts its driver)
+QUEUED_NOTICE_S = 5.0
 
 
 @dataclass
@@ -41,6 +46,10 @@ class _Follow:
     new_steps: int = 0
     pass_started: float = field(default_factory=time.monotonic)
     progress: Progress = field(default_factory=Progress)
+    clock_from: float = 0.0
+    """Where the watchdog's first-step clock starts: the launch, or when the trial left its queue."""
+    queued_since: float | None = None
+    announced: bool = False
 
 
 def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stop_trial", "collect_trial"]]:
@@ -56,7 +65,11 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Liter
         if rt.finished or rt.stop_reason or rt.handle is None:
             return _leave(trials)
         known = {r.step for r in ledger.metric_records(rt.record.trial_id)}
-        f = _Follow(trial=rt, tail=runner.metrics(rt.handle), known=known)
+        row = ledger.trial(rt.record.trial_id) or {}
+        f = _Follow(trial=rt, tail=runner.metrics(rt.handle), known=known,
+                    clock_from=row.get("running_at") or rt.handle.started_at)
+        if row.get("waiting_since") and not row.get("running_at"):  # queued when an earlier watch last saw it
+            f.queued_since, f.announced = float(row["waiting_since"]), bool(row.get("waiting"))
         f.progress.observe(ledger.metric_records(rt.record.trial_id))
         follows[rt.record.trial_id] = f
     while True:
@@ -73,6 +86,8 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Liter
                 f.new_steps += 1
                 emit(services, _progress_event(record, rec))
             poll = runner.poll(rt.handle)
+            if not poll.status.is_finished() and _queued(services, f, tid, poll.queued):
+                continue  # waiting for its resources: nothing to assess, no clock running
             if poll.status.is_finished():
                 ledger.add_metrics(tid, f.tail.read_new())  # lines written just before the end
                 assess(services, record, final=True)
@@ -88,7 +103,7 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Liter
                     f.trial = rt.model_copy(update={"stop_reason": reason})
                     changed = True
                     continue
-            hung = f.progress.expired(watchdog, rt.handle.started_at)
+            hung = f.progress.expired(watchdog, f.clock_from)
             if hung:
                 f.trial = rt.model_copy(update={"stop_reason": hung})
                 changed = True
@@ -96,6 +111,32 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Liter
             return _leave([f.trial for f in follows.values()])
         if not passed:  # a trial whose pass just ended starts its next one at once (it reads what its poll revealed)
             time.sleep(min(MAX_SLEEP_S, interval))
+
+
+def _queued(services: Services, f: _Follow, trial_id: str, queued: str | None) -> bool:
+    """Keep the ledger and the progress output up to date with whether the trial waits in a queue; True while it does.
+
+    The ledger keeps since when it waits (``waiting_since``) and, once announced, what for (``waiting``: what
+    ``mart status`` shows), so a later watch (this node runs again after every collect) neither announces it twice
+    nor restarts its wait."""
+    now = time.time()
+    if queued:
+        if f.queued_since is None:
+            # a trial never seen running has waited since its launch
+            f.queued_since = f.trial.handle.started_at if f.clock_from == f.trial.handle.started_at else now
+            services.ledger.set_trial_fields(trial_id, waiting_since=f.queued_since)
+        if not f.announced and now - f.queued_since >= QUEUED_NOTICE_S:
+            f.announced = True
+            services.ledger.set_trial_fields(trial_id, waiting=queued)
+            emit(services, TrialQueued(trial_id=trial_id, reason=queued))
+        return True
+    if f.queued_since is not None:  # it left the queue: its first-step clock starts now
+        f.clock_from = now
+        services.ledger.set_trial_fields(trial_id, waiting=None, running_at=now)
+        if f.announced:
+            emit(services, TrialStarted(trial_id=trial_id, waited_s=now - f.queued_since))
+        f.queued_since, f.announced = None, False
+    return False
 
 
 def _leave(trials: list[RunningTrial]) -> Command:

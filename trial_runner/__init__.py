@@ -4,7 +4,12 @@ The public face for backend plugins (``--backend package.module:factory`` loads 
 
 * ``Backend``: search space, base config, config rules and a runner for one kind of training job;
 * ``SearchSpace``, ``ParamSpec``, ``Constraint``: the knobs agents may propose, and their rules;
-* ``TrialRunner``: ``launch(TrialSpec) -> TrialHandle``, ``poll(handle) -> TrialPoll``, ``stop(handle)``;
+* ``TrialRunner``: ``launch(TrialSpec) -> TrialHandle``, ``poll(handle) -> TrialPoll``, ``stop(handle)``; a trial
+  that waits for its resources (a scheduler's queue) polls ``RUNNING`` with ``TrialPoll.queued`` set (what it waits
+  for): mart shows it queued, not failed, and its first-step watchdog starts once ``queued`` is unset;
+* how many trials a backend holds at once: ``Backend.max_parallel_trials()`` (None, the default: no known limit;
+  ``mart tune --parallel N`` uses at most that many slots) and ``Backend.parallel_limit_reason()`` (why, for the
+  user: "16 GPUs on 2 node(s), 8 per trial"); the conformance suite runs two trials side by side unless it is 1;
 * the trial-directory contract's writers and readers: ``write_record`` (one metric line),
   ``write_status``/``read_status`` (``status.json``), ``MetricsTail`` (incremental reader);
 * ``ProcessGroup``: run a job as a detached process group and stop it (SIGTERM -> grace -> SIGKILL);

@@ -99,7 +99,9 @@ class Backend(abc.ABC):
     def max_parallel_trials(self) -> int | None:
         """How many trials this backend runs at once without them slowing each other down (None = no known
         limit). ``mart tune --parallel N`` uses at most this many slots and says so; the rest of the budget
-        waits for a free slot. A cluster backend counts whole nodes (a trial's own resources)."""
+        waits for a free slot. A cluster backend counts its nodes against one trial's own resources (the Ray
+        backends: ``mart.trial_runner.ray.cluster``). A trial launched into a slot may still wait for its resources
+        (another user holds them): its runner then polls it ``RUNNING`` with ``TrialPoll.queued`` set."""
         return None
 
     def trial_devices(self, slot: int) -> str | None:
@@ -109,7 +111,7 @@ class Backend(abc.ABC):
         return None
 
     def parallel_limit_reason(self) -> str:
-        """Why ``max_parallel_trials`` is what it is, for the user (e.g. "16 GPUs, 8 per trial")."""
+        """Why ``max_parallel_trials`` is what it is, for the user (e.g. "16 GPUs on 2 node(s), 8 per trial")."""
         return "the backend's limit"
 
     def missing_requirement(self) -> str | None:

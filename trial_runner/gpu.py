@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
+from mart.trial_runner.ray.cluster import RayJobSizing
+
 GIB = 1024**3
 
 
@@ -244,9 +246,12 @@ if __name__ == "__main__":  # pragma: no cover
     main()
 
 
-class GpuBackendCapacity:
-    """``memory_capacity_gb`` and the GPU probe of a backend whose trials run on GPUs here or on a Ray cluster
-    (verl, MARTI). Expects ``name``, ``ray_address`` and ``_memory_capacity_gb`` on the backend."""
+class GpuBackendCapacity(RayJobSizing):
+    """``memory_capacity_gb``, the GPU probe and the trial slots of a backend whose trials run on GPUs here or on a
+    Ray cluster (verl, MARTI). Expects ``name``, ``ray_address``, ``_memory_capacity_gb`` and ``base_config`` on the
+    backend, which calls ``_init_ray_sizing`` (its ``entrypoint_*`` options: by default the driver reserves nothing,
+    its trainer asks Ray for the GPUs) and may override ``_ray_gpu_groups`` (default: verl's
+    ``trainer.nnodes`` groups of ``trainer.n_gpus_per_node``, each on one node)."""
 
     name: str
     ray_address: str | None
@@ -261,9 +266,9 @@ class GpuBackendCapacity:
 
     def max_parallel_trials(self) -> int | None:
         """Trials that fit at once: on this machine, the visible GPUs over the GPUs one trial uses (at least one
-        trial); on a Ray cluster, unknown here (Ray queues a job until its resources are free)."""
+        trial); on a Ray cluster, its GPU nodes over one trial's GPU groups (and its driver's reservation)."""
         if self.ray_address is not None:
-            return None
+            return self._ray_slots()
         per_trial = self._gpus_per_trial()
         return max(1, len(self._probe()) // per_trial) if self._probe() else 1
 
@@ -280,16 +285,22 @@ class GpuBackendCapacity:
         return ",".join(g.uuid or str(g.index) for g in block)
 
     def parallel_limit_reason(self) -> str:
+        if self.ray_address is not None:
+            return self._ray_slots_reason()
         n = len(self._probe())
         return (f"{n} GPU(s) visible here, {self._gpus_per_trial()} per trial" if n else
                 "no GPU is visible here: one trial at a time")
 
-    def _gpus_per_trial(self) -> int:
+    def _ray_gpu_groups(self) -> tuple[int, int, bool]:
         base = self.base_config() if hasattr(self, "base_config") else {}
         try:
-            return max(1, int(base.get("trainer.n_gpus_per_node", 1)) * int(base.get("trainer.nnodes", 1)))
+            return max(1, int(base.get("trainer.nnodes", 1))), max(1, int(base.get("trainer.n_gpus_per_node", 1))), True
         except (TypeError, ValueError):
-            return 1
+            return 1, 1, True
+
+    def _gpus_per_trial(self) -> int:
+        groups, per_group, _ = self._ray_gpu_groups()
+        return max(1, groups * per_group)
 
     def memory_capacity_gb(self) -> float | None:
         """Per-GPU total from NVML when GPUs are present here (and trials run here), else the configured value.

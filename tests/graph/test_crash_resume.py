@@ -13,13 +13,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.oracles import assert_readme_shape, best_from_ledger
 from tests.support.paths import REPO as REPO_ROOT
+from tests.support.sessions import kill_with_two_running
+from tests.support.sessions import run_dir as _run_dir
+from tests.support.sessions import wait_for as _wait_for
 from tests.support.toy_backend import START_LINE
 
 REPO = REPO_ROOT
@@ -35,21 +37,6 @@ def _query(db: Path, sql: str, args=()):
             conn.close()
     except sqlite3.Error:
         return []
-
-
-def _run_dir(runs: Path) -> Path | None:
-    """The run folder once it is in place (a run is built under a hidden name, then renamed)."""
-    return next((p.parent for p in runs.glob("*/mart.sqlite") if not p.parent.name.startswith(".")), None)
-
-
-def _wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.timeout(900)  # the waits below add up to 700 s; a loaded 2-core box needs them, an idle one ~1 min
@@ -218,22 +205,10 @@ def test_kill_minus_9_with_two_trials_running_re_attaches_both(tmp_path, local_t
            "--stages", "learning", "--learning-trials", "3", "--learning-horizon", "12", "--learning-confirm-trials",
            "0", *sets, "--runs-dir", str(runs), "--quiet", "--json"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    tuner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        run_dir = _wait_for(lambda: _run_dir(runs), 60, "the run directory")
-        db = run_dir / "mart.sqlite"
-        both = _wait_for(lambda: (lambda rows: rows if len(rows) >= 2 else None)(_query(
-            db, "select t.trial_id, t.handle from trials t where t.status='running' and t.handle is not null and "
-                "exists (select 1 from metrics m where m.trial_id=t.trial_id and m.step>=1)")), 400,
-            "two running trials with steps")
-        os.kill(tuner.pid, signal.SIGKILL)
-        tuner.wait(10)
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
+    run_dir, at_kill = kill_with_two_running(cmd, runs, 400)
+    db = run_dir / "mart.sqlite"
     import psutil
 
-    at_kill = {tid: json.loads(h) for tid, h in both}
     assert all(psutil.pid_exists(h["pid"]) for h in at_kill.values())
     out = subprocess.run([sys.executable, "-m", "mart.graph.cli", "resume", run_dir.name, "--runs-dir", str(runs),
                           "--quiet", "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -19,7 +19,9 @@ from mart.nodes.progress import (
     TrialDone,
     TrialFailed,
     TrialLaunched,
+    TrialQueued,
     TrialReattached,
+    TrialStarted,
     TrialStep,
     TrialStopped,
     emit,
@@ -29,6 +31,8 @@ from mart.nodes.progress import (
 SAMPLES = [
     TrialLaunched(trial_id="sys-01-baseline", stage="system", kind="baseline", horizon=6),
     TrialReattached(trial_id="sys-02-abc"),
+    TrialQueued(trial_id="sys-02-abc", reason="waiting for cluster resources"),
+    TrialStarted(trial_id="sys-02-abc", waited_s=42.4),
     TrialFailed(trial_id="sys-03-abc", reason="launch failed: no GPU"),
     TrialStep(trial_id="sys-01-baseline", stage="system", step=3, throughput=1234.4, memory_gb=1.5, reward=0.25),
     HealthNotice(trial_id="lea-04-x", rule="entropy_collapse", severity="stop", message="entropy 0.01 < 0.05"),
@@ -59,6 +63,8 @@ def test_lines_say_what_happened() -> None:
     assert lines[SessionNote] == ("[yellow]note[/]: --parallel 4: the local backend runs 2 trial(s) at once", None)
     parallel = TrialLaunched(trial_id="sys-05-x", stage="system", kind="candidate", horizon=6, slot=2, slots=4)
     assert format_event(parallel)[0].endswith("(system stage, 6 steps, slot 3/4)")
+    assert lines[TrialQueued] == ("  ⏸ sys-02-abc: queued (waiting for cluster resources)", "yellow")
+    assert lines[TrialStarted] == ("  ▶ sys-02-abc: started after 42 s in the queue", None)
     assert lines[HealthNotice] == ("  health stop: entropy_collapse: entropy 0.01 < 0.05", "red")
     assert lines[TrialDone] == ("  ✓ sys-01-baseline: completed, 1,234 tok/s, peak 1.50 GB", None)
     assert lines[CritiqueDone] == ("[cyan]critic[/] all over the memory margin", None)

@@ -11,6 +11,9 @@ tested end to end without a real trainer. Streaming trials also show two patholo
 A ``stop`` that comes while the last step is in flight finds the trial finished (as a real job that completes
 while the signal is on its way).
 
+With ``queued_s`` (streaming trials), a trial first waits that many seconds of wall clock for its resources: its
+polls say RUNNING with ``queued`` set and reveal nothing (as a Ray job held PENDING until a node is free).
+
 Every launch appends one ``toy: start`` line to the trial's ``trial.log``: tests count them to prove a trial
 process started exactly once (launch idempotency).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from mart.state.models import TrialStatus
@@ -90,16 +94,19 @@ def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: fl
 
 PLAN_FILE = "toy_plan.json"
 START_LINE = "toy: start"
+QUEUED = "waiting for toy resources"
 
 
 class ToyRunner(TrialRunner):
     name = "toy"
     simulate = staticmethod(simulate)  # a variant backend (tests/support/multi_agent_toy.py) brings its own
 
-    def __init__(self, stream: bool = False, memory_spike_gb: float = 0.0, kl_onset_step: int = 3) -> None:
+    def __init__(self, stream: bool = False, memory_spike_gb: float = 0.0, kl_onset_step: int = 3,
+                 queued_s: float = 0.0) -> None:
         self.stream = stream
         self.memory_spike_gb = memory_spike_gb
         self.kl_onset_step = kl_onset_step
+        self.queued_s = queued_s
 
     def launch(self, spec: TrialSpec) -> TrialHandle:
         rows, status = self.simulate(spec.config, spec.steps, stream=self.stream, memory_spike_gb=self.memory_spike_gb,
@@ -108,9 +115,11 @@ class ToyRunner(TrialRunner):
         with open(path / "trial.log", "a") as log:
             log.write(f"{START_LINE} {spec.trial_id} steps={spec.steps}\n")
         (path / "config.json").write_text(json.dumps(spec.config))
-        if self.stream:  # step 0 now, the rest one per poll
-            (path / PLAN_FILE).write_text(json.dumps({"rows": rows, "status": status, "shown": 1}))
-            rows = rows[:1]
+        if self.stream:  # step 0 now (once out of its queue), the rest one per poll
+            shown = 0 if self.queued_s else 1
+            (path / PLAN_FILE).write_text(json.dumps({"rows": rows, "status": status, "shown": shown,
+                                                      "queued_until": time.time() + self.queued_s}))
+            rows = rows[:shown]
         with open(path / "metrics.jsonl", "w") as f:
             for step, data in enumerate(rows):
                 write_record(f, step, data)
@@ -125,6 +134,8 @@ class ToyRunner(TrialRunner):
         plan = self._plan(handle)
         if plan is None:
             return TrialPoll(status=TrialStatus.FAILED, reason="no status")
+        if time.time() < plan.get("queued_until", 0):
+            return TrialPoll(status=TrialStatus.RUNNING, queued=QUEUED)
         if plan["shown"] < len(plan["rows"]) - 1:
             self._reveal(handle, plan, 1)
             return TrialPoll(status=TrialStatus.RUNNING, last_step=plan["shown"] - 1)
@@ -164,8 +175,10 @@ class ToyBackend(Backend):
 
     def __init__(self, memory_capacity_gb: float | None = None, stream: bool = False,
                  base_overrides: dict | None = None, memory_spike_gb: float = 0.0, kl_onset_step: int = 3,
-                 max_parallel: int | None = None, log_prob_knobs: bool = False, **unused) -> None:
+                 max_parallel: int | None = None, log_prob_knobs: bool = False, queued_s: float = 0.0,
+                 **unused) -> None:
         self.capacity = memory_capacity_gb or 4.0
+        self.queued_s = float(queued_s)
         self.max_parallel = max_parallel
         self.stream = stream
         self.memory_spike_gb = memory_spike_gb
@@ -180,7 +193,8 @@ class ToyBackend(Backend):
         return {**self.space.defaults(), **self.base_overrides}
 
     def make_runner(self) -> TrialRunner:
-        return ToyRunner(stream=self.stream, memory_spike_gb=self.memory_spike_gb, kl_onset_step=self.kl_onset_step)
+        return ToyRunner(stream=self.stream, memory_spike_gb=self.memory_spike_gb, kl_onset_step=self.kl_onset_step,
+                         queued_s=self.queued_s)
 
     def memory_capacity_gb(self) -> float:
         return self.capacity

@@ -73,7 +73,10 @@ def ray_head():
     env.pop("RAY_ADDRESS", None)
     starter = subprocess.Popen(
         [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", "--port=0", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={port}", "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+         f"--dashboard-port={port}", "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+         # Ray's fixed defaults (the job agent's 52365, the client server's 10001) would clash with another head on
+         # this machine: its job agent would never come up ("No available agent to submit job")
+         f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     pgid = starter.pid

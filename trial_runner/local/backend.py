@@ -10,6 +10,7 @@ from mart.state.job import JobDescription
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend, TrialRunner
 from mart.trial_runner.local.config import DEFAULTS, config_errors
+from mart.trial_runner.ray.cluster import RayJobSizing
 
 DEFAULT_MEMORY_CAPACITY_GB = 0.075
 """Emulated device memory, chosen from measurements (bench/local_workload.py, CPU workload memory):
@@ -42,7 +43,7 @@ def team_workload_defaults(workflow: str, agents: int, rounds: int) -> dict[str,
     return {"data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": mini}
 
 
-class LocalBackend(Backend):
+class LocalBackend(RayJobSizing, Backend):
     """The embedded default workload.
 
     Args:
@@ -57,6 +58,9 @@ class LocalBackend(Backend):
         task: the embedded task (``local.task.name``): ``digit_sort`` (default) or ``digit_sort_long``, where
             answers lengthen as the policy learns, a cut answer scores 0 and ``data.max_response_length`` is a
             learning knob.
+        entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources: with ``ray_address``, what each trial's
+            job reserves (default: one CPU per trainer thread, ``local.num_threads``); Ray queues a trial until they
+            are free on a node.
 
     Raises:
         ValueError: the base config file cannot be read or breaks the config's rules; an unknown
@@ -68,11 +72,14 @@ class LocalBackend(Backend):
 
     def __init__(self, memory_capacity_gb: float | None = None, ray_address: str | None = None,
                  base_config: str | None = None, workflow: str | None = None, agents: int | None = None,
-                 task: str | None = None) -> None:
+                 task: str | None = None, entrypoint_num_cpus: float | None = None,
+                 entrypoint_num_gpus: float | None = None,
+                 entrypoint_resources: dict[str, float] | None = None) -> None:
         from mart.trial_runner.local.team_config import MAX_AGENTS, WORKFLOWS, is_team_config, team_defaults
 
         self._capacity = memory_capacity_gb
         self.ray_address = ray_address
+        self._init_ray_sizing(ray_address, entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources)
         self._base = dict(DEFAULTS)
         file_values: dict[str, Any] = {}
         if base_config:
@@ -141,7 +148,7 @@ class LocalBackend(Backend):
         if self.ray_address:
             from mart.trial_runner.ray.runner import RayJobRunner
 
-            return RayJobRunner(self.ray_address, runner)
+            return RayJobRunner(self.ray_address, runner, **self.ray_runner_options())
         return runner
 
     def describe_job(self) -> JobDescription:
@@ -167,16 +174,25 @@ class LocalBackend(Backend):
             agents=self.team[1] if self.team else 1,
         )
 
+    def _threads(self) -> int:
+        """Torch threads of one trainer (``local.num_threads``, else ``$MART_NUM_THREADS``, else 1)."""
+        return max(1, int(self._base.get("local.num_threads") or 0) or int(os.environ.get("MART_NUM_THREADS") or 1))
+
+    def _ray_default_cpus(self) -> float | None:
+        return self._threads()
+
     def max_parallel_trials(self) -> int | None:
         """One trainer process per core (each runs one torch thread unless ``local.num_threads`` says more): more
-        at once would slow every trial, and stage 1 measures their speed. On a Ray cluster, Ray places them."""
+        at once would slow every trial, and stage 1 measures their speed. On a Ray cluster: the trials whose
+        reservation (a CPU per thread by default) the cluster's nodes hold."""
         if self.ray_address:
-            return None
-        threads = int(self._base.get("local.num_threads") or 0) or int(os.environ.get("MART_NUM_THREADS") or 1)
-        return max(1, (os.cpu_count() or 1) // max(1, threads))
+            return self._ray_slots()
+        return max(1, (os.cpu_count() or 1) // self._threads())
 
     def parallel_limit_reason(self) -> str:
-        return f"{os.cpu_count() or 1} CPU core(s) here, one trainer thread per trial"
+        if self.ray_address:
+            return self._ray_slots_reason()
+        return f"{os.cpu_count() or 1} CPU core(s) here, {self._threads()} trainer thread(s) per trial"
 
     def memory_capacity_gb(self) -> float | None:
         """The emulated device memory. A multi-agent job keeps every agent's weights, AdamW state and

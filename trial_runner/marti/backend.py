@@ -37,6 +37,8 @@ class MartiBackend(GpuBackendCapacity, Backend):
         verl_python: the interpreter that runs MARTI (``--verl-python``; it replaces ``python`` in the entrypoint).
         stall_timeout_s, first_step_timeout_s: progress watchdog limits (``--backend-option``).
         runner_options: further keyword arguments of ``MartiRunner`` (kill_grace_s, oom_exit_grace_s, env, ...).
+        entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources: with ``ray_address``, what each trial's
+            driver reserves (default: nothing; MARTI's own placement groups ask Ray for the job's GPUs).
     """
 
     name = "marti"
@@ -53,6 +55,9 @@ class MartiBackend(GpuBackendCapacity, Backend):
         stall_timeout_s: float | None = None,
         first_step_timeout_s: float | None = None,
         runner_options: dict[str, Any] | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
     ) -> None:
         self.entrypoint = entrypoint
         self.user_base = load_base_config(base_config)
@@ -67,6 +72,7 @@ class MartiBackend(GpuBackendCapacity, Backend):
                           "directory, evaluation at the horizon, no silent resume); its values are ignored", stacklevel=2)
         split_config(self.user_base)  # fail early on a key or value MARTI cannot take (or a secret)
         self.ray_address = ray_address
+        self._init_ray_sizing(ray_address, entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources)
         self._memory_capacity_gb = memory_capacity_gb
         self.python = verl_python or ("python" if ray_address else None)
         self.watchdog = None
@@ -128,7 +134,14 @@ class MartiBackend(GpuBackendCapacity, Backend):
     def make_runner(self) -> TrialRunner:
         runner = self._runner()
         if self.ray_address:
-            return MartiRayJobRunner(self.ray_address, runner)
+            return MartiRayJobRunner(self.ray_address, runner, **self.ray_runner_options())
         return runner
+
+    def _ray_gpu_groups(self) -> tuple[int, int, bool]:
+        """The job's GPUs (every tuned agent's actor, reference and vLLM engines), not bound to one node: MARTI's
+        placement groups spread its models over the cluster."""
+        from mart.trial_runner.marti.space import job_gpus
+
+        return 1, job_gpus(self.base_config()), False
 
 __all__ = ["MartiBackend"]

@@ -16,16 +16,22 @@ How the metrics reach the tuner (both work; the first is preferred):
   (verl's console lines ``step:N - key:value``, or JSONL records printed by the workload). The runner
   also mirrors the job's log into ``<trial_dir>/trial.log`` on the tuner's machine.
 
+Resources: each trial is one job whose driver reserves ``entrypoint_num_cpus``, ``entrypoint_num_gpus`` and
+``entrypoint_resources`` (``submit_job``'s own arguments; the backend sizes them, ``mart.trial_runner.ray.cluster``).
+A job Ray holds PENDING until they are free is *queued*: ``poll`` says RUNNING with ``queued`` set, and the
+progress watchdog's first-step clock starts only when the job leaves the queue.
+
 A hung job (no new step, see ``trial_runner.verl.runner.WatchdogConfig``) is stopped when the inner runner
 has a ``watchdog``. Ownership: the job belongs to the cluster. Handles carry the submission id, so a restarted tuner
 re-attaches; ``launch`` itself re-attaches to a live job of the same trial instead of submitting twice
-(submission ids are ``mart-<trial_id>-<n>``). Authentication: Ray 2.60 clusters started with ``ray start
+(submission ids are ``mart-<trial_id>-<hash of the trial dir>-<n>``). Authentication: Ray 2.60 clusters started with ``ray start
 --head`` require a token; it is read from ``token=``, ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
 ``~/.ray/auth_token`` and sent as a bearer header.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -43,6 +49,33 @@ from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import MetricsTail
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+#: what a PENDING job waits for (Ray's own message says: resources, or its runtime environment)
+QUEUED_REASON = "waiting for cluster resources"
+
+
+#: how long a submission is retried while the head has no job agent yet (Ray's own wait is 10 s)
+SUBMIT_RETRY_S = 60.0
+_NO_AGENT = "No available agent to submit job"
+
+
+def submit_with_retry(client: Any, *, submission_id: str, retry_s: float = SUBMIT_RETRY_S, **kwargs: Any) -> str:
+    """``client.submit_job`` that rides out a head whose job agent is not up yet (just started, or busy): Ray
+    answers HTTP 500 "No available agent to submit job, please try again later" before it creates the job, so the
+    submission is made again (after checking that the id is still unknown) until ``retry_s`` has passed."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return client.submit_job(submission_id=submission_id, **kwargs)
+        except RuntimeError as e:
+            if _NO_AGENT not in str(e) or time.monotonic() > deadline:
+                raise
+        time.sleep(2.0)
+        try:
+            client.get_job_status(submission_id)
+            return submission_id  # the earlier request did create it after all
+        except RuntimeError:
+            pass
 
 
 def normalize_address(address: str) -> str:
@@ -122,6 +155,9 @@ class RayJobRunner(TrialRunner):
         metrics_source: ``auto`` (shared file when visible, else job logs), ``file`` or ``logs``.
         log_mirror_s: minimum seconds between copies of the job's log into ``trial.log``.
         log_fetch_s: minimum seconds between log fetches of one metrics reader (log-based metrics).
+        entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources: what each trial's driver reserves
+            (``submit_job``'s arguments of these names; None: Ray's default, nothing). Ray queues a job until they
+            are free on one node.
     """
 
     name = "ray"
@@ -141,7 +177,12 @@ class RayJobRunner(TrialRunner):
         log_mirror_s: float = 10.0,
         log_fetch_s: float = 2.0,
         client: Any | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
     ) -> None:
+        from mart.trial_runner.ray.cluster import trial_resources
+
         if not hasattr(inner, "build_command"):
             raise TypeError(f"{type(inner).__name__} has no build_command(spec); it cannot run as a Ray job.")
         if metrics_source not in ("auto", "file", "logs"):
@@ -156,6 +197,8 @@ class RayJobRunner(TrialRunner):
         self._mirrored_at: dict[str, float] = {}
         self._followed: dict[str, tuple[Any, Any]] = {}  # job id -> (metrics tail, Progress)
         self._final_logs: set[str | None] = set()  # jobs whose final log was mirrored
+        self._running_since: dict[str, float] = {}  # job id -> when it was first seen out of Ray's queue
+        self.resources = trial_resources(entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources)
 
     # ------------------------------------------------------------------------------------ client
 
@@ -171,11 +214,14 @@ class RayJobRunner(TrialRunner):
 
     # ------------------------------------------------------------------------------------ launch
 
-    def _id_prefix(self, trial_id: str) -> str:
-        return f"mart-{_ID_SAFE.sub('_', trial_id)}-"
+    def _id_prefix(self, spec: TrialSpec) -> str:
+        """``mart-<trial id>-<hash of its trial dir>-``: trial ids repeat across runs (every run has a
+        ``sys-01-baseline``), their directories do not, so a session never takes another run's job for its own."""
+        where = hashlib.sha256(str(Path(spec.trial_dir).resolve()).encode()).hexdigest()[:8]
+        return f"mart-{_ID_SAFE.sub('_', spec.trial_id)}-{where}-"
 
-    def _existing_jobs(self, trial_id: str) -> list[tuple[int, Any]]:
-        prefix = self._id_prefix(trial_id)
+    def _existing_jobs(self, spec: TrialSpec) -> list[tuple[int, Any]]:
+        prefix = self._id_prefix(spec)
         found = []
         for info in self.client.list_jobs():
             sid = getattr(info, "submission_id", None) or ""
@@ -194,14 +240,14 @@ class RayJobRunner(TrialRunner):
         """Submit the trial as a job, or re-attach to this trial's job if one is still pending/running."""
         trial_dir = Path(spec.trial_dir).resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
-        jobs = self._existing_jobs(spec.trial_id)
+        jobs = self._existing_jobs(spec)
         if jobs and not jobs[-1][1].status.is_terminal():
             n, info = jobs[-1]
             saved = self._read_job_file(trial_dir)
             extra = saved.get("extra", {}) if saved.get("submission_id") == info.submission_id else {}
             return self._handle(spec, info.submission_id, n, {**extra, "reattached": True})
         n = jobs[-1][0] + 1 if jobs else 1
-        submission_id = f"{self._id_prefix(spec.trial_id)}{n}"
+        submission_id = f"{self._id_prefix(spec)}{n}"
         for stale in ("status.json", METRICS_FILE):  # a fresh run: nothing left from an earlier one
             path = trial_dir / stale
             if path.is_file() and not path.is_symlink():
@@ -224,15 +270,35 @@ class RayJobRunner(TrialRunner):
             extra["metrics_path"] = env["VERL_FILE_LOGGER_PATH"]
             write_atomic(Path(env["VERL_FILE_LOGGER_PATH"]).parent, "launch.json",
                          json.dumps({"argv": argv, "env": env, "submission_id": submission_id, "at": time.time()}, indent=1))
-        self.client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=submission_id,
-            runtime_env={"env_vars": {k: str(v) for k, v in env.items()}} if env else None,
-            metadata={"mart_trial_id": spec.trial_id, "mart_trial_dir": str(trial_dir)},
-        )
+        submit_with_retry(self.client, entrypoint=entrypoint, submission_id=submission_id,
+                          runtime_env={"env_vars": {k: str(v) for k, v in env.items()}} if env else None,
+                          metadata={"mart_trial_id": spec.trial_id, "mart_trial_dir": str(trial_dir)},
+                          **self.resources.submit_options())
         self._write_job_file(trial_dir, {"submission_id": submission_id, "address": self.address,
-                                         "entrypoint": entrypoint, "extra": extra})
+                                         "entrypoint": entrypoint, "extra": extra,
+                                         "resources": self.resources.submit_options()})
         return self._handle(spec, submission_id, n, extra)
+
+    def running_since(self, handle: TrialHandle) -> float:
+        """When the job was first seen running (out of Ray's queue): the start of its first-step clock.
+
+        Kept in ``ray_job.json`` so a resumed tuner keeps the same clock; a job first seen running by a resumed
+        tuner starts it then (at most the tuner's downtime late, never early).
+        """
+        key = handle.job_id or handle.trial_id
+        if key not in self._running_since:
+            trial_dir = Path(handle.trial_dir)
+            saved = self._read_job_file(trial_dir)
+            since = saved.get("running_since") if saved.get("submission_id") == handle.job_id else None
+            if not isinstance(since, (int, float)):
+                since = time.time()
+                if saved.get("submission_id") == handle.job_id:
+                    try:
+                        self._write_job_file(trial_dir, {**saved, "running_since": since})
+                    except OSError:
+                        pass
+            self._running_since[key] = float(since)
+        return self._running_since[key]
 
     def _write_job_file(self, trial_dir: Path, data: dict[str, Any]) -> None:
         write_atomic(trial_dir, "ray_job.json", json.dumps(data, indent=1))
@@ -306,11 +372,13 @@ class RayJobRunner(TrialRunner):
         from ray.job_submission import JobStatus
 
         status = self._status(handle)
-        if status in (JobStatus.PENDING, JobStatus.RUNNING):
+        if status == JobStatus.PENDING:  # in Ray's queue: nothing runs yet, so no clock of the watchdog does either
+            return TrialPoll(status=TrialStatus.RUNNING, queued=QUEUED_REASON)
+        if status == JobStatus.RUNNING:
             self._mirror_logs(handle)
             progress = self._progress(handle)
             watchdog = getattr(self.inner, "watchdog", None)  # the verl runner's progress watchdog
-            hung = progress.expired(watchdog, handle.started_at) if watchdog is not None else None
+            hung = progress.expired(watchdog, self.running_since(handle)) if watchdog is not None else None
             if hung:
                 return self.stop(handle, reason=hung)
             horizon = int(handle.extra.get("steps") or 0)

@@ -53,6 +53,9 @@ class VerlBackend(GpuBackendCapacity, Backend):
         verl_version: the verl release on the cluster (``--backend-option verl_version=0.9.1``): without verl
             importable here, the bundled key list (which decides Hydra's ``+``) must be that release's; a
             mismatch is refused with the way out.
+        entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources: with ``ray_address``, what each trial's
+            driver reserves (default: nothing; verl's resource pools ask Ray for ``trainer.nnodes`` x
+            ``trainer.n_gpus_per_node`` GPUs themselves). See docs/backends.md, "Sizing a trial on a cluster".
     """
 
     name = "verl"
@@ -72,6 +75,9 @@ class VerlBackend(GpuBackendCapacity, Backend):
         stall_timeout_s: float | None = None,
         first_step_timeout_s: float | None = None,
         verl_version: str | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
     ) -> None:
         _check_key_list(verl_version)
         self.entrypoint = entrypoint
@@ -81,6 +87,7 @@ class VerlBackend(GpuBackendCapacity, Backend):
         if self.script is not None:  # the script's settings are the user's; an explicit base config wins
             self.user_base = {**self.script.overrides, **self.user_base}
         self.ray_address = ray_address
+        self._init_ray_sizing(ray_address, entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources)
         self._memory_capacity_gb = memory_capacity_gb
         self.prevalidate = verl_available() if prevalidate is None else prevalidate
         if watchdog is None and (stall_timeout_s is not None or first_step_timeout_s is not None):
@@ -155,12 +162,14 @@ class VerlBackend(GpuBackendCapacity, Backend):
             FIXED_KEYS | {"trainer.n_gpus_per_node"}
 
     def base_config(self) -> dict[str, Any]:
-        """verl's defaults of the catalogue knobs, mart's GRPO settings, GPUs found here, then the user's base."""
+        """verl's defaults of the catalogue knobs, mart's GRPO settings, the GPUs of a node (found here, or the
+        cluster's smallest GPU node: one whole node per trial), then the user's base."""
         cfg: dict[str, Any] = SEARCH_SPACE.defaults()
         cfg.update(GRPO_BASE)
-        gpus = self._probe() if self.ray_address is None else []
-        if gpus and "trainer.n_gpus_per_node" not in self.user_base:
-            cfg["trainer.n_gpus_per_node"] = len(gpus)
+        if "trainer.n_gpus_per_node" not in self.user_base:
+            node_gpus = len(self._probe()) if self.ray_address is None else self.ray_cluster().gpus_per_node()
+            if node_gpus:
+                cfg["trainer.n_gpus_per_node"] = node_gpus
         cfg.update(self.user_base)
         return cfg
 
@@ -231,7 +240,7 @@ class VerlBackend(GpuBackendCapacity, Backend):
         if self.ray_address:
             from mart.trial_runner.ray.runner import RayJobRunner
 
-            return RayJobRunner(self.ray_address, runner)
+            return RayJobRunner(self.ray_address, runner, **self.ray_runner_options())
         return runner
 
     def describe_job(self) -> JobDescription | None:
