@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal, Union
 
-from langgraph.config import get_stream_writer
+import langgraph.config
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from mart.state.models import Stage
@@ -166,7 +166,7 @@ def parse_event(data: dict[str, Any]) -> ProgressEvent:
 def emit(services: Any, event: ProgressEvent) -> None:
     """Send ``event`` to LangGraph's custom stream (as JSON) and to the session's sink (typed)."""
     try:
-        get_stream_writer()(event.model_dump(mode="json"))
+        langgraph.config.get_stream_writer()(event.model_dump(mode="json"))
     except Exception:  # outside a streamed run there is no writer; progress is best-effort
         pass
     if services.progress is not None:

@@ -25,6 +25,7 @@ from mart.trial_runner.process import (
     find_launched,
     python_command,
 )
+from mart.trial_runner.verl import logs as _verl_logs
 
 CONFIG_FILE = "config.json"
 
@@ -36,6 +37,10 @@ class LocalRunner(TrialRunner):
         memory_capacity_gb: emulated device memory for trials whose spec sets none (None = no limit).
         python: the interpreter to run the worker with.
     """
+
+    # the worker prints verl's console format, so a Ray job of it reads like a verl job
+    parse_log_line = staticmethod(_verl_logs.parse_console_line)
+    classify_exit = staticmethod(_verl_logs.classify_exit)
 
     name = "local"
 

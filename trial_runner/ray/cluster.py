@@ -181,7 +181,7 @@ class RayCluster:
     """
 
     def __init__(self, address: str, token: str | None = None) -> None:
-        from mart.trial_runner.ray.runner import normalize_address
+        from mart.trial_runner.ray.address import normalize_address
 
         self.address = normalize_address(address)
         self.token = token
@@ -192,7 +192,7 @@ class RayCluster:
     def nodes(self) -> list[dict[str, float]] | None:
         if not self._read:
             self._read = True
-            from mart.trial_runner.ray.runner import find_token
+            from mart.trial_runner.ray.address import find_token
 
             try:
                 self._nodes = read_nodes(self.address, find_token(self.token))

@@ -34,10 +34,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import MetricsTail
+from mart.trial_runner.ray.address import find_token, normalize_address
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -78,30 +79,6 @@ def submit_with_retry(client: Any, *, submission_id: str, retry_s: float = SUBMI
             pass
 
 
-def normalize_address(address: str) -> str:
-    """``HOST:8265`` -> ``http://HOST:8265``; http(s) addresses are kept. ``ray://`` is refused."""
-    address = address.strip().rstrip("/")
-    if address.startswith("ray://"):
-        raise ValueError(f"Ray address {address!r}: use the dashboard's http address (http://HEAD:8265), not ray://.")
-    if not re.match(r"^https?://", address):
-        address = "http://" + address
-    return address
-
-
-def find_token(token: str | None = None) -> str | None:
-    """The cluster's auth token: argument, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token (or None)."""
-    if token:
-        return token.strip()
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"].strip()
-    for path in (os.environ.get("RAY_AUTH_TOKEN_PATH"), str(Path.home() / ".ray" / "auth_token")):
-        if path and os.path.isfile(path):
-            text = Path(path).read_text().strip()
-            if text:
-                return text
-    return None
-
-
 class LogMetricsTail:
     """Metric records parsed from a Ray job's logs (console or JSONL lines); each step returned once.
 
@@ -109,8 +86,10 @@ class LogMetricsTail:
     only the part after what was already parsed is read.
     """
 
-    def __init__(self, fetch_logs, min_interval_s: float = 0.0) -> None:
+    def __init__(self, fetch_logs, min_interval_s: float = 0.0, *,
+                 parse_line: Callable[[str], StepRecord | None]) -> None:
         self._fetch = fetch_logs
+        self._parse = parse_line
         self.min_interval_s = min_interval_s
         self._fetched_at = -math.inf
         self._offset = 0
@@ -118,8 +97,6 @@ class LogMetricsTail:
 
     def read_new(self, final: bool = False) -> list[StepRecord]:
         """New records; ``final`` (the job ended) also reads a last line without a newline."""
-        from mart.trial_runner.verl.logs import parse_console_line
-
         now = time.monotonic()
         if now - self._fetched_at < self.min_interval_s:
             return []
@@ -138,7 +115,7 @@ class LogMetricsTail:
         chunk, self._offset = text[self._offset: end + 1], end + 1
         out = []
         for line in chunk.split("\n"):
-            rec = parse_console_line(line)
+            rec = self._parse(line)
             if rec is not None and rec.step > self._last_step:
                 out.append(rec)
                 self._last_step = rec.step
@@ -180,11 +157,21 @@ class RayJobRunner(TrialRunner):
         entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,
         entrypoint_resources: dict[str, float] | None = None,
+        parse_line: Callable[[str], StepRecord | None] | None = None,
+        classify_exit: Callable[..., Any] | None = None,
     ) -> None:
         from mart.trial_runner.ray.cluster import trial_resources
 
         if not hasattr(inner, "build_command"):
             raise TypeError(f"{type(inner).__name__} has no build_command(spec); it cannot run as a Ray job.")
+        # the job's log format (its metric lines, what an exit means) is the backend's, e.g. verl's
+        # (mart.trial_runner.verl.logs): given by the backend, so this transport imports no backend
+        parse_line = parse_line or getattr(inner, "parse_log_line", None)
+        classify_exit = classify_exit or getattr(inner, "classify_exit", None)
+        if parse_line is None or classify_exit is None:
+            raise TypeError(f"{type(inner).__name__} names no log format (parse_log_line, classify_exit): pass "
+                            "parse_line= and classify_exit= to RayJobRunner.")
+        self.parse_line, self.classify_exit = parse_line, classify_exit
         if metrics_source not in ("auto", "file", "logs"):
             raise ValueError(f"`metrics_source` must be auto, file or logs, but got {metrics_source!r}.")
         self.address = normalize_address(address)
@@ -340,8 +327,8 @@ class RayJobRunner(TrialRunner):
             return MetricsTail(path)
         if self.metrics_source == "auto" and not self._status(handle).is_terminal():
             # the file may simply not exist yet: prefer it once it appears
-            return _AutoTail(path, LogMetricsTail(lambda: self._logs(handle), self.log_fetch_s))
-        return LogMetricsTail(lambda: self._logs(handle), self.log_fetch_s)
+            return _AutoTail(path, LogMetricsTail(lambda: self._logs(handle), self.log_fetch_s, parse_line=self.parse_line))
+        return LogMetricsTail(lambda: self._logs(handle), self.log_fetch_s, parse_line=self.parse_line)
 
     def _status(self, handle: TrialHandle):
         return self.client.get_job_status(handle.job_id)
@@ -398,17 +385,13 @@ class RayJobRunner(TrialRunner):
         last = self._last_step(handle, force=True)
         info = self.client.get_job_info(handle.job_id)
         if status == JobStatus.SUCCEEDED:
-            from mart.trial_runner.verl.logs import classify_exit
-
-            outcome = classify_exit(0, "", last, handle.extra.get("steps") if last is not None else None)
+            outcome = self.classify_exit(0, "", last, handle.extra.get("steps") if last is not None else None)
             final, reason = outcome.status, outcome.reason
         elif status == JobStatus.STOPPED:
             final, reason = TrialStatus.STOPPED, handle.extra.get("stop_reason") or (info.message or "job stopped")
         else:  # FAILED
-            from mart.trial_runner.verl.logs import classify_exit
-
             rc = getattr(info, "driver_exit_code", None)
-            outcome = classify_exit(rc if rc is not None else 1, log_text, last, handle.extra.get("steps"))
+            outcome = self.classify_exit(rc if rc is not None else 1, log_text, last, handle.extra.get("steps"))
             final = outcome.status
             reason = outcome.reason if final is TrialStatus.OOM or rc is not None else (info.message or outcome.reason)
         return self._finish(handle, final, reason, last)

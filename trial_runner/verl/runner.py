@@ -45,7 +45,13 @@ from mart.trial_runner.process import (
     private_workdir,
     python_command,
 )
-from mart.trial_runner.verl.logs import FallbackMetricsTail, classify_exit, find_oom, read_tail
+from mart.trial_runner.verl.logs import (
+    FallbackMetricsTail,
+    classify_exit,
+    find_oom,
+    parse_console_line,
+    read_tail,
+)
 from mart.trial_runner.verl.overrides import build_overrides, check_key, override
 from mart.trial_runner.watchdog import Progress, WatchdogConfig
 
@@ -172,6 +178,10 @@ class VerlRunner(TrialRunner):
             runner ends the run once the horizon's step is logged.
         python: interpreter that replaces ``python``/``python3`` at the head of the entrypoint (``--verl-python``).
     """
+
+    # verl's log format, for a transport that reads the console (the Ray job runner)
+    parse_log_line = staticmethod(parse_console_line)
+    classify_exit = staticmethod(classify_exit)
 
     name = "verl"
     watches_progress = True
