@@ -147,6 +147,7 @@ class MartiRunner(VerlRunner):
             "PYTHONUNBUFFERED": "1",
             "MART_TRIAL_ID": spec.trial_id,
             "MART_ATTEMPT": str(k),
+            "MART_TRIAL_DIR": str(Path(spec.trial_dir).resolve()),
             **({"CUDA_VISIBLE_DEVICES": spec.devices} if spec.devices else {}),  # its slot's GPUs (parallel trials)
         }
 

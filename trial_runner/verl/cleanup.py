@@ -18,19 +18,24 @@ import psutil
 
 TRIAL_ENV = "MART_TRIAL_ID"
 ATTEMPT_ENV = "MART_ATTEMPT"
+#: the trial's folder (absolute): trial ids repeat across runs (the same job tuned twice on one machine names its
+#: baseline alike), so a process is the trial's only when its folder matches too
+TRIAL_DIR_ENV = "MART_TRIAL_DIR"
 
 
-def _marked(p: psutil.Process, trial_id: str, attempt: int | None) -> bool:
+def _marked(p: psutil.Process, trial_id: str, attempt: int | None, trial_dir: str | None = None) -> bool:
     try:
         env = p.environ()
     except (psutil.Error, OSError):
         return False  # another user's process, or gone
     if env.get(TRIAL_ENV) != trial_id:
         return False
+    if trial_dir is not None and env.get(TRIAL_DIR_ENV) not in (None, trial_dir):
+        return False  # the same trial id in another run
     return attempt is None or env.get(ATTEMPT_ENV) in (None, str(attempt))
 
 
-def trial_processes(trial_id: str, attempt: int | None = None) -> list[psutil.Process]:
+def trial_processes(trial_id: str, attempt: int | None = None, trial_dir: str | None = None) -> list[psutil.Process]:
     """Live processes that carry the trial's marker (this process and its ancestors excluded)."""
     me = {os.getpid()}
     try:
@@ -41,7 +46,7 @@ def trial_processes(trial_id: str, attempt: int | None = None) -> list[psutil.Pr
     for p in psutil.process_iter(["pid", "status"]):
         if p.pid in me or p.info.get("status") == psutil.STATUS_ZOMBIE:
             continue
-        if _marked(p, trial_id, attempt):
+        if _marked(p, trial_id, attempt, trial_dir):
             out.append(p)
     return out
 
@@ -58,12 +63,13 @@ def _describe(p: psutil.Process, gpu_gb: dict[int, float]) -> dict[str, Any]:
     return d
 
 
-def end_trial_processes(trial_id: str, attempt: int | None = None, grace_s: float = 5.0) -> list[dict[str, Any]]:
+def end_trial_processes(trial_id: str, attempt: int | None = None, grace_s: float = 5.0,
+                        trial_dir: str | None = None) -> list[dict[str, Any]]:
     """End the trial's leftover processes; returns what was found, each with the signal that ended it.
 
     Safe to call when nothing is left (returns []). GPU memory per process comes from NVML when available.
     """
-    procs = trial_processes(trial_id, attempt)
+    procs = trial_processes(trial_id, attempt, trial_dir)
     if not procs:
         return []
     from mart.trial_runner.gpu import gpu_processes

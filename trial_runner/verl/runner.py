@@ -324,6 +324,7 @@ class VerlRunner(TrialRunner):
             "PYTHONUNBUFFERED": "1",
             "MART_TRIAL_ID": spec.trial_id,
             "MART_ATTEMPT": str(k),
+            "MART_TRIAL_DIR": str(Path(spec.trial_dir).resolve()),  # with the id: the trial's processes, no other run's
             **({"CUDA_VISIBLE_DEVICES": spec.devices} if spec.devices else {}),  # its slot's GPUs (parallel trials)
         }
 
@@ -560,7 +561,8 @@ class VerlRunner(TrialRunner):
         """End the attempt's processes outside its group (Ray workers, vLLM); log and return what was killed."""
         from mart.trial_runner.verl.cleanup import end_trial_processes, summary
 
-        found = end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=self.kill_grace_s)
+        found = end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=self.kill_grace_s,
+                                    trial_dir=str(Path(handle.trial_dir).resolve()))
         if not found:
             return None
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
