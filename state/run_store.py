@@ -20,11 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from langgraph.checkpoint.sqlite import SqliteSaver
-
 from mart.state.files import UnsafePath, disk_full, ensure_dir
 from mart.state.ledger import DB_FILE, Ledger, connect_readonly
-from mart.state.serde import make_serde
 
 
 class RunError(Exception):
@@ -222,7 +219,10 @@ class RunStore:
 
     def checkpointer(self):
         """A SqliteSaver on the run's file (one writer process: guard with ``lock``)."""
+        # LangGraph only for a checkpointer: `mart status` and the run listing read the ledger alone
+        from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415
 
+        from mart.state.serde import make_serde  # noqa: PLC0415 - imports LangGraph's serializer
 
         if self.readonly:
             conn = connect_readonly(self.db_path)

@@ -32,13 +32,13 @@ def test_old_stored_options_without_stages_still_load():
 ])
 def test_stages_flag_parses_comma_separated(captured, value, stages):  # noqa: F811
     out = run("tune", "--stages", value, "--schedule-segments", "4", "--schedule-branches", "2",
-              "--schedule-budget", "9", "--schedule-horizon", "12", "--set", "actor_rollout_ref.actor.optim.lr=2e-6")
+              "--schedule-budget", "9", "--schedule-horizon", "12", "--set", "actor_rollout_ref.actor.optim.lr=2e-4")
     assert out.exit_code == 0, out.output
     o = captured["options"]
     assert o.stages == stages
     assert (o.schedule_segments, o.schedule_branches, o.schedule_budget, o.schedule_horizon) == (4, 2, 9, 12)
     assert o.schedule_boundaries() == [3, 6, 9, 12]
-    assert o.start_overrides == {"actor_rollout_ref.actor.optim.lr": 2e-6}
+    assert o.start_overrides == {"actor_rollout_ref.actor.optim.lr": 2e-4}
 
 
 @pytest.mark.parametrize("value, words", [
