@@ -48,15 +48,3 @@ def clean_llm_env(monkeypatch):
     """No LLM setting from the environment (use: ``pytestmark = [pytest.mark.usefixtures("clean_llm_env")]``)."""
     for name in LLM_ENV:
         monkeypatch.delenv(name, raising=False)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files with the most end-to-end (``slow``) tests first, each file's tests in their own order: with one
-    worker per core and a file per worker (``-n auto --dist loadfile``), the long files start early instead of
-    leaving one worker running the last of them alone (longest-first scheduling)."""
-    weight: dict[str, int] = {}
-    for item in items:
-        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0) + \
-            (1 if item.get_closest_marker("slow") or item.get_closest_marker("ray") else 0)
-    order = {f: i for i, f in enumerate(dict.fromkeys(item.nodeid.split("::")[0] for item in items))}
-    items.sort(key=lambda it: (-weight[it.nodeid.split("::")[0]], order[it.nodeid.split("::")[0]]))
