@@ -19,23 +19,14 @@ from mart.state.models import TrialRecord, TrialStatus
 from mart.trial_runner.verl.space import SEARCH_SPACE
 from tests.support.jobs import base_config, job
 
-
-def _job(memory_gb: float):
-    return job(memory_gb)
-
-
-def _base() -> dict:
-    return base_config()
-
-
 # --------------------------------------------------------------------------- memory margin
 
 def test_every_proposal_of_the_search_keeps_the_safety_gap_under_the_limit():
     for capacity in (80.0, 48.0):
-        model = JobModel(_job(capacity), _base()).fit([])
+        model = JobModel(job(capacity), base_config()).fit([])
         limit = 0.9 * capacity
-        found = search(model, SEARCH_SPACE, _base(), limit, n_out=6,
-                       check=lambda ov: SEARCH_SPACE.check_constraints({**_base(), **ov}))
+        found = search(model, SEARCH_SPACE, base_config(), limit, n_out=6,
+                       check=lambda ov: SEARCH_SPACE.check_constraints({**base_config(), **ov}))
         assert found
         for s in found:  # the whole list, not only the top: a reviewer may approve any of them
             assert s.gap_gb > 0.0
@@ -43,11 +34,11 @@ def test_every_proposal_of_the_search_keeps_the_safety_gap_under_the_limit():
 
 
 def test_an_oom_counts_as_a_miss_of_the_predicted_peak():
-    model = JobModel(_job(80.0), _base())
-    accurate = [Observation(config=_base(), phases={}, peak_gb=60.0, predicted_peak_gb=60.2) for _ in range(4)]
+    model = JobModel(job(80.0), base_config())
+    accurate = [Observation(config=base_config(), phases={}, peak_gb=60.0, predicted_peak_gb=60.2) for _ in range(4)]
     narrow = model.fit(accurate).base_gap_gb()
     # the last prediction said 60 GB and the trial ran out of memory: it reached at least the 80 GB card
-    oom = Observation(config=_base(), phases={}, peak_gb=None, oom=True, predicted_peak_gb=60.0)
+    oom = Observation(config=base_config(), phases={}, peak_gb=None, oom=True, predicted_peak_gb=60.0)
     wide = model.fit(accurate[:3] + [oom]).base_gap_gb()
     assert wide > 3 * narrow
     assert wide >= 0.08 * 80.0 - 1e-9  # a 20 GB miss widens the gap to its cap
@@ -59,7 +50,7 @@ def test_the_job_model_prices_the_capacity_the_user_gave(tmp_path):
     from mart.state.run_store import RunStore
 
     # a backend that describes its job on an 80 GB card and reports 80 GB itself (as a GPU backend reads NVML)
-    backend = SimpleNamespace(name="stub", describe_job=lambda: _job(80.0), memory_capacity_gb=lambda: 80.0)
+    backend = SimpleNamespace(name="stub", describe_job=lambda: job(80.0), memory_capacity_gb=lambda: 80.0)
     opts = TuneOptions(backend="sim", memory_capacity_gb=40.0, quiet=True, report=False, runs_dir=str(tmp_path))
     services = Services(options=opts, store=RunStore.create(tmp_path), backend=backend, runner=None,
                         proposer=None, critic=None)
@@ -67,11 +58,11 @@ def test_the_job_model_prices_the_capacity_the_user_gave(tmp_path):
     assert job is not None and job.hardware.memory_gb == 40.0  # --memory-capacity-gb wins over the backend's
     assert abs(services.memory_limit_gb() - (1 - opts.memory_margin) * 40.0) < 1e-9
     # and the model built on it solves the memory share for 40 GB: its proposals fit that card's limit
-    model = JobModel(job, _base()).fit([])
+    model = JobModel(job, base_config()).fit([])
     limit = services.memory_limit_gb()
-    found = search(model, SEARCH_SPACE, _base(), limit, check=lambda ov: SEARCH_SPACE.check_constraints({**_base(), **ov}))
+    found = search(model, SEARCH_SPACE, base_config(), limit, check=lambda ov: SEARCH_SPACE.check_constraints({**base_config(), **ov}))
     assert found and all(s.peak_gb + s.gap_gb <= limit + 1e-9 for s in found)
-    assert JobModel(_job(80.0), _base()).fit([]).predict(found[0].overrides).peak_gb > limit  # 80 GB's reading differs
+    assert JobModel(job(80.0), base_config()).fit([]).predict(found[0].overrides).peak_gb > limit  # 80 GB's reading differs
 
 
 # --------------------------------------------------------------------------- health
