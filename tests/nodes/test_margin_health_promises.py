@@ -54,11 +54,11 @@ def test_the_job_model_prices_the_capacity_the_user_gave(tmp_path):
     opts = TuneOptions(backend="sim", memory_capacity_gb=40.0, quiet=True, report=False, runs_dir=str(tmp_path))
     services = Services(options=opts, store=RunStore.create(tmp_path), backend=backend, runner=None,
                         proposer=None, critic=None)
-    job = services.job_description()
-    assert job is not None and job.hardware.memory_gb == 40.0  # --memory-capacity-gb wins over the backend's
+    described = services.job_description()
+    assert described is not None and described.hardware.memory_gb == 40.0  # --memory-capacity-gb wins over the backend's
     assert abs(services.memory_limit_gb() - (1 - opts.memory_margin) * 40.0) < 1e-9
     # and the model built on it solves the memory share for 40 GB: its proposals fit that card's limit
-    model = JobModel(job, base_config()).fit([])
+    model = JobModel(described, base_config()).fit([])
     limit = services.memory_limit_gb()
     found = search(model, SEARCH_SPACE, base_config(), limit, check=lambda ov: SEARCH_SPACE.check_constraints({**base_config(), **ov}))
     assert found and all(s.peak_gb + s.gap_gb <= limit + 1e-9 for s in found)
