@@ -116,8 +116,13 @@ def test_bad_signatures_are_logged_at_warning_once_per_window(http, caplog):
 def test_no_misleading_token_warning_and_warm_up_loads_the_decision_path(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)  # bolt's own fallback: it would warn that `token` is unused
     caplog.set_level(logging.WARNING)
-    for mod in [m for m in sys.modules if m == "mart.graph.session"]:
-        monkeypatch.delitem(sys.modules, mod)
+    # unload the session module for this test only: the package attribute too, else the fresh import made by
+    # warm_up() stays bound as mart.graph.session after teardown while sys.modules holds the old one (a later
+    # monkeypatch of the module would then patch the wrong object)
+    import mart.graph
+
+    monkeypatch.delitem(sys.modules, "mart.graph.session", raising=False)
+    monkeypatch.delattr(mart.graph, "session", raising=False)
     service = SlackReviewService(tmp_path, signing_secret=SECRET, reviewers={ALICE},
                                  client=slack_client("http://127.0.0.1:9/api/", TOKEN), token_verification=False)
     assert not [r for r in caplog.records if "unused" in r.getMessage()]
