@@ -127,11 +127,29 @@ class Backend(abc.ABC):
         return None
 
 
-def write_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason: str | None, last_step: int) -> None:
+def write_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason: str | None, last_step: int,
+                 launch: dict | None = None) -> None:
     """Write status.json atomically (a new file renamed into place: a reader never sees half of it, and a
-    link planted there is replaced, not followed)."""
+    link planted there is replaced, not followed). ``launch``: the trial process's own launch token, pid and
+    create time, written by the trial itself (see :func:`finished_launch`)."""
     value = status.value if isinstance(status, TrialStatus) else str(status)
-    write_atomic(trial_dir, STATUS_FILE, json.dumps({"status": value, "reason": reason, "last_step": last_step}))
+    write_atomic(trial_dir, STATUS_FILE, json.dumps({"status": value, "reason": reason, "last_step": last_step,
+                                                     **({"launch": launch} if launch else {})}))
+
+
+def finished_launch(trial_dir: str | os.PathLike, token: str) -> tuple[int, float | None] | None:
+    """(pid, create time) of the trial process that the launch with ``token`` started, if it has already ended
+    and written its status: a tuner killed inside the launch window, resumed after the trial finished, adopts
+    that ending instead of running the trial a second time. A status from another launch (its token differs)
+    is not this launch's."""
+    try:
+        launch = json.loads((Path(trial_dir) / STATUS_FILE).read_text()).get("launch") or {}
+    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(launch, dict) or launch.get("token") != token or not isinstance(launch.get("pid"), int):
+        return None
+    created = launch.get("created")
+    return launch["pid"], float(created) if isinstance(created, (int, float)) else None
 
 
 def read_status(trial_dir: str | os.PathLike) -> TrialPoll | None:

@@ -166,9 +166,11 @@ app(sys.argv[1:])
 
 
 @pytest.mark.timeout(600)
-def test_kill_minus_9_inside_the_launch_window_adopts_the_started_trial(tmp_path, local_tiny_config):
+@pytest.mark.parametrize("resumed", ["at once", "after the trial ended"])
+def test_kill_minus_9_inside_the_launch_window_adopts_the_started_trial(tmp_path, local_tiny_config, resumed):
     # issue 26 item 9: the worker was spawned, the tuner died before the ledger held its handle; a resume must
-    # find that worker by the launch token recorded first, not start a second one
+    # find that worker by the launch token recorded first, not start a second one; and when the orphan already
+    # ran to its end (a reviewer resumes tomorrow), adopt its ending rather than run the trial again
     import psutil
 
     runs = tmp_path / "runs"
@@ -185,6 +187,9 @@ def test_kill_minus_9_inside_the_launch_window_adopts_the_started_trial(tmp_path
     [(trial_id, handle, token)] = _query(db, "select trial_id, handle, launch_token from trials")
     assert handle is None and token, "the launch was recorded with its token before the spawn, not its handle"
     assert psutil.pid_exists(pid)
+    if resumed == "after the trial ended":
+        psutil.Process(pid).wait(timeout=240)
+        assert json.loads((run_dir / "trials" / trial_id / "status.json").read_text())["status"] == "completed"
     out = subprocess.run([sys.executable, "-m", "mart.graph.cli", "resume", run_dir.name, "--runs-dir", str(runs),
                           "--quiet", "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
+from mart.trial_runner.base import TrialRunner, finished_launch, read_status, trial_env, write_status
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.process import (
     LAUNCH_TOKEN_ENV,
@@ -100,10 +100,14 @@ class LocalRunner(TrialRunner):
         if not spec.launch_token or not (Path(spec.trial_dir) / LOG_FILE).exists():
             return None  # the launch never got as far as opening the trial's log: nothing was started
         group = find_launched(spec.launch_token)
-        if group is None:
+        if group is not None:
+            pid, created = group.pid, group.created
+        elif (ended := finished_launch(spec.trial_dir, spec.launch_token)) is not None:
+            pid, created = ended  # it ran to its end while no tuner watched: adopt the ending, do not run it again
+        else:
             return None
-        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(spec.trial_dir), pid=group.pid,
-                           pid_create_time=group.created, extra={"adopted": True})
+        return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(spec.trial_dir), pid=pid,
+                           pid_create_time=created, extra={"adopted": True})
 
     # --- watching --------------------------------------------------------------------------------------
     def _reap(self) -> None:
