@@ -1,7 +1,8 @@
 """A seeded simulator of verl GRPO jobs on named GPU-cluster scenarios (``--backend sim``).
 
-``model`` is the pure core (config + scenario + seed -> a timed verl metric stream; ground truths by
-exhaustive search), ``runner`` plays a trial into its directory as simulated time passes, ``backend``
+``model`` is the pure core's facade (config + scenario + seed -> a timed verl metric stream; ground truths by
+exhaustive search; below it: ``job`` types, ``catalogue``, ``scenarios``, ``system``, ``learning``, ``trial``,
+``grid``, ``multi_agent``), ``runner`` plays a trial into its directory as simulated time passes, ``backend``
 wraps both as a mart ``Backend``. Assumptions and sources: ``docs/sim.md``.
 """
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from mart.trial_runner.sim.scenarios import Scenario
+from mart.trial_runner.sim.job import Scenario
 
 ARR = "actor_rollout_ref"
 A, R = f"{ARR}.actor.", f"{ARR}.rollout."

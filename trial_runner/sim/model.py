@@ -10,103 +10,48 @@ runner (``mart.trial_runner.sim.runner``) turns a ``SimResult`` into files as si
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
-import json
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mart.state.search_space import SearchSpace
+from mart.trial_runner.sim import catalogue as C
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import multi_agent as MA
 from mart.trial_runner.sim import system as S
+from mart.trial_runner.sim.grid import (
+    ROLLOUT_GRID,
+    SHARED,
+    grid_columns,
+    knobs_to_overrides,
+    train_grid,
+    valid_mask,
+)
 from mart.trial_runner.sim.scenarios import Scenario, get_scenario, load_scenario  # noqa: F401 - get_scenario: bench/compare.py
-
-VAL_KEY = "val-core/math/reward/mean@1"
-TIMING_NOISE = 0.02  # lognormal sigma of every phase time (run-to-run jitter)
-MEMORY_NOISE_GB = 0.15
-WARMUP_SLOWDOWN = {1: 1.25, 2: 1.05}  # allocator/graph warm-up of the first steps (why MART skips 1-2)
+from mart.trial_runner.sim.trial import (
+    MEMORY_NOISE_GB,
+    TIMING_NOISE,
+    VAL_KEY,
+    WARMUP_SLOWDOWN,
+    SimEvent,
+    SimResult,
+    init_seconds,
+    scalar,
+    seed_hash,
+)
 
 
 def search_space(scenario: str | Scenario | None = None) -> SearchSpace:
-    """verl's catalogue; a multi-agent scenario's own (per-agent and workflow knobs) when given one."""
-    if scenario is not None:
-        sc = load_scenario(scenario)
-        if MA.is_multi_agent(sc):
-            return MA.search_space(sc)
-    from mart.trial_runner.verl.space import SEARCH_SPACE
-
-    return SEARCH_SPACE
+    """verl's catalogue; a multi-agent scenario's own (per-agent and workflow knobs) when given one
+    (``catalogue.search_space``; ``scenario`` may be a shipped name or a file)."""
+    return C.search_space(None if scenario is None else load_scenario(scenario))
 
 
 def base_config(scenario: str | Scenario) -> dict[str, Any]:
-    """verl's defaults (the catalogue's) plus the scenario's job shape: the baseline of every stage."""
-    sc = load_scenario(scenario)
-    cfg = dict(search_space().defaults())
-    cfg.update(
-        {
-            "algorithm.adv_estimator": "grpo",
-            "actor_rollout_ref.model.path": sc.model.hf_path,
-            "actor_rollout_ref.rollout.name": "vllm",
-            "trainer.n_gpus_per_node": sc.gpus_per_node,
-            "trainer.nnodes": sc.nnodes,
-            "trainer.test_freq": sc.test_freq,
-            "trainer.val_before_train": True,
-            "data.train_batch_size": sc.train_batch_size,
-            "data.max_prompt_length": sc.max_prompt_length,
-            "data.max_response_length": sc.max_response_length,
-            "actor_rollout_ref.rollout.n": sc.rollout_n,
-            "data.train_files": "math/train.parquet",
-            "data.val_files": "math/test.parquet",
-        }
-    )
-    cfg.update(dict(sc.base_overrides))  # the verl keys the user's job sets
-    if MA.is_multi_agent(sc):  # per-agent knobs split per agent, workflow knobs at their defaults
-        return MA.base_config(sc, cfg)
-    return cfg
-
-
-def _hash(*parts: Any) -> int:
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little")
-
-
-def _learning_part(config: dict[str, Any]) -> dict[str, Any]:
-    space = search_space()
-    keys = {p.key for p in space.stage_params("learning")}
-    return {k: v for k, v in config.items() if k in keys}
-
-
-@dataclass
-class SimEvent:
-    """One metric line, visible once the simulated clock reaches ``t``."""
-
-    t: float
-    step: int
-    data: dict[str, float]
-
-
-@dataclass
-class SimResult:
-    """A whole simulated trial: its metric lines and how it ends."""
-
-    events: list[SimEvent]
-    status: str  # completed | oom | failed
-    reason: str | None
-    end_t: float  # simulated seconds from launch to the end
-    last_step: int
-    n_gpus: int
-    init_s: float
-    planned_steps: int
-    info: dict[str, Any] = field(default_factory=dict)
-    checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> learning state (see simulate)
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.end_t * self.n_gpus / 3600.0
+    """verl's defaults plus the scenario's job shape: the baseline of every stage (``catalogue.base_config``)."""
+    return C.base_config(load_scenario(scenario))
 
 
 def _workload(sc: Scenario, lk: L.LearningKnobs, mean_untrunc: float, uses_ref: bool) -> tuple[S.StepWorkload, float]:
@@ -132,20 +77,10 @@ def _workload(sc: Scenario, lk: L.LearningKnobs, mean_untrunc: float, uses_ref: 
     return w, clip
 
 
-def _scalar(v: Any) -> float:
-    return float(np.asarray(v))
-
-
-def init_seconds(sc: Scenario, k: dict[str, float]) -> float:
-    """Start-up: Ray + model load + vLLM init (+ CUDA-graph capture) + FSDP wrap."""
-    t = 40.0 + 8.0 * sc.model.params / 1e9 + (sc.nnodes - 1) * 20.0
-    return t + (0.0 if k["eager"] else 15.0)
-
-
 def validation_seconds(sc: Scenario, k: dict[str, float], w: S.StepWorkload) -> float:
     """One validation pass: generate one response per validation prompt, then score it."""
     val_w = S.StepWorkload(**{**w.__dict__, "n": 1})
-    return _scalar(S.rollout_phase(sc, k, val_w, seqs=sc.val_size)["t_gen"]) + 0.3 + sc.val_size * 0.4e-3
+    return scalar(S.rollout_phase(sc, k, val_w, seqs=sc.val_size)["t_gen"]) + 0.3 + sc.val_size * 0.4e-3
 
 
 def simulate(
@@ -176,11 +111,11 @@ def simulate(
     k = S.knobs_from_config(config)
     lk = L.LearningKnobs.from_config(config, sc)
     uses_ref = lk.use_kl or bool(config.get("algorithm.use_kl_in_reward", False))
-    learn_hash = _hash(_learning_part(config))
+    learn_hash = seed_hash(C.learning_part(config))
     first = 1 if start is None else int(start["step"]) + 1
     branch = () if start is None else ("branch", first)
-    rng_learn = np.random.default_rng(_hash("learn", seed, learn_hash, sc.name, *branch))
-    rng_sys = np.random.default_rng(_hash("sys", seed, config, sc.name, *branch))
+    rng_learn = np.random.default_rng(seed_hash("learn", seed, learn_hash, sc.name, *branch))
+    rng_sys = np.random.default_rng(seed_hash("sys", seed, config, sc.name, *branch))
     collapse_draw = float(rng_learn.exponential(1.0))
     if start is not None:  # the run's fate carries over: the same threshold, the hazard accumulated so far
         collapse_draw = float(start["collapse_draw"])
@@ -208,7 +143,7 @@ def simulate(
     start = S.rollout_phase(sc, k, w1)
     if bool(np.asarray(start["kv_fail"])):
         reason = (f"vLLM: no memory left for the KV cache (budget {k['util'] * capacity:.1f} GiB, "
-                  f"KV pool {_scalar(start['kv_pool_gb']):.1f} GiB): raise gpu_memory_utilization or TP")
+                  f"KV pool {scalar(start['kv_pool_gb']):.1f} GiB): raise gpu_memory_utilization or TP")
         return SimResult([], "oom", reason, t * 0.8, 0, n_gpus, init_s, steps, info)
 
     if config.get("trainer.val_before_train", True):
@@ -225,12 +160,12 @@ def simulate(
         phases = {}
         for name, key in (("gen", "t_gen"), ("old_log_prob", "t_old"), ("ref", "t_ref"), ("update_actor", "t_update"),
                           ("update_weights", "t_weights"), ("reward", "t_reward"), ("adv", "t_adv")):
-            phases[name] = _scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE)))
+            phases[name] = scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE)))
         mems = {
-            "gen": _scalar(o["mem_gen"]),
-            "old_log_prob": _scalar(o["mem_old"]),
-            "ref": _scalar(o["mem_ref"]),
-            "update_actor": _scalar(o["mem_update"]),
+            "gen": scalar(o["mem_gen"]),
+            "old_log_prob": scalar(o["mem_old"]),
+            "ref": scalar(o["mem_ref"]),
+            "update_actor": scalar(o["mem_update"]),
         }
         mems = {p: m + float(rng_sys.normal(0, MEMORY_NOISE_GB)) if m > 0 else 0.0 for p, m in mems.items()}
         # a phase whose memory passes the capacity dies with CUDA OOM after the phases before it
@@ -257,15 +192,15 @@ def simulate(
                 "perf/total_num_tokens": tokens,
                 "perf/time_per_step": step_s,
                 "perf/throughput": tokens / (step_s * n_gpus),
-                "perf/mfu/actor": _scalar(o["mfu"]),
+                "perf/mfu/actor": scalar(o["mfu"]),
                 "perf/max_memory_allocated_gb": peak,
                 "perf/max_memory_reserved_gb": peak + 0.8,
                 "perf/cpu_memory_used_gb": 60 + 40 * (k["param_off"] + k["opt_off"]) * sc.model.params / 8e9,
                 "sim/memory/gen_gb": mems["gen"],
                 "sim/memory/old_log_prob_gb": mems["old_log_prob"],
                 "sim/memory/update_actor_gb": mems["update_actor"],
-                "sim/rollout/concurrency": _scalar(o["concurrency"]),
-                "sim/rollout/kv_cache_gb": _scalar(o["kv_pool_gb"]),
+                "sim/rollout/concurrency": scalar(o["concurrency"]),
+                "sim/rollout/kv_cache_gb": scalar(o["kv_pool_gb"]),
                 "training/global_step": float(step),
                 "training/epoch": 0.0,
             }
@@ -310,69 +245,6 @@ def simulate(
     return SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info, checkpoints)
 
 
-# ---------------------------------------------------------------------------------------------- ground truth
-ROLLOUT_GRID: dict[str, list[float]] = {
-    "util": [round(0.20 + 0.01 * i, 2) for i in range(76)],
-    "tp": [1, 2, 4, 8],
-    "max_num_seqs": [64, 128, 256, 384, 512, 768, 1024, 1536, 2048],
-    "mnbt": [2048, 4096, 8192, 16384, 32768],
-    "chunked": [0, 1],
-    "prefix": [0, 1],
-    "eager": [0, 1],
-}
-TRAIN_STATIC = {"ppo_micro": [1, 2, 4, 8, 16, 32, 64], "lp_micro": [1, 2, 4, 8, 16, 32, 64, 128]}
-TRAIN_DYNAMIC = {"tok_cap": [4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]}
-TRAIN_FLAGS = {
-    "grad_ckpt": [0, 1],
-    "act_off": [0, 1],
-    "remove_pad": [0, 1],
-    "ent_chunk": [0, 1],
-    "ent_ckpt": [0, 1],
-    "fsdp2": [0, 1],
-    "sp": [1, 2, 4, 8],
-}
-SHARED = {"param_off": [0, 1], "opt_off": [0, 1], "free_cache": [0, 1]}
-
-_KNOB_TO_KEY = {name: key for name, (key, _) in S.SYSTEM_KEYS.items()}
-
-
-def knobs_to_overrides(knobs: dict[str, float]) -> dict[str, Any]:
-    """Inverse of ``system.knobs_from_config`` for the knobs given (bools and strategy restored)."""
-    space = search_space()
-    out: dict[str, Any] = {}
-    for name, value in knobs.items():
-        key = _KNOB_TO_KEY.get(name)
-        if key is None:
-            continue
-        if name == "fsdp2":
-            out[key] = "fsdp2" if value else "fsdp"
-        elif key in space and space[key].kind == "bool":
-            out[key] = bool(value)
-        elif key in space and space[key].kind in ("int", "categorical"):
-            out[key] = int(value)
-        else:
-            out[key] = float(value)
-    return out
-
-
-def _grid(axes: dict[str, list[float]]) -> dict[str, np.ndarray]:
-    names = list(axes)
-    mesh = np.meshgrid(*[np.asarray(axes[n], dtype=float) for n in names], indexing="ij")
-    return {n: m.ravel() for n, m in zip(names, mesh)}
-
-
-def _valid_mask(grid: dict[str, np.ndarray], keys: list[str], cfg0: dict[str, Any]) -> np.ndarray:
-    """Evaluate the catalogue's constraints once per distinct combination of ``keys``."""
-    space = search_space()
-    cols = np.stack([grid[k] for k in keys], axis=1)
-    uniq, inverse = np.unique(cols, axis=0, return_inverse=True)
-    ok = np.empty(len(uniq), dtype=bool)
-    for i, row in enumerate(uniq):
-        cfg = {**cfg0, **knobs_to_overrides(dict(zip(keys, row.tolist())))}
-        ok[i] = not space.check_constraints(cfg)
-    return ok[inverse.ravel()]
-
-
 def window_workloads(sc: Scenario, config: dict[str, Any], horizon: int) -> list[S.StepWorkload]:
     """Noise-free workloads of the throughput window's steps (updates 3-5)."""
     from mart.state.objectives import throughput_window
@@ -396,8 +268,8 @@ def expected_throughput(config: dict[str, Any], scenario: str | Scenario, horizo
     thr, peak = [], 0.0
     for w in window_workloads(sc, config, horizon):
         o = S.simulate_step(sc, k, w)
-        thr.append(_scalar(o["throughput"]))
-        peak = max(peak, _scalar(o["peak_gb"]))
+        thr.append(scalar(o["throughput"]))
+        peak = max(peak, scalar(o["peak_gb"]))
     return float(np.mean(thr)), peak
 
 
@@ -429,24 +301,6 @@ def ground_truth(scenario: str | Scenario, margin: float = 0.1, horizon: int = 6
     return dict(_ground_truth(sc, margin, horizon, top_k))
 
 
-def train_grid(k0: dict[str, Any], cfg0: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The training-side combinations the exhaustive optimum enumerates (static and dynamic batching), as
-    columns; knobs a side does not vary keep the base config's value (``k0``)."""
-    static = _grid({**TRAIN_STATIC, **TRAIN_FLAGS, "dyn": [0]})
-    dynamic = _grid({**TRAIN_DYNAMIC, **TRAIN_FLAGS, "dyn": [1]})
-    tgrid = {}
-    for name in set(static) | set(dynamic):
-        a = static.get(name, np.full(len(static["dyn"]), k0[name]))
-        b = dynamic.get(name, np.full(len(dynamic["dyn"]), k0[name]))
-        tgrid[name] = np.concatenate([a, b])
-    tgrid["ref_micro"] = tgrid["lp_micro"].copy()
-    # verl ties the log-prob token caps to the actor's unless the job sets them
-    for cap_name, key in (("lp_tok_cap", S.R + "log_prob_max_token_len_per_gpu"),
-                          ("ref_tok_cap", S.REF + "log_prob_max_token_len_per_gpu")):
-        tgrid[cap_name] = tgrid["tok_cap"].copy() if cfg0.get(key) is None else np.full_like(tgrid["tok_cap"], k0[cap_name])
-    return tgrid
-
-
 @functools.lru_cache(maxsize=32)
 def _ground_truth(sc: Scenario, margin: float, horizon: int, top_k: int) -> dict[str, Any]:
     cfg0 = base_config(sc)
@@ -456,10 +310,11 @@ def _ground_truth(sc: Scenario, margin: float, horizon: int, top_k: int) -> dict
     n_gpus = sc.n_gpus
     tokens = np.array([w.tokens for w in wls])
 
-    rgrid = _grid(ROLLOUT_GRID)
-    r_valid = _valid_mask(rgrid, ["mnbt", "chunked", "tp"], cfg0)
+    space = search_space()
+    rgrid = grid_columns(ROLLOUT_GRID)
+    r_valid = valid_mask(space, rgrid, ["mnbt", "chunked", "tp"], cfg0)
     tgrid = train_grid(k0, cfg0)
-    t_valid = _valid_mask(tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
+    t_valid = valid_mask(space, tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
     evaluated = 0
     best: dict[str, Any] = {"throughput": -1.0}
     for combo in itertools.product(*SHARED.values()):

@@ -20,255 +20,65 @@ models such a job on top of the single-agent simulator, without changing it:
   draw: one agent's collapse shows in its stream only); the team's score is a documented function of the
   agents' scores, the workflow and reward shaping (the paper's ablation: no shaping 45.6 -> 36.6).
 
-Every constant and its source is in ``docs/sim.md`` ("Multi-agent scenarios").
+The scenario type (``job.MultiAgentScenario``), its file schema (``scenarios``) and its knob catalogue
+(``catalogue``: per-agent keys, workflow knobs, ``focus_space``) live below this module, so the loader and the
+catalogue need nothing from here; the catalogue's names are re-exported. Every constant and its source is in
+``docs/sim.md`` ("Multi-agent scenarios").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
-import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mart.state.agents import (
-    ASYNC_TASKS,
-    ASYNC_TASKS_PARAM,
-    HISTORY_SCOPE,
-    NUM_ROUNDS,
-    NUM_ROUNDS_PARAM,
-    SHAPING_ALPHA,
-    SHAPING_MODE,
-)
-from mart.state.search_space import Constraint, ParamSpec, SearchSpace
+from mart.state.search_space import SearchSpace
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import system as S
-from mart.trial_runner.sim.scenarios import Scenario, ScenarioFile, scenario_from_file
-
-ARR = "actor_rollout_ref"
-A, R = f"{ARR}.actor.", f"{ARR}.rollout."
-
-#: the verl learning knobs every agent sets for itself (MARTI: each agent's JSON config); the others are shared
-PER_AGENT_KEYS: tuple[str, ...] = (A + "optim.lr", A + "use_kl_loss", A + "kl_loss_coef", A + "entropy_coeff",
-                                   A + "clip_ratio_high", R + "temperature")
-# the multi-agent knobs' names (mart.state.agents, where every layer reads them)
-ROUNDS_KEY = NUM_ROUNDS
-SHAPING_MODE_KEY = SHAPING_MODE
-SHAPING_ALPHA_KEY = SHAPING_ALPHA
-HISTORY_SCOPE_KEY = HISTORY_SCOPE
-ASYNC_KEY = ASYNC_TASKS
-SHAPING_MODES = ("none", "margin", "quality")
-HISTORY_SCOPES = ("step", "window", "all")
-
-_AGENT_RE = re.compile(r"^agents\.(\d+)\.(.+)$")
-
-
-def agent_key(i: int, key: str) -> str:
-    """The per-agent form of a verl key: ``agents.<i>.<key>``."""
-    return f"agents.{i}.{key}"
-
-
-def agent_config(config: dict[str, Any], i: int) -> dict[str, Any]:
-    """Agent ``i``'s own flat verl config: the shared keys with its ``agents.<i>.*`` keys on top."""
-    out = {k: v for k, v in config.items() if not k.startswith("agents.")}
-    prefix = f"agents.{i}."
-    out.update({k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)})
-    return out
-
-
-# ------------------------------------------------------------------------------------------ scenario
-@dataclass(frozen=True)
-class MultiAgentScenario(Scenario):
-    """A MARTI-style job: ``num_agents`` agents of the scenario's model, each a worker group of
-    ``nnodes x gpus_per_node`` GPUs (the single-agent fields describe one agent's group)."""
-
-    num_agents: int = 2
-    workflow: str = "debate"  # debate | chain
-    num_rounds: int = 2  # debate rounds (a chain has one pass through its agents)
-    max_others: int = 5  # MARTI's debate workflow_args
-    contain_self: bool = True
-    placement: str = "own"  # own: each agent its own GPUs (in parallel); shared: the agents take turns
-    template_tokens: float = 40.0  # wrapper text around each answer shown in a prompt
-    debate_gain0: float = 0.02  # team gain of the untrained workflow over its agents' mean (assumption)
-    debate_gain_trained: float = 0.06  # extra team gain once the agents are fully trained with shaping
-
-    @property
-    def n_gpus_agent(self) -> int:
-        return self.nnodes * self.gpus_per_node
-
-    @property
-    def total_gpus(self) -> int:
-        return self.n_gpus_agent * (self.num_agents if self.placement == "own" else 1)
-
-    @property
-    def shown_answers(self) -> int:
-        """Answers a round-2+ prompt shows per earlier round (others, plus its own with contain_self)."""
-        if self.workflow == "chain":
-            return 1
-        return min(self.max_others, self.num_agents - 1) + (1 if self.contain_self else 0)
-
-    def job(self) -> dict[str, Any]:
-        out = super().job()
-        out["multi_agent"] = {"num_agents": self.num_agents, "workflow": self.workflow, "num_rounds": self.num_rounds,
-                              "placement": self.placement, "total_gpus": self.total_gpus}
-        return out
-
-
-class MultiAgentFile(BaseModel):
-    """``multi_agent:`` - the workflow, its agents and where they run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    num_agents: int = Field(ge=2, le=8)
-    workflow: Literal["debate", "chain"] = "debate"
-    num_rounds: int = Field(default=2, ge=1, le=4)
-    max_others: int = Field(default=5, ge=1)
-    contain_self: bool = True
-    placement: Literal["own", "shared"] = "own"
-    debate_gain0: float = Field(default=0.02, ge=0, le=0.5)
-    debate_gain_trained: float = Field(default=0.06, ge=0, le=0.5)
-
-    @model_validator(mode="after")
-    def _chain(self) -> MultiAgentFile:
-        if self.workflow == "chain" and self.num_rounds != 1:
-            raise ValueError("a chain passes through its agents once: num_rounds must be 1")
-        return self
-
-
-class MultiAgentScenarioFile(ScenarioFile):
-    multi_agent: MultiAgentFile
-
-
-def scenario_from_data(raw: dict[str, Any]) -> MultiAgentScenario:
-    """A ``MultiAgentScenario`` from parsed YAML (raises pydantic's ``ValidationError``)."""
-    data = MultiAgentScenarioFile.model_validate(raw)
-    base = scenario_from_file(ScenarioFile.model_validate({k: v for k, v in raw.items() if k != "multi_agent"}))
-    ma = data.multi_agent
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Scenario)}
-    return MultiAgentScenario(**fields, num_agents=ma.num_agents, workflow=ma.workflow, num_rounds=ma.num_rounds,
-                              max_others=ma.max_others, contain_self=ma.contain_self, placement=ma.placement,
-                              debate_gain0=ma.debate_gain0, debate_gain_trained=ma.debate_gain_trained)
-
-
-def is_multi_agent(sc: Any) -> bool:
-    return isinstance(sc, MultiAgentScenario)
-
-
-# ------------------------------------------------------------------------------------------ catalogue
-#: the multi-agent knobs' focused ranges (the restricted baselines' space; FOCUS for the verl ones)
-MA_FOCUS: dict[str, tuple[float, float] | None] = {
-    ASYNC_KEY: (0, 1024), ROUNDS_KEY: None, SHAPING_MODE_KEY: None, SHAPING_ALPHA_KEY: (0.05, 1.0),
-    HISTORY_SCOPE_KEY: None,
-}
-
-
-def _ma_params(workflow: str, num_rounds: int) -> list[ParamSpec]:
-    out = [ASYNC_TASKS_PARAM]
-    if workflow == "debate":
-        out.append(dataclasses.replace(NUM_ROUNDS_PARAM, default=num_rounds))
-    out += [
-        ParamSpec(SHAPING_MODE_KEY, "learning", "categorical", "none",
-                  "per-agent reward shaping R + alpha*Delta: margin (R - Q) or quality (Q*R - (1-Q)(1-R)); none = "
-                  "every agent gets the team reward", choices=SHAPING_MODES),
-        ParamSpec(SHAPING_ALPHA_KEY, "learning", "float", 0.5, "shaping weight alpha", low=0.0, high=2.0),
-        ParamSpec(HISTORY_SCOPE_KEY, "learning", "categorical", "all",
-                  "history Q is averaged over: this step, a window of recent steps, or the whole run", choices=HISTORY_SCOPES),
-    ]
-    return out
-
-
-def _agent_param(p: ParamSpec, i: int) -> ParamSpec:
-    return dataclasses.replace(p, key=agent_key(i, p.key), description=f"agent {i}: {p.description}")
-
-
-def _per_agent_constraint(c: Constraint, n: int) -> Constraint:
-    def check(config: dict[str, Any]) -> str | None:
-        for i in range(n):
-            msg = c.check(agent_config(config, i))
-            if msg:
-                return msg if n == 1 else f"agent {i}: {msg}"
-        return None
-
-    return Constraint(c.name, c.description, check)
-
-
-def _async_constraint(n_gpus_agent: int, rollout_n: int) -> Constraint:
-    def check(config: dict[str, Any]) -> str | None:
-        c = int(config.get(ASYNC_KEY, 0) or 0)
-        tp = int(config.get(R + "tensor_model_parallel_size", 2) or 2)
-        n = int(config.get(R + "n", rollout_n) or 1)
-        engines = max(1, n_gpus_agent // max(tp, 1))
-        if 0 < c * n < engines:
-            return f"{c} async tasks x {n} samples leave some of the {engines} vLLM engines of an agent idle"
-        return None
-
-    return Constraint("async_tasks_feed_engines", "async tasks x rollout.n >= vLLM engines per agent (or 0 = sync)", check)
-
-
-@functools.lru_cache(maxsize=8)
-def _search_space(n: int, workflow: str, num_rounds: int, n_gpus_agent: int, rollout_n: int,
-                  base: tuple[tuple[str, Any], ...] = ()) -> SearchSpace:
-    from mart.trial_runner.verl.space import SEARCH_SPACE
-
-    job = dict(base)
-
-    def own(p: ParamSpec, key: str) -> ParamSpec:  # the job's own value is the knob's default (its baseline)
-        return dataclasses.replace(p, default=p.validate(job[key])) if key in job else p
-
-    params = [own(p, p.key) for p in SEARCH_SPACE.params if p.key not in PER_AGENT_KEYS]
-    for i in range(n):
-        params += [_agent_param(own(SEARCH_SPACE[k], k), i) for k in PER_AGENT_KEYS]
-    params += _ma_params(workflow, num_rounds)
-    constraints = [_per_agent_constraint(c, n) for c in SEARCH_SPACE.constraints]
-    return SearchSpace(backend="verl-multi-agent", params=params,
-                       constraints=[*constraints, _async_constraint(n_gpus_agent, rollout_n)])
-
-
-def search_space(sc: MultiAgentScenario) -> SearchSpace:
-    """verl's catalogue with the per-agent knobs split per agent, plus the workflow/shaping/async knobs;
-    a knob the job's file sets has that value as its default (the baseline the focused space keeps).
-
-    Constraints: verl's rules hold for every agent's own config; async tasks must feed every engine.
-    """
-    return _search_space(sc.num_agents, sc.workflow, sc.num_rounds, sc.n_gpus_agent, sc.rollout_n, sc.base_overrides)
-
-
-def focus_space(space: SearchSpace) -> SearchSpace:
-    """The focused space of a multi-agent catalogue: verl's FOCUS knobs (per agent where they are per
-    agent) and the multi-agent knobs over ``MA_FOCUS`` ranges; the same constraints."""
-    from mart.trial_runner.verl.focus import FOCUS, narrowed
-
-    params = []
-    for p in space.params:
-        m = _AGENT_RE.match(p.key)
-        base = m.group(2) if m else p.key
-        if base in FOCUS:
-            rng = FOCUS[base]
-        elif p.key in MA_FOCUS:
-            rng = MA_FOCUS[p.key]
-        else:
-            continue
-        params.append(narrowed(p, rng))
-    return SearchSpace(backend=f"{space.backend}-focus", params=params, constraints=list(space.constraints))
-
-
-def base_config(sc: MultiAgentScenario, single: dict[str, Any]) -> dict[str, Any]:
-    """The single-agent baseline (``single``: verl defaults + job shape) with the per-agent knobs split
-    per agent and the multi-agent knobs at their defaults."""
-    space = search_space(sc)
-    cfg = {k: v for k, v in single.items() if k not in PER_AGENT_KEYS}
-    for i in range(sc.num_agents):
-        for k in PER_AGENT_KEYS:
-            cfg[agent_key(i, k)] = single.get(k, space[agent_key(i, k)].default)
-    for p in _ma_params(sc.workflow, sc.num_rounds):
-        cfg.setdefault(p.key, p.default)
-    return cfg
-
+from mart.trial_runner.sim.catalogue import (
+    ARR,
+    ASYNC_KEY,
+    HISTORY_SCOPE_KEY,
+    HISTORY_SCOPES,
+    MA_FOCUS,
+    PER_AGENT_KEYS,
+    ROUNDS_KEY,
+    SHAPING_ALPHA_KEY,
+    SHAPING_MODE_KEY,
+    SHAPING_MODES,
+    A,
+    R,
+    agent_config,
+    agent_key,
+    base_config,
+    focus_space,
+    learning_part,
+    search_space,
+)
+from mart.trial_runner.sim.grid import (
+    ROLLOUT_GRID,
+    SHARED,
+    grid_columns,
+    knobs_to_overrides,
+    train_grid,
+    valid_mask,
+)
+from mart.trial_runner.sim.job import MultiAgentScenario, Scenario, is_multi_agent
+from mart.trial_runner.sim.trial import (
+    MEMORY_NOISE_GB,
+    TIMING_NOISE,
+    VAL_KEY,
+    WARMUP_SLOWDOWN,
+    SimEvent,
+    SimResult,
+    init_seconds,
+    scalar,
+    seed_hash,
+)
 
 # ------------------------------------------------------------------------------------------ system
 #: MARTI's async-rollout figures at 512 workers: (sync s, async s, synchronous stages of the workflow)
@@ -521,12 +331,6 @@ def team_score(sc: MultiAgentScenario, config: dict[str, Any], scores: Any, trun
     return np.clip(base + bonus, 0, 1)
 
 
-def _learning_part(config: dict[str, Any], i: int) -> dict[str, Any]:
-    from mart.trial_runner.sim.model import _learning_part as single
-
-    return single(agent_config(config, i))
-
-
 def agent_trajectories(sc: MultiAgentScenario, config: dict[str, Any], steps: int, draws: list[float],
                        starts: list[dict[str, Any] | None] | None = None) -> list[L.LearningTrajectory]:
     """Every agent's learning dynamics under its own knobs (``learning.learning_trajectory``)."""
@@ -614,22 +418,20 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
              start: dict[str, Any] | None = None, save_steps: tuple[int, ...] | list[int] = ()):
     """One multi-agent trial as a timed metric stream (the ``model.simulate`` contract; ``sc`` already
     carries the memory capacity)."""
-    from mart.trial_runner.sim import model as M
-
     n_gpus = sc.total_gpus
     errors = search_space(sc).check_constraints(config)
     if errors:
-        return M.SimResult([], "failed", "config rejected: " + " ".join(errors), 8.0, 0, n_gpus, 0.0, steps)
+        return SimResult([], "failed", "config rejected: " + " ".join(errors), 8.0, 0, n_gpus, 0.0, steps)
     n = sc.num_agents
     k = S.knobs_from_config(config)
     tasks = float(config.get(ASYNC_KEY, 0) or 0)
     first = 1 if start is None else int(start["step"]) + 1
     branch = () if start is None else ("branch", first)
-    rngs = [np.random.default_rng(M._hash("learn", seed, i, M._hash(_learning_part(config, i)), sc.name, *branch))
+    rngs = [np.random.default_rng(seed_hash("learn", seed, i, seed_hash(learning_part(agent_config(config, i))), sc.name, *branch))
             for i in range(n)]
-    rng_team = np.random.default_rng(M._hash("team", seed, {k2: v for k2, v in config.items()
+    rng_team = np.random.default_rng(seed_hash("team", seed, {k2: v for k2, v in config.items()
                                                             if k2.startswith(("workflow.", "reward."))}, sc.name, *branch))
-    rng_sys = np.random.default_rng(M._hash("sys", seed, config, sc.name, *branch))
+    rng_sys = np.random.default_rng(seed_hash("sys", seed, config, sc.name, *branch))
     draws = [float(g.exponential(1.0)) for g in rngs]
     starts = None
     if start is not None:
@@ -643,7 +445,7 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
     info["collapse_step"] = min((t.collapse_step for t in trajs if t.collapse_step), default=None)
     info["collapse_kind"] = next((t.collapse_kind for t in trajs if t.collapse_kind), None)
 
-    t = M.init_seconds(sc, k) + 10.0 * (n - 1)  # every agent's workers start (in parallel, plus coordination)
+    t = init_seconds(sc, k) + 10.0 * (n - 1)  # every agent's workers start (in parallel, plus coordination)
     init_s = t
     capacity = sc.gpu.memory_gb
     test_freq = int(config.get("trainer.test_freq", sc.test_freq) or -1)
@@ -656,7 +458,7 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
         plan = step_plan(sc, config, lens)
         team = float(team_score(sc, config, np.array(scores), plan.truncated))
         noisy = float(np.clip(team + rng_team.normal(0, val_sigma), 0, 1))
-        out = {M.VAL_KEY: noisy}
+        out = {VAL_KEY: noisy}
         for name, mult in sc.val_benchmarks:
             out[f"val-aux/{name}/reward/mean@1"] = float(np.clip(noisy * mult + rng_team.normal(0, 2 * val_sigma), 0, 1))
         for i, s in enumerate(scores):
@@ -667,22 +469,22 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
         plan = step_plan(sc, config, lens)
         total = 0.0
         for ws in plan.gen:  # one response per validation prompt, every stage
-            total += max(M._scalar(S.rollout_phase(sc, k, replace(w, n=1), seqs=sc.val_size)["t_gen"]) for w in ws)
+            total += max(scalar(S.rollout_phase(sc, k, replace(w, n=1), seqs=sc.val_size)["t_gen"]) for w in ws)
         return total + 0.3 + sc.val_size * 0.4e-3 * plan.stages
 
     plan1 = step_plan(sc, config, lens_at(0))
     o1 = system_step(sc, k, plan1, tasks)
     if bool(np.asarray(o1["kv_fail"])):
         reason = (f"vLLM: no memory left for the KV cache (budget {k['util'] * capacity:.1f} GiB, "
-                  f"KV pool {M._scalar(o1['kv_pool_gb']):.1f} GiB): raise gpu_memory_utilization or TP")
-        return M.SimResult([], "oom", reason, t * 0.8, 0, n_gpus, init_s, steps, info)
+                  f"KV pool {scalar(o1['kv_pool_gb']):.1f} GiB): raise gpu_memory_utilization or TP")
+        return SimResult([], "oom", reason, t * 0.8, 0, n_gpus, init_s, steps, info)
 
     events = []
     score0 = [tr.score0 for tr in trajs]
     if config.get("trainer.val_before_train", True):
         tv = val_seconds(lens_at(None))
         t += tv
-        events.append(M.SimEvent(t, first - 1, {**val_metrics(score0, lens_at(None)), "timing_s/testing": tv}))
+        events.append(SimEvent(t, first - 1, {**val_metrics(score0, lens_at(None)), "timing_s/testing": tv}))
     checkpoints = {}
     for st in save_steps:
         if first <= int(st) <= steps:
@@ -695,20 +497,20 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
         lens = [tr.resp_mean_untruncated[i] * float(np.exp(rngs[a].normal(0, 0.03))) for a, tr in enumerate(trajs)]
         plan = step_plan(sc, config, lens)
         o = system_step(sc, k, plan, tasks)
-        slow = M.WARMUP_SLOWDOWN.get(step, 1.0)
+        slow = WARMUP_SLOWDOWN.get(step, 1.0)
         phases = {}
         for name, key in (("gen", "t_gen"), ("old_log_prob", "t_old"), ("ref", "t_ref"), ("update_actor", "t_update"),
                           ("update_weights", "t_weights"), ("reward", "t_reward"), ("adv", "t_adv")):
-            phases[name] = M._scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, M.TIMING_NOISE)))
-        mems = {"gen": M._scalar(o["mem_gen"]), "old_log_prob": M._scalar(o["mem_old"]), "ref": M._scalar(o["mem_ref"]),
-                "update_actor": M._scalar(o["mem_update"])}
-        mems = {p: m + float(rng_sys.normal(0, M.MEMORY_NOISE_GB)) if m > 0 else 0.0 for p, m in mems.items()}
+            phases[name] = scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE)))
+        mems = {"gen": scalar(o["mem_gen"]), "old_log_prob": scalar(o["mem_old"]), "ref": scalar(o["mem_ref"]),
+                "update_actor": scalar(o["mem_update"])}
+        mems = {p: m + float(rng_sys.normal(0, MEMORY_NOISE_GB)) if m > 0 else 0.0 for p, m in mems.items()}
         elapsed = 0.0
         for phase in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"):
             if mems.get(phase, 0.0) > capacity:
                 reason = (f"CUDA out of memory in {phase} at step {step}: needs {mems[phase]:.1f} GiB of "
                           f"{capacity:.0f} GiB (longest prompt {max(plan.prompt_means):.0f} tokens)")
-                return M.SimResult(events, "oom", reason, t + elapsed + 0.5 * phases[phase], step - 1, n_gpus, init_s,
+                return SimResult(events, "oom", reason, t + elapsed + 0.5 * phases[phase], step - 1, n_gpus, init_s,
                                    steps, info, {c: v for c, v in checkpoints.items() if c < step})
             elapsed += phases[phase]
         if not any(lk.use_kl for lk in lks):
@@ -724,14 +526,14 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
             "perf/total_num_tokens": plan.tokens,
             "perf/time_per_step": step_s,
             "perf/throughput": plan.tokens / (step_s * n_gpus),
-            "perf/mfu/actor": M._scalar(o["mfu"]),
+            "perf/mfu/actor": scalar(o["mfu"]),
             "perf/max_memory_allocated_gb": peak,
             "perf/max_memory_reserved_gb": peak + 0.8,
             "sim/memory/gen_gb": mems["gen"],
             "sim/memory/old_log_prob_gb": mems["old_log_prob"],
             "sim/memory/update_actor_gb": mems["update_actor"],
-            "sim/rollout/concurrency": M._scalar(o["concurrency"]),
-            "sim/rollout/kv_cache_gb": M._scalar(o["kv_pool_gb"]),
+            "sim/rollout/concurrency": scalar(o["concurrency"]),
+            "sim/rollout/kv_cache_gb": scalar(o["kv_pool_gb"]),
             "sim/workflow/last_prompt_mean": plan.prompt_means[-1],
             "training/global_step": float(step),
             "training/epoch": 0.0,
@@ -774,8 +576,8 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
             t += tv
             data.update(val_metrics(scores, clean))
             data["timing_s/testing"] = tv
-        events.append(M.SimEvent(t, step, data))
-    return M.SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info, checkpoints)
+        events.append(SimEvent(t, step, data))
+    return SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info, checkpoints)
 
 
 # ------------------------------------------------------------------------------------------ noise-free
@@ -807,22 +609,20 @@ def ground_truth(sc: MultiAgentScenario, margin: float, horizon: int, top_k: int
     """The best stage-1 config over the single-agent system grids (``model.ROLLOUT_GRID``, ``TRAIN_*``,
     ``SHARED``) times ``ASYNC_GRID``, noise-free, by exhaustive evaluation (the same pairing of the
     rollout and training sides as ``model.ground_truth``; every agent shares the system knobs)."""
-    from mart.trial_runner.sim import model as M
-
-    cfg0 = M.base_config(sc)
+    cfg0 = base_config(sc)
     space = search_space(sc)
     limit = (1 - margin) * sc.gpu.memory_gb
     k0 = S.knobs_from_config(cfg0)
     plans = window_plans(sc, cfg0, horizon)
     tokens = np.array([p.tokens for p in plans])
-    rgrid = M._grid(M.ROLLOUT_GRID)
-    r_valid = _valid(space, rgrid, ["mnbt", "chunked", "tp"], cfg0)
-    tgrid = M.train_grid(k0, cfg0)
-    t_valid = _valid(space, tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
+    rgrid = grid_columns(ROLLOUT_GRID)
+    r_valid = valid_mask(space, rgrid, ["mnbt", "chunked", "tp"], cfg0)
+    tgrid = train_grid(k0, cfg0)
+    t_valid = valid_mask(space, tgrid, ["dyn", "ppo_micro", "lp_micro", "tok_cap", "sp", "remove_pad"], cfg0)
     best: dict[str, Any] = {"throughput": -1.0}
     evaluated = 0
-    for combo in itertools.product(*M.SHARED.values()):
-        shared = dict(zip(M.SHARED, combo))
+    for combo in itertools.product(*SHARED.values()):
+        shared = dict(zip(SHARED, combo))
         kt = {**k0, **tgrid, **shared, "free_cache": 1.0}
         t_time = np.zeros((len(plans), len(tgrid["dyn"])))
         t_mem = np.zeros(len(tgrid["dyn"]))
@@ -863,7 +663,7 @@ def ground_truth(sc: MultiAgentScenario, margin: float, horizon: int, top_k: int
                         "peak_memory_gb": max(float(r_mem[ri]), float(t_mem[ti] + kept[ri]))}
         evaluated += t_mem.size
     base_thr, base_peak = expected_throughput(cfg0, sc, horizon)
-    full = {**cfg0, **M.knobs_to_overrides(best.get("knobs", {}))}
+    full = {**cfg0, **knobs_to_overrides(best.get("knobs", {}))}
     if "tasks" in best:
         full[ASYNC_KEY] = int(best["tasks"])
     overrides = {k: v for k, v in full.items() if cfg0.get(k) != v}
@@ -881,19 +681,8 @@ def ground_truth(sc: MultiAgentScenario, margin: float, horizon: int, top_k: int
             "limit_gb": limit, "evaluated": evaluated}
 
 
-def _valid(space: SearchSpace, grid: dict[str, np.ndarray], keys: list[str], cfg0: dict[str, Any]) -> np.ndarray:
-    from mart.trial_runner.sim import model as M
-
-    cols = np.stack([grid[k] for k in keys], axis=1)
-    uniq, inverse = np.unique(cols, axis=0, return_inverse=True)
-    ok = np.empty(len(uniq), dtype=bool)
-    for i, row in enumerate(uniq):
-        ok[i] = not space.check_constraints({**cfg0, **M.knobs_to_overrides(dict(zip(keys, row.tolist())))})
-    return ok[inverse.ravel()]
-
-
 def _valid_async(space: SearchSpace, rgrid: dict[str, np.ndarray], cfg0: dict[str, Any], tasks: int) -> np.ndarray:
-    return _valid(space, {**rgrid, "tasks": np.full_like(rgrid["tp"], tasks)}, ["tp"], {**cfg0, ASYNC_KEY: tasks})
+    return valid_mask(space, {**rgrid, "tasks": np.full_like(rgrid["tp"], tasks)}, ["tp"], {**cfg0, ASYNC_KEY: tasks})
 
 
 #: the symmetric per-agent grid of the learning ground truth (every agent the same knobs: same model, same role)
@@ -918,9 +707,7 @@ def ground_truth_learning(sc: MultiAgentScenario, horizon: int = 30) -> dict[str
     An agent's outcomes do not depend on the rounds or the shaping (they act on the team score only), so
     each per-agent config's outcomes are computed once and every rounds x shaping combination re-scored.
     """
-    from mart.trial_runner.sim import model as M
-
-    cfg0 = M.base_config(sc)
+    cfg0 = base_config(sc)
     base = expected_team_score(cfg0, sc, horizon)
     rounds_list: list[dict[str, Any]] = ([{ROUNDS_KEY: r} for r in range(1, 5)] if sc.workflow == "debate" else [{}])
     shapings = [dict(zip(GLOBAL_GRID, v)) for v in itertools.product(*GLOBAL_GRID.values())
@@ -942,7 +729,7 @@ def ground_truth_learning(sc: MultiAgentScenario, horizon: int = 30) -> dict[str
             "baseline_score": base, "gain": best_score - base, "evaluated": evaluated}
 
 
-__all__ = ["ASYNC_KEY", "HISTORY_SCOPE_KEY", "MultiAgentScenario", "PER_AGENT_KEYS", "ROUNDS_KEY", "SHAPING_ALPHA_KEY",
+__all__ = ["ASYNC_KEY", "HISTORY_SCOPE_KEY", "MA_FOCUS", "MultiAgentScenario", "PER_AGENT_KEYS", "ROUNDS_KEY", "SHAPING_ALPHA_KEY",
            "SHAPING_MODE_KEY", "agent_config", "agent_key", "async_factor", "expected_team_score", "focus_space",
            "ground_truth", "ground_truth_learning", "is_multi_agent", "search_space", "shaping_efficiency", "simulate",
            "system_step", "team_score"]

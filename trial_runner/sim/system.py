@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mart.trial_runner.sim.scenarios import GIB, Scenario
+from mart.trial_runner.sim.job import GIB, Scenario
 
 ARR = "actor_rollout_ref"
 R, A, REF, M = f"{ARR}.rollout.", f"{ARR}.actor.", f"{ARR}.ref.", f"{ARR}.model."
