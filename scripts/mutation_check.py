@@ -222,6 +222,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP8", "tools/launch.py", "    free_slots = sorted(set(range(services.trial_slots())) - {r.slot for r in running.values()})",
            "    free_slots = sorted(set(range(services.trial_slots())))", "two running trials hold one slot",
            (PARALLEL_GPUS, "tests/graph/test_parallel_session.py")),
+    Mutant("MP9", "tools/launch.py", '    if existing and existing.get("handle"):\n        emit(services, TrialReattached(',
+           '    if False:\n        emit(services, TrialReattached(', "a resumed session submits a new Ray job instead of "
+           "re-attaching the one running", ("tests/trial_runner/test_ray_parallel.py",)),
 )
 
 

@@ -92,21 +92,30 @@ def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_pat
     ledger.close()
 
 
-def test_a_freed_slot_starts_the_next_trial_before_the_batch_ends(tmp_path):
-    # on the virtual clock a fast config ends first: the next trial must start in its slot while the slow ones run
+def test_a_freed_slot_starts_the_next_trial_the_instant_it_frees(tmp_path):
+    # on the virtual clock a fast config ends first: the next trial must start in its slot at that instant (a
+    # tuner decides in no simulated time), while the slow ones run on
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", stages=["system"], system_trials=8, system_horizon=6, watch_interval_s=0.001,
                        quiet=True, report=False, runs_dir=str(tmp_path), parallel=3)
     summary = tune(opts)
     run = Path(tmp_path) / summary["run_id"]
-    starts = {}
+    times = {}
     for meta in (run / "trials").glob("*/sim_trial.json"):
         m = json.loads(meta.read_text())
         state = json.loads((meta.parent / "sim_state.json").read_text())
-        starts[m["spec"]["trial_id"]] = (m["sim_start"], m["sim_start"] + state["sim_elapsed_s"])
-    ends = sorted(e for _, e in starts.values())
-    # some trial started strictly between two ends of trials that were in flight together (asynchronous backfill)
-    assert any(any(a < s < b for s, _ in starts.values()) for a, b in zip(ends, ends[1:]) if b > a)
+        times[m["spec"]["trial_id"]] = (m["sim_start"], m["sim_start"] + state["sim_elapsed_s"])
+    ledger = Ledger.open(run)
+    by_slot: dict[int, list[tuple[float, float]]] = {}
+    for t in ledger.trials():
+        by_slot.setdefault(t["slot"], []).append(times[t["trial_id"]])
+    ledger.close()
+    refills = [(prev, nxt) for runs in by_slot.values() for prev, nxt in zip(sorted(runs), sorted(runs)[1:])]
+    assert refills
+    for prev, nxt in refills:  # no idle slot time between a trial's end and its successor's start
+        assert nxt[0] == pytest.approx(prev[1], abs=1e-6), by_slot
+    # and some refill happened while a trial of another slot still ran (the batch never waits for its slowest)
+    assert any(s0 < nxt[0] < e0 for _, nxt in refills for s0, e0 in times.values()), by_slot
 
 
 def test_one_review_covers_the_batch_and_a_rejected_slot_is_proposed_again_with_the_feedback(tmp_path):

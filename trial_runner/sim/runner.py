@@ -15,7 +15,11 @@ Clocks:
               trial has anything due, the clock jumps to the earliest next event of any of them. Trials run in
               parallel finish in the order their simulated durations say (a fast config frees its slot first),
               a new trial starts at the clock's time, and the clock's end is the session's simulated wall time.
-              Deterministic and load-independent, like ``poll``.
+              A trial's end holds the clock until the tuner has seen it (polled it once more, as a collect
+              does, or launched a trial): a tuner decides in no simulated time, so a freed slot is refilled at
+              the instant it frees, not at the next event of a trial still running. A consumer that goes
+              round its other trials twice without either lets the clock go on (it cannot stall). Deterministic
+              and load-independent, like ``poll``.
     In ``wall`` mode ``steps_per_poll`` (if set) caps how far one poll may advance.
 
 Files besides the trial contract (``metrics.jsonl``, ``status.json``, ``trial.log``):
@@ -146,6 +150,8 @@ class SimRunner(TrialRunner):
         trial_dir = Path(handle.trial_dir)
         done = read_status(trial_dir)
         if done is not None:
+            if (handle.extra or {}).get("clock") == "virtual":
+                release_virtual(trial_dir, handle.trial_id)  # the tuner has seen its end
             return done
         with _locked(trial_dir):
             return self._advance(trial_dir, stop_reason=None)
@@ -262,12 +268,25 @@ def _clock(trial_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 def register_virtual(trial_dir: Path, trial_id: str, result: Any) -> float:
-    """Start a trial at the clock's time; returns that time (its simulated start)."""
+    """Start a trial at the clock's time; returns that time (its simulated start). A launch is the tuner's
+    answer to the ends it was shown: their hold ends."""
     with _clock(trial_dir) as clock:
+        clock.pop("hold", None)
         start = float(clock["now"])
         first = result.events[0].t if result.events else result.end_t
         clock["due"][trial_id] = start + float(first)
     return start
+
+
+def release_virtual(trial_dir: Path, trial_id: str) -> None:
+    """A finished trial polled again (the tuner collects it): its end no longer holds the clock. The clock moves
+    on at the next poll of a running trial, after whatever the tuner launches now."""
+    with _clock(trial_dir) as clock:
+        hold = clock.get("hold")
+        if hold and trial_id in hold["ended"]:
+            hold["ended"].remove(trial_id)
+            if not hold["ended"]:
+                clock.pop("hold")
 
 
 def virtual_now(trial_dir: Path) -> float:
@@ -276,13 +295,23 @@ def virtual_now(trial_dir: Path) -> float:
 
 
 def advance_virtual(trial_dir: Path, trial_id: str, due: float | None) -> None:
-    """Record when the trial next has something to show (None: it ended), then move the clock to the earliest
-    such time once nothing is due now."""
+    """Record when the trial next has something to show (None: it ended, and holds the clock until the tuner
+    has seen it), then move the clock to the earliest such time once nothing is due now and nothing holds it."""
     with _clock(trial_dir) as clock:
         if due is None:
             clock["due"].pop(trial_id, None)
+            hold = clock.setdefault("hold", {"ended": [], "seen": []})
+            hold["ended"].append(trial_id)
         else:
             clock["due"][trial_id] = due
+        hold = clock.get("hold")
+        if hold and due is not None:
+            if trial_id not in hold["seen"]:
+                hold["seen"].append(trial_id)
+                return  # a trial still running, polled once after an end the tuner has not answered yet
+            clock.pop("hold")  # polled twice with no answer: the consumer does not collect; the clock goes on
+        elif hold:
+            return
         pending = list(clock["due"].values())
         if pending and min(pending) > clock["now"]:
             clock["now"] = min(pending)
