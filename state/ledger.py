@@ -162,12 +162,26 @@ class Ledger:
         for name, (columns, pk) in _SCHEMAS.items():
             table = self.db.table(name)
             if not table.exists():
-                table.create(columns, pk=pk)
+                if name == "metrics":
+                    self._create_metrics(columns)
+                else:
+                    table.create(columns, pk=pk)
                 continue
             have = set(table.columns_dict)
             for col, typ in columns.items():  # a ledger from an older mart gains the new nullable columns
                 if col not in have:
                     table.add_column(col, typ)
+
+    def _create_metrics(self, columns: dict[str, type]) -> None:
+        """``metrics`` as a WITHOUT ROWID table: the rows are stored in their primary key's b-tree, so the
+        (trial_id, step, key) lookups need no separate index (half the table's bytes in a rowid table).
+        A ledger made before keeps its rowid table and index: both read and upsert the same way.
+
+        https://www.sqlite.org/withoutrowid.html
+        """
+        sql_types = {str: "TEXT", int: "INTEGER", float: "REAL"}
+        cols = ", ".join(f"[{c}] {sql_types[t]}" for c, t in columns.items())
+        self.db.execute(f"CREATE TABLE [metrics] ({cols}, PRIMARY KEY ([trial_id], [step], [key])) WITHOUT ROWID")
 
     def close(self) -> None:
         self.db.conn.close()

@@ -30,11 +30,12 @@ def checkpoint_wal(db: Path) -> None:
 
 
 def damage_an_index(db: Path) -> None:
-    """Overwrite bytes of an index's root page (the tables stay readable; integrity_check reports it)."""
+    """Overwrite bytes of an index's root page (the tables stay readable; integrity_check reports it). The
+    pending writes' index: metrics, a WITHOUT ROWID table, has no index of its own."""
     checkpoint_wal(db)
     conn = sqlite3.connect(db)
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE type='index' AND tbl_name='metrics'").fetchone()[0]
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE type='index' AND tbl_name='writes'").fetchone()[0]
     conn.close()
     original = db.read_bytes()
     for offset in range(page_size - 40, page_size // 2, -16):  # into the cells, not the page header

@@ -31,3 +31,24 @@ def test_state_types_round_trip_through_the_strict_checkpoint_serializer() -> No
     back = serde.loads_typed(serde.dumps_typed(value))
     assert type(back["running"]["sys-02-abc"]) is RunningTrial and back["running"]["sys-02-abc"] == value["running"]["sys-02-abc"]
     assert type(back["batch"]) is Batch and back["batch"] == value["batch"]
+
+
+def test_checkpoint_blobs_are_compressed_and_an_older_runs_blobs_still_load() -> None:
+    import zlib
+
+    import pytest
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from mart.state.serde import MAX_INFLATED, allowed_types
+
+    serde = make_serde()
+    value = {"running": {f"sys-{i:02d}-abc": RunningTrial(record=RECORD, handle=HANDLE, slot=i) for i in range(5)}}
+    plain = JsonPlusSerializer(allowed_msgpack_modules=allowed_types()).dumps_typed(value)  # an older run's blob
+    kind, blob = serde.dumps_typed(value)
+    assert kind == "msgpack+zlib" and len(blob) * 3 < len(plain[1])
+    assert serde.loads_typed((kind, blob)) == value
+    assert plain[0] == "msgpack" and serde.loads_typed(plain) == value
+    # a crafted run folder's blob that inflates without end is refused, not read into memory
+    bomb = zlib.compress(b"\0" * (MAX_INFLATED + 1))
+    with pytest.raises(ValueError, match="inflates past"):
+        serde.loads_typed(("msgpack+zlib", bomb))

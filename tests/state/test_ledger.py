@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, Critique, HealthEvent, ReviewDecision, TrialRecord, TrialStatus
@@ -29,8 +31,25 @@ def test_health_events_have_deterministic_ids(tmp_path):
     assert [e.step for e in ledger.health_events("t1") if e.rule == "entropy_collapse"] == [4, 6]
 
 
-def test_metrics_rewritten_not_duplicated(tmp_path):
-    ledger = _ledger(tmp_path)
+def _ledger_with_rowid_metrics(tmp_path) -> Ledger:
+    """A ledger as mart made it before metrics became a WITHOUT ROWID table (a rowid table plus its index)."""
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "mart.sqlite")
+    conn.execute("CREATE TABLE [metrics] ([trial_id] TEXT, [step] INTEGER, [key] TEXT, [value] FLOAT, "
+                 "PRIMARY KEY ([trial_id], [step], [key]))")
+    conn.execute("INSERT INTO metrics VALUES ('old', 1, 'perf/throughput', 5.0)")
+    conn.commit()
+    conn.close()
+    return _ledger(tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["new", "before"])
+def test_metrics_rewritten_not_duplicated(tmp_path, layout):
+    ledger = _ledger(tmp_path) if layout == "new" else _ledger_with_rowid_metrics(tmp_path)
+    if layout == "before":  # the rows an older mart wrote still read, and the table takes new ones the same way
+        assert ledger.metric_records("old")[0].data == {"perf/throughput": 5.0}
+        ledger.db.execute("DELETE FROM metrics WHERE trial_id = 'old'")
     recs = [StepRecord(s, {"perf/throughput": 10.0 * s, "actor/entropy": 1.0}) for s in range(0, 4)]
     ledger.add_metrics("t1", recs)
     ledger.add_metrics("t1", recs[2:])  # watch re-reads the tail after a resume
@@ -40,6 +59,19 @@ def test_metrics_rewritten_not_duplicated(tmp_path):
     assert [r.step for r in back] == [0, 1, 2, 3]
     assert back[3].data["perf/throughput"] == 30.0 and math.isnan(back[3].data["actor/entropy"])
     assert ledger.metric_records("other") == []
+
+
+def test_metrics_need_no_index_beside_their_table(tmp_path):
+    """A new ledger keeps metric rows in their primary key's b-tree: no second copy of every key in an index
+    (that index was a third of a default session's file)."""
+    ledger = _ledger(tmp_path)
+    ledger.add_metrics("t1", [StepRecord(s, {f"k{i}": float(i) for i in range(40)}) for s in range(50)])
+    indexes = ledger.db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'metrics'").fetchall()
+    assert indexes == []
+    plan = " ".join(str(r) for r in ledger.db.execute(
+        "EXPLAIN QUERY PLAN SELECT * FROM metrics WHERE trial_id = 't1' ORDER BY step").fetchall())
+    assert "PRIMARY KEY" in plan  # lookups by trial still use the key, not a scan
+    assert len(ledger.metric_records("t1")) == 50
 
 
 def test_proposals_critiques_reviews_upsert(tmp_path):
