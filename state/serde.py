@@ -44,9 +44,9 @@ class CompressingSerializer(JsonPlusSerializer):
             try:
                 raw = inflater.decompress(blob, MAX_INFLATED)
             except zlib.error as e:
-                raise ValueError(f"a checkpoint blob does not inflate: {e}") from None
+                raise ValueError(f"a checkpoint in the run's mart.sqlite is damaged (it does not inflate: {e})") from None
             if inflater.unconsumed_tail:
-                raise ValueError(f"a checkpoint blob inflates past {MAX_INFLATED >> 20} MB: refused")
+                raise ValueError(f"a checkpoint in the run's mart.sqlite inflates past {MAX_INFLATED >> 20} MB: refused")
             return super().loads_typed(("msgpack", raw))
         return super().loads_typed(data)
 
