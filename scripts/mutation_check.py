@@ -43,6 +43,7 @@ class Mutant:
     new: str
     bug: str
     tests: tuple[str, ...] = field(default_factory=tuple)
+    slow: bool = False  # its tests are end-to-end ones marked `slow` (run only for this mutant and the baseline)
 
 
 EARLY_STOP = "tests/graph/test_early_stop.py"
@@ -223,8 +224,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "    free_slots = sorted(set(range(services.trial_slots())))", "two running trials hold one slot",
            (PARALLEL_GPUS, "tests/graph/test_parallel_session.py")),
     Mutant("MP9", "tools/launch.py", '    if existing and existing.get("handle"):\n        emit(services, TrialReattached(',
-           '    if False:\n        emit(services, TrialReattached(', "a resumed session submits a new Ray job instead of "
-           "re-attaching the one running", ("tests/trial_runner/test_ray_parallel.py",)),
+           '    if False:\n        emit(services, TrialReattached(', "a resumed session launches a trial again (a new "
+           "process or Ray job) instead of re-attaching the one whose handle the ledger holds",
+           ("tests/graph/test_crash_resume.py", "tests/trial_runner/test_ray_parallel.py"), slow=True),
 )
 
 
@@ -254,8 +256,10 @@ def _env(src: Path) -> dict[str, str]:
     return env
 
 
-def _pytest(src: Path, env: dict[str, str], tests: tuple[str, ...], timeout_s: float) -> tuple[int, str, float]:
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow", *tests]
+def _pytest(src: Path, env: dict[str, str], tests: tuple[str, ...], timeout_s: float,
+            slow: bool = False) -> tuple[int, str, float]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *([] if slow else ["-m", "not slow"]),
+           *tests]
     t0 = time.monotonic()
     try:
         out = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: `import mart` does not resolve to the copy ({where.stdout.strip() or where.stderr})")
             return 2
         tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
-        rc, out, secs = _pytest(src, env, tests, args.timeout * 2)
+        rc, out, secs = _pytest(src, env, tests, args.timeout * 2, slow=any(m.slow for m in mutants))
         if rc != 0:
             print(f"error: the tests fail without any mutant ({secs:.0f} s):\n{out}")
             return 2
@@ -312,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             path.write_text(original.replace(m.old, m.new))
             try:
-                rc, out, secs = _pytest(src, env, m.tests, args.timeout)
+                rc, out, secs = _pytest(src, env, m.tests, args.timeout, slow=m.slow)
             finally:
                 path.write_text(original)
             if rc == 0:
