@@ -22,6 +22,10 @@ from mart.state.models import Candidate, Critique, HealthEvent, ReviewDecision, 
 
 DB_FILE = "mart.sqlite"
 
+# tables stored in their primary key's b-tree: metrics' (trial_id, step, key) lookups need no separate index (half
+# the table's bytes as a rowid table); a ledger made before keeps its rowid table and index, both read and upsert
+# the same way (https://www.sqlite.org/withoutrowid.html)
+_WITHOUT_ROWID = frozenset({"metrics"})
 _SCHEMAS: dict[str, tuple[dict[str, type], str | tuple[str, ...]]] = {
     "runs": ({"run_id": str, "created_at": float, "updated_at": float, "status": str, "options": str,
               "summary": str, "error": str, "pid": int}, "run_id"),
@@ -162,8 +166,10 @@ class Ledger:
         for name, (columns, pk) in _SCHEMAS.items():
             table = self.db.table(name)
             if not table.exists():
-                if name == "metrics":
-                    self._create_metrics(columns)
+                if name in _WITHOUT_ROWID:
+                    # sqlite-utils has no WITHOUT ROWID option: its own CREATE TABLE, with the clause added
+                    sql = self.db.create_table_sql(name, columns, pk=pk).strip().removesuffix(";")
+                    self.db.execute(f"{sql} WITHOUT ROWID")
                 else:
                     table.create(columns, pk=pk)
                 continue
@@ -171,17 +177,6 @@ class Ledger:
             for col, typ in columns.items():  # a ledger from an older mart gains the new nullable columns
                 if col not in have:
                     table.add_column(col, typ)
-
-    def _create_metrics(self, columns: dict[str, type]) -> None:
-        """``metrics`` as a WITHOUT ROWID table: the rows are stored in their primary key's b-tree, so the
-        (trial_id, step, key) lookups need no separate index (half the table's bytes in a rowid table).
-        A ledger made before keeps its rowid table and index: both read and upsert the same way.
-
-        https://www.sqlite.org/withoutrowid.html
-        """
-        sql_types = {str: "TEXT", int: "INTEGER", float: "REAL"}
-        cols = ", ".join(f"[{c}] {sql_types[t]}" for c, t in columns.items())
-        self.db.execute(f"CREATE TABLE [metrics] ({cols}, PRIMARY KEY ([trial_id], [step], [key])) WITHOUT ROWID")
 
     def close(self) -> None:
         self.db.conn.close()
