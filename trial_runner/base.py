@@ -137,13 +137,15 @@ def write_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason
                                                      **({"launch": launch} if launch else {})}))
 
 
-def finished_launch(trial_dir: str | os.PathLike, token: str) -> tuple[int, float | None] | None:
+def finished_launch(trial_dir: str | os.PathLike, token: str, record: str = STATUS_FILE
+                    ) -> tuple[int, float | None] | None:
     """(pid, create time) of the trial process that the launch with ``token`` started, if it has already ended
     and written its status: a tuner killed inside the launch window, resumed after the trial finished, adopts
     that ending instead of running the trial a second time. A status from another launch (its token differs)
-    is not this launch's."""
+    is not this launch's. ``record``: the file (in ``trial_dir``) the trial's process wrote when it ended, with
+    ``process.launch_record()`` under ``"launch"``: a local trial's status.json, a verl attempt's exit.json."""
     try:
-        launch = json.loads((Path(trial_dir) / STATUS_FILE).read_text()).get("launch") or {}
+        launch = json.loads((Path(trial_dir) / record).read_text()).get("launch") or {}
     except (FileNotFoundError, json.JSONDecodeError, AttributeError):
         return None
     if not isinstance(launch, dict) or launch.get("token") != token or not isinstance(launch.get("pid"), int):

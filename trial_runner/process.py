@@ -218,6 +218,20 @@ class ProcessGroup:
 LAUNCH_TOKEN_ENV = "MART_LAUNCH_TOKEN"
 
 
+def launch_record() -> dict | None:
+    """This process's launch token (set by the runner), pid and create time, for the file it writes when it ends
+    (a local trial's ``status.json``, a verl supervisor's ``exit.json``): lets a resumed tuner that died inside the
+    launch window adopt the trial's ending instead of launching it again (``base.finished_launch``)."""
+    token = os.environ.get(LAUNCH_TOKEN_ENV)
+    if not token:
+        return None
+    try:
+        created: float | None = psutil.Process(os.getpid()).create_time()
+    except psutil.Error:  # the create time only guards against pid reuse; the pid alone still helps
+        created = None
+    return {"token": token, "pid": os.getpid(), "created": created}
+
+
 def find_launched(token: str, *, settle_s: float = 2.0) -> ProcessGroup | None:
     """The process group a launch with ``token`` started (its leader: the process carrying the token in its
     environment that leads its own group), or None. A tuner killed between spawning a trial and saving its handle

@@ -260,3 +260,33 @@ def test_the_horizon_s_step_is_always_validated_inside_a_longer_schedule(tmp_pat
     [freq] = [int(a.split("=", 1)[1]) for a in argv if a.startswith("trainer.test_freq=")]
     assert freq == expect and 5 % freq == 0
     assert "trainer.total_training_steps=100" in argv  # the user's schedule (the lr's decay) is kept
+
+
+@pytest.mark.parametrize("resumed", ["while it runs", "after it ended"])
+def test_a_launch_the_tuner_died_in_is_adopted_not_run_again(tmp_path, resumed):
+    """The tuner died after spawning the supervisor but before it wrote the pid into launch.json (and before the
+    ledger held the handle): a fresh runner finds that attempt by its launch token, in the live supervisor's
+    environment or, once the run has ended, in the exit.json the supervisor wrote, and follows it to the same
+    end instead of launching the trial again."""
+    backend, runner = make("normal", **{"fake.step_s": 0.3 if resumed == "while it runs" else 0.02})
+    spec = spec_for(backend, tmp_path, steps=4).model_copy(update={"launch_token": "tok-window-1"})
+    handle = runner.launch(spec)
+    adir = Path(spec.trial_dir) / "attempt-1"
+    info = json.loads((adir / "launch.json").read_text())
+    for key in ("pid", "pid_create_time", "log_offset"):  # as the first write left it: before the spawn
+        info.pop(key)
+    (adir / "launch.json").write_text(json.dumps(info))
+    if resumed == "after it ended":
+        deadline = time.monotonic() + 30
+        while not (adir / "exit.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads((adir / "exit.json").read_text())["launch"]["pid"] == handle.pid
+    other = backend.make_runner()
+    adopted = other.adopt(spec)
+    assert adopted is not None, "the started attempt was not found: a resume would launch the trial again"
+    assert adopted.pid == handle.pid and adopted.extra["attempt"] == 1
+    final = run_to_end(other, adopted)
+    assert final.status is TrialStatus.COMPLETED and final.last_step == 4, final
+    assert sorted(p.name for p in Path(spec.trial_dir).glob("attempt-*")) == ["attempt-1"]
+    # another launch's ending is not this one's
+    assert other.adopt(spec.model_copy(update={"launch_token": "tok-other"})) is None

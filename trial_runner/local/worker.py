@@ -29,15 +29,13 @@ import traceback
 from functools import partial
 from pathlib import Path
 
-import psutil
-
 from mart.state.files import open_in
 from mart.state.search_space import ConfigError
 from mart.state.trials import METRICS_FILE, checkpoint_dir
 from mart.trial_runner.base import write_status
 from mart.trial_runner.local import memory
 from mart.trial_runner.metrics import write_record
-from mart.trial_runner.process import LAUNCH_TOKEN_ENV
+from mart.trial_runner.process import launch_record
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CONFIG, EXIT_OOM, EXIT_STOPPED = 0, 1, 2, 3, 4
 
@@ -211,19 +209,6 @@ def _is_oom(e: BaseException) -> bool:
     return oom_type is not None and isinstance(e, oom_type)
 
 
-def _launch_record() -> dict | None:
-    """This process's launch token (set by the runner), pid and create time: lets a resumed tuner that died
-    inside the launch window adopt this trial's ending instead of launching it again."""
-    token = os.environ.get(LAUNCH_TOKEN_ENV)
-    if not token:
-        return None
-    try:
-        created: float | None = psutil.Process(os.getpid()).create_time()
-    except psutil.Error:  # the create time only guards against pid reuse; the pid alone still helps
-        created = None
-    return {"token": token, "pid": os.getpid(), "created": created}
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
@@ -249,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         status, reason, code = "stopped", str(e), EXIT_STOPPED
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    write_status(out, status, reason, progress["last_step"], launch=_launch_record())
+    write_status(out, status, reason, progress["last_step"], launch=launch_record())
     print(f"trial {status}" + (f": {reason}" if reason else "") + f" (last step {progress['last_step']})", flush=True)
     sys.stderr.flush()
     os._exit(code)  # no slow interpreter teardown: the stop must take well under 2 s

@@ -37,7 +37,7 @@ from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import TrialRunner, read_status, trial_env, write_status
+from mart.trial_runner.base import TrialRunner, finished_launch, read_status, trial_env, write_status
 from mart.trial_runner.process import (
     LAUNCH_TOKEN_ENV,
     ProcessGroup,
@@ -373,20 +373,27 @@ class VerlRunner(TrialRunner):
 
     def adopt(self, spec: TrialSpec) -> TrialHandle | None:
         """The attempt an earlier tuner started for ``spec``: from its ``launch.json``, or, when the tuner died
-        before writing the pid there, found by the launch token in the supervisor's environment."""
+        before writing the pid there, found by the launch token in the supervisor's environment, or in the
+        ``exit.json`` it wrote if the attempt has already ended."""
         live = self._live_attempt(spec)
         if live is not None or not spec.launch_token:
             return live
-        group = find_launched(spec.launch_token)
-        if group is None:
-            return None
         trial_dir = Path(spec.trial_dir).resolve()
         nums = sorted(int(p.name.split("-", 1)[1]) for p in trial_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit())
         k = nums[-1] if nums else 1
         adir = trial_dir / f"attempt-{k}"
+        group = find_launched(spec.launch_token)
+        if group is not None:
+            pid, created = group.pid, group.created
+        elif (ended := finished_launch(adir, spec.launch_token, "exit.json")) is not None:
+            # it ran to its end while no tuner watched (the supervisor wrote the token into exit.json): adopt
+            # that ending, as poll reads it, rather than run the trial a second time
+            pid, created = ended
+        else:
+            return None
         return TrialHandle(
-            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
-            pid_create_time=group.created, started_at=group.created,
+            trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=pid,
+            pid_create_time=created, started_at=created or time.time(),
             extra={"attempt": k, "metrics_path": str(adir / METRICS_FILE), "attempt_dir": str(adir),
                    "steps": spec.steps, "log_offset": 0, "reattached": True,
                    "stop_at_horizon": self.total_steps(spec.steps) > spec.steps})

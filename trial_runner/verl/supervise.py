@@ -7,7 +7,9 @@ at the end), with what each GPU held before launch.
 
 The runner starts this as the leader of a new process group; the command inherits the group, the working
 directory, the environment and the output. The tuner can crash and come back: the exit code is then read
-from ``F`` (``{"returncode": int, "ended_at": float}``) instead of from a ``wait`` it can no longer do.
+from ``F`` (``{"returncode": int, "ended_at": float}``) instead of from a ``wait`` it can no longer do. ``F`` also
+holds this process's launch token, pid and create time (``"launch"``), so that a tuner killed before it saved
+the pid still finds this run's ending (``VerlRunner.adopt``).
 SIGTERM/SIGINT sent to the group reach the command directly; this process ignores them and waits.
 """
 
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _note_signal)
     signal.signal(signal.SIGINT, _note_signal)
     started = time.time()
+    from mart.trial_runner.process import launch_record
+
+    launch = launch_record()
     sampler = None
     if args.gpu_peaks_file:
         from mart.trial_runner.gpu import PeakSampler
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             # the peaks so far, for the runner to judge the memory margin while the run goes on
             _write_peaks(args.gpu_peaks_file, sampler, final=False)
     result: dict = {"returncode": rc, "started_at": started, "ended_at": time.time()}
+    if launch is not None:
+        result["launch"] = launch
     if sampler is not None:
         sampler.stop()
         _write_peaks(args.gpu_peaks_file, sampler, final=True)
