@@ -227,6 +227,10 @@ MUTANTS: tuple[Mutant, ...] = (
            '    if False:\n        emit(services, TrialReattached(', "a resumed session launches a trial again (a new "
            "process or Ray job) instead of re-attaching the one whose handle the ledger holds",
            ("tests/graph/test_crash_resume.py", "tests/trial_runner/test_ray_parallel.py"), slow=True),
+    Mutant("MP10", "trial_runner/verl/supervise.py", '        result["launch"] = launch', "        pass",
+           "a verl attempt that ended while the tuner (killed before it saved the pid) was down is launched again "
+           "on resume: the supervisor's exit.json no longer names its launch",
+           ("tests/trial_runner/test_verl_runner.py",)),
 )
 
 
