@@ -77,6 +77,9 @@ MICRO_KNOBS = ("lp_micro", "ref_micro", "ppo_micro")
 #: of one at the same point, so a measured shape's residual is what predicts that shape (with 1.2, several
 #: trials one unit away outweighed the one trial that ran it, and a mispriced shape stayed mispriced after it ran)
 KERNEL = 3.0
+#: pull of the GEMM knee and the collective bandwidth towards their priors when one or two trials fit them
+#: (x the squared log multipliers, against the squared log residuals of the training passes and the sync)
+SHAPE_PRIOR = 0.05
 MEM_PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 #: verl timing keys of the phases lumped into "other" (weight sync, reward, advantages)
 OTHER_TIMINGS = ("update_weights", "reward", "adv")
@@ -171,8 +174,10 @@ class Calibration:
     knee_mult: float = 1.0
     comm_mult: float = 1.0
     """x the described collective bandwidths (TP all-reduces, FSDP gathers): a link's reached bandwidth is a guess"""
-    act_scale: tuple[float, float] = (1.3, 1.2)
-    """(saved activations, logits) x the textbook bytes: conservative until peaks are measured"""
+    act_scale: tuple[float, float] = (1.0, 1.0)
+    """(saved activations, logits) x the textbook bytes; the textbook terms until peaks are measured (the
+    distance-grown gap carries their uncertainty: a prior above 1 on top of it counted the error twice, and
+    no large token cap fitted without optimizer offload)"""
     mem_bias: dict[str, float] = field(default_factory=dict)
     time_obs: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
     peak_errors: list[float] = field(default_factory=list)
@@ -703,6 +708,8 @@ class JobModel:
                         if err < best[0] - 1e-9:
                             best = (err, so, km, cm)
             cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = best[1], best[2], best[3]
+        elif usable:
+            cal.knee_mult, cal.comm_mult = self._fit_shape(usable)
         for o in usable:
             k = self.knobs(o.config)
             w = self.workload(o.config)
@@ -714,6 +721,33 @@ class JobModel:
             cal.time_obs.append((k, res))
         self._fit_memory(observations)
         return self
+
+    def _fit_shape(self, usable: list[Observation]) -> tuple[float, float]:
+        """(GEMM knee, collective bandwidth) multipliers from one or two trials: too few to fit the spread, so
+        the training passes' and the weight sync's log residuals themselves are fitted, pulled towards 1.
+
+        Why: the flat residual of one trial is carried to every config. A first trial on small static micro
+        batches (verl's defaults) runs slower than the model says mostly through what each micro batch costs
+        (an FSDP all-gather that the link's real bandwidth makes slower, a device the small GEMMs fill worse);
+        carried flat, that error made every large dynamic-bsz config (few micro batches) look as slow, and the
+        search under-rated them. These two terms shrink with fewer, larger micro batches, a flat scale does
+        not; whatever they cannot explain stays in the residual that is carried."""
+        keys = (("old_log_prob", "t_old"), ("ref", "t_ref"), ("update_actor", "t_upd"), ("other", "t_other"))
+        rows = [(o, self.knobs(o.config), self.workload(o.config)) for o in usable]
+        best = (math.inf, 1.0, 1.0)
+        for cm in (1.0, 0.7, 0.5, 0.35, 1.4, 2.0):
+            for km in (1.0, 0.5, 2.0, 4.0, 8.0):
+                self.cal.knee_mult, self.cal.comm_mult = km, cm
+                err = SHAPE_PRIOR * (math.log(km) ** 2 + math.log(cm) ** 2)
+                for o, k, w in rows:
+                    raw = self.raw({n: np.array([v]) for n, v in k.items()}, w)
+                    for p, key in keys:
+                        if o.phases.get(p) and float(raw[key][0]) > 0:
+                            err += math.log(o.phases[p] / float(raw[key][0])) ** 2
+                if err < best[0] - 1e-9:
+                    best = (err, km, cm)
+        self.cal.knee_mult, self.cal.comm_mult = 1.0, 1.0
+        return best[1], best[2]
 
     def _stack(self, usable: list[Observation]) -> tuple[dict[str, np.ndarray], Workload] | None:
         """The usable trials' knobs as arrays for one vectorised evaluation (None when their workloads differ)."""
@@ -747,8 +781,8 @@ class JobModel:
         a peak above the prediction raises the bias of every phase that could have produced it (all phases
         within reach of the predicted top), never only the one the model thinks binds. An OOM says the
         peak reached the capacity. The activation scale (one factor on the estimated terms of the training
-        phases) is chosen from a grid to fit the peaks once two or more were measured; it starts at a
-        conservative (1.3, 1.2).
+        phases) is chosen from a grid to fit the peaks once two or more were measured; it starts at the
+        textbook (1.0, 1.0), the phase gaps holding the estimate's error.
         """
         rows = []
         for o in observations:
@@ -785,7 +819,7 @@ class JobModel:
                     err += max(0.0, measured - top) ** 2 if oom else (top - measured) ** 2
                 # a phase measured on its own (a fit probe) is fitted as such
                 err += sum((float(cm[p][0]) - v) ** 2 for p, v in phase.items())
-            # large biases mean the scales explain the peaks badly; stay near the (safe) prior otherwise
+            # large biases mean the scales explain the peaks badly; stay near the prior otherwise
             # (the rollout's bias is not held against the scales: no scale reaches the rollout's memory, so its
             # bias is the only way to explain a rollout peak, and penalising it made the activation scales grow
             # to explain a rollout that peaked 1 GB above its prediction)
