@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from mart.nodes import stages
 from mart.nodes.agents.base import AgentContext
-from mart.nodes.agents.job_model import JobModel, observation_from_records
+from mart.nodes.agents.job_model import JobModel, Observation, observation_from_records
 from mart.nodes.agents.memory_model import MemoryModel
 from mart.nodes.agents.schedule import diagnose
 from mart.nodes.stages import StageView
 from mart.nodes.stages.schedule import diagnosis_input
 from mart.state.graph_state import running_trials
+from mart.state.metrics import THROUGHPUT_KEY, mean_over_steps
 from mart.state.models import TrialRecord, TrialStatus
-from mart.state.objectives import throughput_window
+from mart.state.objectives import peak_memory_gb, throughput_window
 
 
 def trial_from_row(row: dict[str, Any]) -> TrialRecord:
@@ -51,7 +53,27 @@ def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecor
             oom=t.status is TrialStatus.OOM, throughput=t.throughput if t.stage == "system" else None,
             window=window, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
             predicted_throughput=p.get("predicted_throughput") if t.stage == "system" else None))
+    obs += early_observations(state, services)
     return model.fit(obs)
+
+
+def early_observations(state: Mapping[str, Any], services) -> list[Observation]:
+    """Stage-1 trials still running whose early look was taken (``RunningTrial.looked``): what their steps from the
+    look on measured, as if they had ended there (their phase times, throughput and peak so far). The trial's
+    own ending replaces it once it is collected."""
+    out = []
+    horizon = stages.get("system").horizon(services.options)
+    for rt in running_trials(state, "system"):
+        if not rt.looked or rt.look_at is None:
+            continue
+        records = services.ledger.metric_records(rt.record.trial_id)
+        window = (rt.look_at, horizon)
+        thr = mean_over_steps(records, THROUGHPUT_KEY, *window)
+        peak = peak_memory_gb(records)
+        out.append(observation_from_records(
+            rt.record.config, records, peak_gb=None if math.isnan(peak) else peak, oom=False,
+            throughput=None if math.isnan(thr) else thr, window=window))
+    return out
 
 
 def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> AgentContext:

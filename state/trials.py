@@ -97,3 +97,6 @@ class RunningTrial(BaseModel):
     slot: int = Field(0, ge=0, description="which of the session's trial slots it holds (0 .. parallel-1)")
     stop_reason: str | None = Field(None, description="set when the trial must be stopped (health, watchdog)")
     finished: bool = Field(False, description="the trial has ended (or must be collected): collect it next")
+    look_at: int | None = Field(None, ge=1, description="the step after which the stage decides again while the "
+                                "trial runs (an early look; ``StagePolicy.look_at``), once")
+    looked: bool = Field(False, description="the early look was taken: the stage has seen the trial's first steps")

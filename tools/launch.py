@@ -76,10 +76,12 @@ def launch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
 def _start(state: TuningState, services: Services, view: StageView, record: TrialRecord, horizon: int, seq: int,
            slot: int) -> RunningTrial:
     ledger = services.ledger
+    look_at = stages.get(record.stage).look_at(view, record)
     existing = ledger.trial(record.trial_id)
     if existing and existing.get("handle"):
         emit(services, TrialReattached(trial_id=record.trial_id))
-        return RunningTrial(record=record, handle=TrialHandle.model_validate(existing["handle"]), slot=slot)
+        return RunningTrial(record=record, handle=TrialHandle.model_validate(existing["handle"]), slot=slot,
+                            look_at=look_at)
     trial_dir = str(services.store.trial_dir(record.trial_id))
     token = (existing or {}).get("launch_token")
     if existing and token and existing.get("status") == TrialStatus.RUNNING.value:
@@ -88,7 +90,7 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
         if adopted is not None:
             ledger.set_trial_fields(record.trial_id, handle=adopted.model_dump(mode="json"))
             emit(services, TrialReattached(trial_id=record.trial_id))
-            return RunningTrial(record=record, handle=adopted, slot=slot)
+            return RunningTrial(record=record, handle=adopted, slot=slot, look_at=look_at)
     token = secrets.token_hex(8)
     ledger.upsert_trial(
         record.model_copy(update={"status": TrialStatus.RUNNING}), run_id=services.run_id, seq=seq,
@@ -105,4 +107,4 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
     ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
     emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon,
                                  changes=_changes(view, record), slot=slot, slots=services.trial_slots()))
-    return RunningTrial(record=record, handle=handle, slot=slot)
+    return RunningTrial(record=record, handle=handle, slot=slot, look_at=look_at)

@@ -6,8 +6,9 @@ that brought new steps (``mart.nodes.health_monitor.assess``) and the progress w
 long: hung, or frozen by SIGSTOP). A trial whose poll says it is queued (``TrialPoll.queued``: a Ray job waiting
 for a free node) is neither failed nor timed: the ledger says what it waits for (``mart status`` shows it), and
 its first-step clock starts when it leaves the queue (``running_at``). It returns to the graph only when a trial
-finished or must be stopped, so the checkpoints a session writes grow with its decisions, not with its polls (a
-day-long trial adds none). The state it keeps is the trials' handles; the ledger's upserts make a resumed watch (a
+finished or must be stopped, or logged the step its stage asked to look at (``RunningTrial.look_at``: stage 1
+fills its other slots once the baseline's first steps are measured), so the checkpoints a session writes grow
+with its decisions, not with its polls (a day-long trial adds none). The state it keeps is the trials' handles; the ledger's upserts make a resumed watch (a
 new node run) read again safely.
 """
 
@@ -52,7 +53,8 @@ class _Follow:
     announced: bool = False
 
 
-def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stop_trial", "collect_trial"]]:
+def watch_trial(state: TuningState, runtime: Runtime[Services]
+                ) -> Command[Literal["stop_trial", "collect_trial", "stage_control"]]:
     services = services_for(state, runtime)
     trials = running_trials(state)
     assert trials, "watch_trial runs only while a trial is in flight"
@@ -85,6 +87,12 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Liter
                 f.known.add(rec.step)
                 f.new_steps += 1
                 emit(services, _progress_event(record, rec))
+            if rt.look_at is not None and not rt.looked and max(f.known, default=0) >= rt.look_at:
+                # the stage asked to decide again once this step is logged (an early look), at once: before the
+                # next poll, as a tuner acts on a line it read; the trial runs on meanwhile
+                f.trial = rt.model_copy(update={"looked": True})
+                changed = True
+                continue
             poll = runner.poll(rt.handle)
             if not poll.status.is_finished() and _queued(services, f, tid, poll.queued):
                 continue  # waiting for its resources: nothing to assess, no clock running
@@ -107,6 +115,7 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Liter
             if hung:
                 f.trial = rt.model_copy(update={"stop_reason": hung})
                 changed = True
+                continue
         if changed:
             return _leave([f.trial for f in follows.values()])
         if not passed:  # a trial whose pass just ended starts its next one at once (it reads what its poll revealed)
@@ -140,10 +149,14 @@ def _queued(services: Services, f: _Follow, trial_id: str, queued: str | None) -
 
 
 def _leave(trials: list[RunningTrial]) -> Command:
-    """Stop the trials that must stop, then collect every one that ended."""
+    """Stop the trials that must stop, then collect every one that ended; with neither (an early look was taken),
+    back to stage control, whose agents may find something new in what the trial logged (``waiting`` ends)."""
     running = {rt.record.trial_id: rt for rt in trials}
-    to_stop = any(rt.stop_reason and not rt.finished for rt in trials)
-    return Command(goto="stop_trial" if to_stop else "collect_trial", update={"running": running})
+    if any(rt.stop_reason and not rt.finished for rt in trials):
+        return Command(goto="stop_trial", update={"running": running})
+    if any(rt.finished for rt in trials):
+        return Command(goto="collect_trial", update={"running": running})
+    return Command(goto="stage_control", update={"running": running, "waiting": {}})
 
 
 def _progress_event(record: TrialRecord, rec: StepRecord) -> TrialStep:

@@ -161,6 +161,11 @@ class StagePolicy(abc.ABC):
         no; a stage whose agents can propose before the baseline's profile says yes."""
         return False
 
+    def look_at(self, view: StageView, record: TrialRecord) -> int | None:
+        """The step of a trial being launched after which the stage wants to decide again while it runs (an early
+        look: the watch hands control back once that step is logged), or None. Default: none."""
+        return None
+
     def baseline_plan(self, view: StageView, free: int = 0) -> Plan | None:
         """The part every stage shares: the baseline first, then its profile; None once both are done. With one
         slot the baseline runs alone; with several, a stage that allows it (``bets_beside_baseline``) fills the

@@ -14,7 +14,13 @@ from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.state.agents import group_by_agent
+from mart.state.models import TrialRecord
 from mart.state.units import fmt_gb
+
+#: with several slots, the baseline's step after which the job model fills the other slots (the early look): step 1
+#: carries the warm-up, step 2 is the first that times each phase as it runs; waiting for the whole baseline would
+#: leave the other slots idle for a trial, and betting before any step is measured spends them on the priors alone
+EARLY_LOOK_STEP = 2
 
 
 def _clean(v: float | None) -> float | None:
@@ -83,10 +89,20 @@ class SystemStage(StagePolicy):
     def horizon(self, options: Any) -> int:
         return options.system_horizon
 
+    def _looks_early(self, view: StageView) -> bool:
+        return view.services.trial_slots() > 1 and view.services.job_description() is not None \
+            and self.horizon(view.options) > EARLY_LOOK_STEP
+
+    def look_at(self, view: StageView, record: TrialRecord) -> int | None:
+        """With several slots (and a job model), the baseline is looked at after ``EARLY_LOOK_STEP``."""
+        return EARLY_LOOK_STEP if self._looks_early(view) else None
+
     def bets_beside_baseline(self, view: StageView) -> bool:
-        """With several slots, the job model's proposals start beside the baseline (it predicts from the job's
-        description before any measurement, with its widest safety gap): a whole trial of idle slots saved."""
-        return view.services.trial_slots() > 1 and view.services.job_description() is not None
+        """With several slots, the job model's proposals start beside the baseline once its first steps are measured
+        (the early look: the model is calibrated on those steps, ``agent_context.build_job_model``), most of a
+        trial before the baseline ends."""
+        return self._looks_early(view) and any(rt.looked for rt in view.running(self.name)
+                                               if rt.record.kind == "baseline")
 
     def plan(self, view: StageView, free: int) -> Plan:
         first = self.baseline_plan(view, free)

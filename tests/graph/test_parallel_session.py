@@ -82,7 +82,7 @@ def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_pat
     # one review per decision point, covering the candidates of the free slots; batches after the baseline
     sizes = [len(r["candidates"]) for r in reviewer.requests]
     assert all(1 <= s <= 4 for s in sizes) and max(sizes) >= 3
-    # the first batch starts beside the baseline (the job model proposes before any measurement): 3 free slots
+    # the first batch starts beside the baseline (once its first steps are measured: the early look): 3 free slots
     first = reviewer.requests[0]
     assert first["stage"] == "system" and first["running"] == ["sys-01-baseline"] and len(first["candidates"]) == 3
     for r in reviewer.requests:  # the review names what was still running when it was asked
@@ -116,6 +116,59 @@ def test_a_freed_slot_starts_the_next_trial_the_instant_it_frees(tmp_path):
         assert nxt[0] == pytest.approx(prev[1], abs=1e-6), by_slot
     # and some refill happened while a trial of another slot still ran (the batch never waits for its slowest)
     assert any(s0 < nxt[0] < e0 for _, nxt in refills for s0, e0 in times.values()), by_slot
+
+
+def _sim_times(run: Path) -> dict[str, tuple[float, float, list]]:
+    """trial id -> (simulated start, simulated end, its planned metric lines as [time from its start, step, data])."""
+    out = {}
+    for meta in (run / "trials").glob("*/sim_trial.json"):
+        m = json.loads(meta.read_text())
+        state = json.loads((meta.parent / "sim_state.json").read_text())
+        plan = json.loads((meta.parent / "sim_plan.json").read_text())
+        out[m["spec"]["trial_id"]] = (m["sim_start"], m["sim_start"] + state["sim_elapsed_s"], plan["events"])
+    return out
+
+
+def test_stage1_fills_the_other_slots_at_the_baselines_second_step_from_what_it_measured(tmp_path):
+    # with several slots the other slots wait for the baseline's second step (not its end, not its launch): the
+    # batch starts at that step's simulated instant, and the job model it came from knew the baseline's steps
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
+                       approve="auto", stages=["system"], system_trials=6, system_horizon=6, watch_interval_s=0.001,
+                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
+    reviewer = Recording()
+    summary = tune(opts, reviewer=reviewer)
+    run = Path(tmp_path) / summary["run_id"]
+    times = _sim_times(run)
+    b_start, b_end, events = times["sys-01-baseline"]
+    step2 = b_start + next(t for t, step, _ in events if step == 2)
+    first = reviewer.requests[0]
+    assert first["running"] == ["sys-01-baseline"] and len(first["candidates"]) == 3
+    ledger = Ledger.open(run)
+    by_cand = {t["candidate_id"]: t for t in ledger.trials()}
+    starts = [times[by_cand[c["candidate_id"]]["trial_id"]][0] for c in first["candidates"]]
+    assert starts == pytest.approx([step2] * 3, abs=1e-6), (starts, step2, b_end)
+    assert b_start < step2 < b_end
+    # what the batch was predicted from: the baseline's steps up to the second (read back from its metric file),
+    # not the job model's prior alone - refitting on them reproduces the predictions the ledger kept
+    from mart.nodes.agents.job_model import JobModel, observation_from_records
+    from mart.state.metrics import StepRecord
+    from mart.trial_runner.sim.backend import SimBackend
+
+    lines = [json.loads(x) for x in (run / "trials" / "sys-01-baseline" / "metrics.jsonl").read_text().splitlines()]
+    seen = [StepRecord(x["step"], x["data"]) for x in lines if x["step"] <= 2]
+    thr = [r.data["perf/throughput"] for r in seen if r.step == 2]
+    peak = max(r.data["perf/max_memory_allocated_gb"] for r in seen if "perf/max_memory_allocated_gb" in r.data)
+    backend = SimBackend(scenario="qwen3-0.6b-1x8", seed=0)
+    base = backend.base_config()
+    early = observation_from_records(base, seen, peak_gb=peak, oom=False, throughput=thr[0], window=(2, 6))
+    informed, prior = (JobModel(backend.describe_job(), base).fit(obs) for obs in ([early], []))
+    preds = ledger.predictions(summary["run_id"])
+    for c in first["candidates"]:
+        config = by_cand[c["candidate_id"]]["config"]
+        kept = preds[c["candidate_id"]]["predicted_throughput"]
+        assert kept == pytest.approx(informed.predict(config).throughput, rel=1e-3)
+        assert abs(kept / prior.predict(config).throughput - 1) > 0.01
+    ledger.close()
 
 
 def test_one_review_covers_the_batch_and_a_rejected_slot_is_proposed_again_with_the_feedback(tmp_path):

@@ -235,7 +235,8 @@ class SimRunner(TrialRunner):
                     self._usage(plan, written, sim_t, polls, final.status.value if final else None))
         if meta["clock"] == "virtual":
             due = None if final is not None else (events[written][0] if written < len(events) else plan["end_t"])
-            advance_virtual(trial_dir, meta["spec"]["trial_id"], None if due is None else float(meta["sim_start"]) + due)
+            advance_virtual(trial_dir, meta["spec"]["trial_id"], None if due is None else float(meta["sim_start"]) + due,
+                            revealed=bool(new))
         if final is None:
             return TrialPoll(status=TrialStatus.RUNNING, last_step=last_step)
         with open_in(trial_dir, LOG_FILE, "a") as log:
@@ -272,6 +273,7 @@ def register_virtual(trial_dir: Path, trial_id: str, result: Any) -> float:
     answer to the ends it was shown: their hold ends."""
     with _clock(trial_dir) as clock:
         clock.pop("hold", None)
+        clock.pop("fresh", None)
         start = float(clock["now"])
         first = result.events[0].t if result.events else result.end_t
         clock["due"][trial_id] = start + float(first)
@@ -294,10 +296,29 @@ def virtual_now(trial_dir: Path) -> float:
         return float(clock["now"])
 
 
-def advance_virtual(trial_dir: Path, trial_id: str, due: float | None) -> None:
+def advance_virtual(trial_dir: Path, trial_id: str, due: float | None, revealed: bool = False) -> None:
     """Record when the trial next has something to show (None: it ended, and holds the clock until the tuner
-    has seen it), then move the clock to the earliest such time once nothing is due now and nothing holds it."""
+    has seen it), then move the clock to the earliest such time once nothing is due now and nothing holds it.
+
+    A poll that revealed metric lines (``revealed``) holds the clock too, until the trial is polled again: the
+    tuner reads a trial's lines before its next poll and may act on them at once (an early look launches trials),
+    in no simulated time, like its answer to an end. Another trial polled twice meanwhile lets the clock go on."""
     with _clock(trial_dir) as clock:
+        fresh = clock.get("fresh")
+        if fresh:
+            if trial_id in fresh["ids"]:
+                fresh["ids"].remove(trial_id)  # polled again: its lines were read
+            elif trial_id in fresh["seen"]:
+                fresh["ids"] = []  # the consumer goes round without reading them: the clock goes on
+            else:
+                fresh["seen"].append(trial_id)
+            if not fresh["ids"]:
+                clock.pop("fresh")
+        if revealed and due is not None:
+            clock["due"][trial_id] = due
+            fresh = clock.setdefault("fresh", {"ids": [], "seen": []})
+            fresh["ids"].append(trial_id)
+            return
         if due is None:
             clock["due"].pop(trial_id, None)
             hold = clock.setdefault("hold", {"ended": [], "seen": []})
@@ -311,6 +332,8 @@ def advance_virtual(trial_dir: Path, trial_id: str, due: float | None) -> None:
                 return  # a trial still running, polled once after an end the tuner has not answered yet
             clock.pop("hold")  # polled twice with no answer: the consumer does not collect; the clock goes on
         elif hold:
+            return
+        if clock.get("fresh"):
             return
         pending = list(clock["due"].values())
         if pending and min(pending) > clock["now"]:
