@@ -6,10 +6,10 @@ that brought new steps (``mart.nodes.health_monitor.assess``) and the progress w
 long: hung, or frozen by SIGSTOP). A trial whose poll says it is queued (``TrialPoll.queued``: a Ray job waiting
 for a free node) is neither failed nor timed: the ledger says what it waits for (``mart status`` shows it), and
 its first-step clock starts when it leaves the queue (``running_at``). It returns to the graph only when a trial
-finished or must be stopped, or logged the step its stage asked to look at (``RunningTrial.look_at``: stage 1
-fills its other slots once the baseline's first steps are measured), so the checkpoints a session writes grow
-with its decisions, not with its polls (a day-long trial adds none). The state it keeps is the trials' handles; the ledger's upserts make a resumed watch (a
-new node run) read again safely.
+finished or must be stopped, or logged the step its stage asked to look at (``RunningTrial.look_at``: stage 1's
+job model counts a running trial's early steps from then on), so the checkpoints a session writes grow with its
+decisions, not with its polls (a day-long trial adds none). The state it keeps is the trials' handles; the
+ledger's upserts make a resumed watch (a new node run) read again safely.
 """
 
 from __future__ import annotations

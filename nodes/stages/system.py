@@ -17,9 +17,9 @@ from mart.state.agents import group_by_agent
 from mart.state.models import TrialRecord
 from mart.state.units import fmt_gb
 
-#: with several slots, the baseline's step after which the job model fills the other slots (the early look): step 1
-#: carries the warm-up, step 2 is the first that times each phase as it runs; waiting for the whole baseline would
-#: leave the other slots idle for a trial, and betting before any step is measured spends them on the priors alone
+#: with several slots, the step of each trial after which the job model counts what it measured (the early look):
+#: step 1 carries the warm-up, step 2 is the first that times each phase as it runs. A slot that frees while others
+#: run is then filled knowing every config in flight, not only the ones that ended
 EARLY_LOOK_STEP = 2
 
 
@@ -94,15 +94,15 @@ class SystemStage(StagePolicy):
             and self.horizon(view.options) > EARLY_LOOK_STEP
 
     def look_at(self, view: StageView, record: TrialRecord) -> int | None:
-        """With several slots (and a job model), the baseline is looked at after ``EARLY_LOOK_STEP``."""
+        """With several slots (and a job model), every trial is looked at after ``EARLY_LOOK_STEP``."""
         return EARLY_LOOK_STEP if self._looks_early(view) else None
 
     def bets_beside_baseline(self, view: StageView) -> bool:
-        """With several slots, the job model's proposals start beside the baseline once its first steps are measured
-        (the early look: the model is calibrated on those steps, ``agent_context.build_job_model``), most of a
-        trial before the baseline ends."""
-        return self._looks_early(view) and any(rt.looked for rt in view.running(self.name)
-                                               if rt.record.kind == "baseline")
+        """With several slots, the job model's proposals start beside the baseline (it predicts from the job's
+        description before any measurement, with its widest safety gap): a whole trial of idle slots saved.
+        (Waiting for the baseline's early look instead was measured and lost where the priors are right: see
+        docs/runtime.md, "Early look".)"""
+        return view.services.trial_slots() > 1 and view.services.job_description() is not None
 
     def plan(self, view: StageView, free: int) -> Plan:
         first = self.baseline_plan(view, free)

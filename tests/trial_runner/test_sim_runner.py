@@ -152,3 +152,36 @@ def test_steps_per_poll_caps_a_slow_poller(tmp_path: Path) -> None:
     runner.poll(handle)
     assert len(runner.read_all_metrics(handle)) == 2
     assert runner.stop(handle).last_step == 3  # stop never reveals more than one poll would
+
+
+def test_virtual_clock_holds_a_revealed_line_until_the_trial_is_polled_again(tmp_path: Path) -> None:
+    # a tuner reads a trial's new lines before its next poll and may launch at once: the shared clock must not
+    # move past the instant of a line it revealed until then, or a trial started on that line starts late
+    from mart.trial_runner.sim.runner import virtual_clock
+
+    backend = SimBackend(scenario=SC, clock="virtual")
+    runner = backend.make_runner()
+    trials = tmp_path / "trials"
+    a = runner.launch(spec(backend, trials, name="a", steps=6))
+    b = runner.launch(spec(backend, trials, name="b", steps=6, **{A + "ppo_micro_batch_size_per_gpu": 2}))
+    tail = runner.metrics(a)
+    seen_at = None
+    for _ in range(200):  # round robin, as the watch goes: read a's lines, poll a, poll b
+        if any(r.step == 2 for r in tail.read_new()):
+            seen_at = virtual_clock(trials)["now"]
+            break
+        runner.poll(a)
+        runner.poll(b)
+    assert seen_at is not None
+    events = json.loads((trials / "a" / "sim_plan.json").read_text())["events"]
+    start = json.loads((trials / "a" / "sim_trial.json").read_text())["sim_start"]
+    step2 = start + next(t for t, step, _ in events if step == 2)
+    assert seen_at == pytest.approx(step2, abs=1e-6)  # not the next event of a or b
+    c = runner.launch(spec(backend, trials, name="c", steps=6))
+    assert json.loads((trials / "c" / "sim_trial.json").read_text())["sim_start"] == pytest.approx(step2, abs=1e-6)
+    # and a consumer that goes round without reading does not stall it
+    before = virtual_clock(trials)["now"]
+    for _ in range(6):
+        runner.poll(b)
+        runner.poll(c)
+    assert virtual_clock(trials)["now"] > before
