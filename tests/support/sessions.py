@@ -7,6 +7,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,17 +46,27 @@ def run_dir(runs: Path) -> Path | None:
 def kill_with_two_running(cmd: list[str], runs: Path, timeout: float) -> tuple[Path, dict[str, dict]]:
     """Start ``cmd`` (a ``mart tune --parallel 2`` writing to ``runs``), kill -9 it once two trials run and have
     reported a training step; (the run folder, each of those trials' handle at the kill)."""
-    tuner = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+    # its output goes to a file, not a pipe nobody reads (a full pipe would block the tuner mid-session)
+    out = tempfile.TemporaryFile()
+    tuner = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out,
+                             stderr=subprocess.STDOUT)
+
+    def alive(value):
+        if not value and tuner.poll() is not None:  # it ended before the moment to kill it: say why, at once
+            out.seek(0)
+            raise AssertionError(f"the tuner exited ({tuner.returncode}) first: {out.read()[-3000:]!r}")
+        return value
+
     try:
-        where = wait_for(lambda: run_dir(runs), 60, "the run directory")
-        rows = wait_for(lambda: (lambda rows: rows if len(rows) >= 2 else None)(query(
+        where = wait_for(lambda: alive(run_dir(runs)), 60, "the run directory")
+        rows = wait_for(lambda: alive((lambda rows: rows if len(rows) >= 2 else None)(query(
             where / "mart.sqlite", "select t.trial_id, t.handle from trials t where t.status='running' and t.handle "
-            "is not null and exists (select 1 from metrics m where m.trial_id=t.trial_id and m.step>=1)")), timeout,
+            "is not null and exists (select 1 from metrics m where m.trial_id=t.trial_id and m.step>=1)"))), timeout,
             "two running trials with steps")
         os.kill(tuner.pid, signal.SIGKILL)
         tuner.wait(10)
     finally:
         if tuner.poll() is None:
             tuner.kill()
+        out.close()
     return where, {r["trial_id"]: json.loads(r["handle"]) for r in rows}
