@@ -172,7 +172,7 @@ def test_a_stage1_backfill_is_predicted_from_the_early_steps_of_the_trials_still
             assert max(steps) >= 2, "a running trial was not looked at yet"
             thr = [x.data["perf/throughput"] for x in seen if x.step >= 2]
             peak = max(x.data["perf/max_memory_allocated_gb"] for x in seen if "perf/max_memory_allocated_gb" in x.data)
-            early.append(observation_from_records(r["config"] if (r := rows[tid]) else {}, seen, peak_gb=peak,
+            early.append(observation_from_records(rows[tid]["config"], seen, peak_gb=peak,
                                                   oom=False, throughput=sum(thr) / len(thr), window=(2, 6)))
     assert ended and early, (ended, early)
     assert sorted(backfill["running"]) == sorted(tid for tid, (s, e, _) in times.items() if s < at < e - 1e-6)

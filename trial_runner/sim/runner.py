@@ -262,6 +262,8 @@ def _clock(trial_dir: Path) -> Iterator[dict[str, Any]]:
                 clock = json.loads(path.read_text())
             except (FileNotFoundError, json.JSONDecodeError):
                 clock = {"now": 0.0, "due": {}}
+            if "ended" in (clock.get("hold") or {}):  # written by a mart before the one hold: read it as one
+                clock["hold"]["ids"] = clock["hold"].pop("ended")
             yield clock
             _write_json(path, clock)
         finally:
@@ -270,10 +272,9 @@ def _clock(trial_dir: Path) -> Iterator[dict[str, Any]]:
 
 def register_virtual(trial_dir: Path, trial_id: str, result: Any) -> float:
     """Start a trial at the clock's time; returns that time (its simulated start). A launch is the tuner's
-    answer to the ends it was shown: their hold ends."""
+    answer to what it was shown (ends, new lines): their hold ends."""
     with _clock(trial_dir) as clock:
         clock.pop("hold", None)
-        clock.pop("fresh", None)
         start = float(clock["now"])
         first = result.events[0].t if result.events else result.end_t
         clock["due"][trial_id] = start + float(first)
@@ -285,9 +286,9 @@ def release_virtual(trial_dir: Path, trial_id: str) -> None:
     on at the next poll of a running trial, after whatever the tuner launches now."""
     with _clock(trial_dir) as clock:
         hold = clock.get("hold")
-        if hold and trial_id in hold["ended"]:
-            hold["ended"].remove(trial_id)
-            if not hold["ended"]:
+        if hold and trial_id in hold["ids"]:
+            hold["ids"].remove(trial_id)
+            if not hold["ids"]:
                 clock.pop("hold")
 
 
@@ -297,44 +298,31 @@ def virtual_now(trial_dir: Path) -> float:
 
 
 def advance_virtual(trial_dir: Path, trial_id: str, due: float | None, revealed: bool = False) -> None:
-    """Record when the trial next has something to show (None: it ended, and holds the clock until the tuner
-    has seen it), then move the clock to the earliest such time once nothing is due now and nothing holds it.
+    """Record when the trial next has something to show (None: it ended), then move the clock to the earliest
+    such time once nothing is due now and nothing holds it.
 
-    A poll that revealed metric lines (``revealed``) holds the clock too, until the trial is polled again: the
-    tuner reads a trial's lines before its next poll and may act on them at once (an early look launches trials),
-    in no simulated time, like its answer to an end. Another trial polled twice meanwhile lets the clock go on."""
+    A trial that showed something at this poll (its end, or new metric lines: ``revealed``) holds the clock until
+    the tuner has seen it: a finished trial until it is polled again (collected, ``release_virtual``), a running
+    one until its next poll (the tuner reads a trial's lines before polling it again). The tuner answers in no
+    simulated time, so what it launches on them starts at their instant, not at the next event. A consumer that
+    goes round its other trials twice without either lets the clock go on (it cannot stall)."""
     with _clock(trial_dir) as clock:
-        fresh = clock.get("fresh")
-        if fresh:
-            if trial_id in fresh["ids"]:
-                fresh["ids"].remove(trial_id)  # polled again: its lines were read
-            elif trial_id in fresh["seen"]:
-                fresh["ids"] = []  # the consumer goes round without reading them: the clock goes on
-            else:
-                fresh["seen"].append(trial_id)
-            if not fresh["ids"]:
-                clock.pop("fresh")
-        if revealed and due is not None:
-            clock["due"][trial_id] = due
-            fresh = clock.setdefault("fresh", {"ids": [], "seen": []})
-            fresh["ids"].append(trial_id)
-            return
         if due is None:
             clock["due"].pop(trial_id, None)
-            hold = clock.setdefault("hold", {"ended": [], "seen": []})
-            hold["ended"].append(trial_id)
         else:
             clock["due"][trial_id] = due
-        hold = clock.get("hold")
-        if hold and due is not None:
+        hold = clock.setdefault("hold", {"ids": [], "seen": []})
+        if trial_id in hold["ids"]:
+            hold["ids"].remove(trial_id)  # polled again: what it showed was read
+        if due is None or revealed:
+            hold["ids"].append(trial_id)
+            return
+        if hold["ids"]:
             if trial_id not in hold["seen"]:
                 hold["seen"].append(trial_id)
-                return  # a trial still running, polled once after an end the tuner has not answered yet
-            clock.pop("hold")  # polled twice with no answer: the consumer does not collect; the clock goes on
-        elif hold:
-            return
-        if clock.get("fresh"):
-            return
+                return  # a trial polled once after something the tuner has not answered yet
+            hold["ids"] = []  # polled twice with no answer: the consumer does not collect; the clock goes on
+        clock.pop("hold")
         pending = list(clock["due"].values())
         if pending and min(pending) > clock["now"]:
             clock["now"] = min(pending)
