@@ -3,7 +3,8 @@ refactoring of the graph can be checked to change nothing a user sees (``tests/g
 
 The fingerprints in ``tests/data/recorded/*.json`` were first written by this module on the code before the stage
 protocol (issue 21) and parallel trials (issue 22), which changed none of them; the sim ones were re-recorded
-since for intended changes only (issue 23's job model, issue 24's dynamics, the stage-2 verdict's wording). With
+since for intended changes only (issue 23's job model, issue 24's dynamics, the stage-2 verdict's wording, the
+simulator's stage-1 trials running without validation as verl's runner runs them). With
 ``parallel=1`` every session must produce them exactly. Regenerate one only when a behaviour change is intended, and say why in the commit:
 
     python -m tests.support.recorded --write NAME    # or --write all

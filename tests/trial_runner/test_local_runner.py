@@ -248,3 +248,17 @@ def test_a_stop_never_lands_between_a_metric_line_and_the_step_count():
             "print('not reached')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "stopped after line,count" in out.stderr and "not reached" not in out.stdout
+
+
+def test_a_stage1_trial_of_the_embedded_trainer_writes_no_validation(tmp_path, local_tiny_config):
+    # TrialSpec.stage == "system": the worker's config turns validation off (verl's keys), so stage 1 times
+    # training steps only, as verl's runner runs them
+    runner = LocalRunner()
+    h = runner.launch(_spec(tmp_path, "sys", local_tiny_config, 2, seed=3, stage="system"))
+    poll = _wait(runner, h)
+    assert poll.status is TrialStatus.COMPLETED, Path(h.trial_dir, "trial.log").read_text()[-2000:]
+    recs = _records(h.trial_dir)
+    assert [r.step for r in recs] == [1, 2]
+    assert not [r.step for r in recs if any(k.startswith("val-core/") for k in r.data)]
+    cfg = json.loads(Path(h.trial_dir, "config.json").read_text())
+    assert cfg["trainer.test_freq"] == -1 and cfg["trainer.val_before_train"] is False

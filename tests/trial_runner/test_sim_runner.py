@@ -185,3 +185,23 @@ def test_virtual_clock_holds_a_revealed_line_until_the_trial_is_polled_again(tmp
         runner.poll(b)
         runner.poll(c)
     assert virtual_clock(trials)["now"] > before
+
+
+def test_a_stage1_trial_runs_training_steps_only_and_a_learning_trial_validates(tmp_path):
+    # TrialSpec.stage == "system": a throughput trial has no validation (as verl's runner writes its command line),
+    # so its GPU-hours hold training steps only; a learning trial keeps its config's validation schedule
+    from mart.trial_runner.sim.trial import VAL_KEY
+
+    backend = SimBackend(scenario=SC, clock="poll")
+    runner = backend.make_runner()
+    usage = {}
+    for stage in ("system", "learning"):
+        s = spec(backend, tmp_path, name=stage).model_copy(update={"stage": stage})
+        h = runner.launch(s)
+        assert wait(runner, h)[-1].status is TrialStatus.COMPLETED
+        lines = [json.loads(x) for x in Path(h.trial_dir, "metrics.jsonl").read_text().splitlines()]
+        validated = [x["step"] for x in lines if VAL_KEY in x["data"]]
+        assert validated == ([] if stage == "system" else [0, 5, 6]), (stage, validated)
+        assert [x["step"] for x in lines if "perf/throughput" in x["data"]] == list(range(1, 7))
+        usage[stage] = sim_usage(h.trial_dir)["gpu_hours"]
+    assert usage["system"] < usage["learning"]

@@ -16,7 +16,14 @@ from pathlib import Path
 from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import TrialRunner, finished_launch, read_status, trial_env, write_status
+from mart.trial_runner.base import (
+    TrialRunner,
+    finished_launch,
+    read_status,
+    stage_config,
+    trial_env,
+    write_status,
+)
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.process import (
     LAUNCH_TOKEN_ENV,
@@ -56,7 +63,7 @@ class LocalRunner(TrialRunner):
         """Create the trial dir and write ``config.json`` (the full flat config, steps and seed included)."""
         trial_dir = Path(spec.trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        config = dict(spec.config)
+        config = stage_config(spec)
         config["trainer.total_training_steps"] = spec.steps
         config["seed"] = spec.seed
         return write_atomic(trial_dir, CONFIG_FILE, json.dumps(config, indent=1, sort_keys=True))

@@ -45,7 +45,7 @@ from typing import Any
 from mart.state.files import ensure_dir, open_in, write_atomic
 from mart.state.models import TrialStatus
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec, checkpoint_dir
-from mart.trial_runner.base import TrialRunner, read_status, write_status
+from mart.trial_runner.base import TrialRunner, read_status, stage_config, write_status
 from mart.trial_runner.metrics import write_record
 from mart.trial_runner.sim import model
 from mart.trial_runner.sim.scenarios import Scenario, load_scenario
@@ -109,7 +109,7 @@ class SimRunner(TrialRunner):
             if int(start["step"]) != spec.init_from.step:
                 raise ValueError(f"`init_from.step` ({spec.init_from.step}) does not match the checkpoint at "
                                  f"{spec.init_from.path} (step {start['step']}).")
-        result = model.simulate(spec.config, self.sc, spec.steps, seed=seed, memory_capacity_gb=capacity,
+        result = model.simulate(stage_config(spec), self.sc, spec.steps, seed=seed, memory_capacity_gb=capacity,
                                 start=start, save_steps=spec.save_steps)
         started = time.time()
         sim_start = register_virtual(trial_dir, spec.trial_id, result) if self.clock == "virtual" else 0.0

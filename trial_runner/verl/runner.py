@@ -37,7 +37,14 @@ from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
-from mart.trial_runner.base import TrialRunner, finished_launch, read_status, trial_env, write_status
+from mart.trial_runner.base import (
+    NO_VALIDATION,
+    TrialRunner,
+    finished_launch,
+    read_status,
+    trial_env,
+    write_status,
+)
 from mart.trial_runner.process import (
     LAUNCH_TOKEN_ENV,
     ProcessGroup,
@@ -244,7 +251,8 @@ class VerlRunner(TrialRunner):
         horizon = spec.steps
         if spec.stage == "system":
             # throughput trials: nothing but training steps in the step time
-            test_freq, val_before, save_freq = -1, False, -1
+            test_freq, val_before = NO_VALIDATION["trainer.test_freq"], NO_VALIDATION["trainer.val_before_train"]
+            save_freq = -1
         else:
             # a validation at the horizon's step is the trial's score (verl validates when step % test_freq
             # == 0, and at its last step when test_freq > 0); the user's interval is kept when it hits it
