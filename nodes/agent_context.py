@@ -13,6 +13,7 @@ from mart.nodes.agents.memory_model import MemoryModel
 from mart.nodes.agents.schedule import diagnose
 from mart.nodes.stages import StageView
 from mart.nodes.stages.schedule import diagnosis_input
+from mart.nodes.stages.system import CUT_REASON, EARLY_LOOK_STEP
 from mart.state.graph_state import running_trials
 from mart.state.metrics import THROUGHPUT_KEY, mean_over_steps
 from mart.state.models import TrialRecord, TrialStatus
@@ -48,10 +49,17 @@ def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecor
         if t.stage != "system" and stage == "system":
             continue
         p = preds.get(t.candidate_id or "", {})
+        records = services.ledger.metric_records(t.trial_id)
+        thr, win = (t.throughput if t.stage == "system" else None), window
+        if t.stage == "system" and (t.reason or "").startswith(CUT_REASON):
+            # cut at its early look: what it measured from the look on, as while it ran (``early_observations``)
+            win = (EARLY_LOOK_STEP, window[1])
+            thr = mean_over_steps(records, THROUGHPUT_KEY, *win)
+            thr = None if math.isnan(thr) else thr
         obs.append(observation_from_records(
-            t.config, services.ledger.metric_records(t.trial_id), peak_gb=t.peak_memory_gb,
-            oom=t.status is TrialStatus.OOM, throughput=t.throughput if t.stage == "system" else None,
-            window=window, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
+            t.config, records, peak_gb=t.peak_memory_gb,
+            oom=t.status is TrialStatus.OOM, throughput=thr,
+            window=win, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
             predicted_throughput=p.get("predicted_throughput") if t.stage == "system" else None))
     obs += early_observations(state, services)
     return model.fit(obs)

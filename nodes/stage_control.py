@@ -47,7 +47,8 @@ def start_session(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
 
 
 def stage_control(state: TuningState, runtime: Runtime[Services]
-                  ) -> Command[Literal["profiler", "proposer", "launch_trial", "watch_trial", "stage_control", "finish"]]:
+                  ) -> Command[Literal["profiler", "proposer", "launch_trial", "watch_trial", "stop_trial",
+                                       "stage_control", "finish"]]:
     """After every change of the trials in flight: fill the free slots, wait for a running trial, or conclude the
     stage and enter the next one."""
     services = services_for(state, runtime)
@@ -57,6 +58,10 @@ def stage_control(state: TuningState, runtime: Runtime[Services]
     free = services.trial_slots() - view.in_flight()
     plan = policy.plan(view, free)
     update = dict(plan.update)
+    if plan.stop:  # trials the stage no longer wants (e.g. stage 1's cut at an early look): their slots free first
+        running = {rt.record.trial_id: rt.model_copy(update={"stop_reason": plan.stop[rt.record.trial_id]})
+                   if rt.record.trial_id in plan.stop else rt for rt in running_trials(state)}
+        return Command(goto="stop_trial", update={**update, "running": running})
     if plan.launch:
         return Command(goto="launch_trial", update={**update, "queue": [*view.queued(), *plan.launch]})
     if plan.profile:

@@ -92,7 +92,7 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
                 # next poll, as a tuner acts on a line it read; the trial runs on meanwhile
                 f.trial = rt.model_copy(update={"looked": True})
                 changed = True
-                continue
+                break  # decide now: polling the others first would let the simulator's virtual clock run past the line
             poll = runner.poll(rt.handle)
             if not poll.status.is_finished() and _queued(services, f, tid, poll.queued):
                 continue  # waiting for its resources: nothing to assess, no clock running

@@ -45,11 +45,13 @@ class Plan:
     """Nothing more to start: once nothing of the stage runs, it concludes."""
     update: dict[str, Any] = field(default_factory=dict)
     """State the stage keeps with this decision (e.g. the schedule's node being expanded)."""
+    stop: dict[str, str] = field(default_factory=dict)
+    """Running trials to stop now (trial id -> why): their slots free for the next decision."""
 
     @property
     def waits(self) -> bool:
         """Nothing to start now, and not done: wait for a running trial to finish."""
-        return not (self.launch or self.propose or self.profile or self.done)
+        return not (self.launch or self.propose or self.profile or self.done or self.stop)
 
 
 class StageView:

@@ -14,13 +14,24 @@ from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.state.agents import group_by_agent
+from mart.state.metrics import THROUGHPUT_KEY, StepRecord, mean_over_steps
 from mart.state.models import TrialRecord
+from mart.state.objectives import peak_memory_gb
 from mart.state.units import fmt_gb
 
 #: with several slots, the step of each trial after which the job model counts what it measured (the early look):
 #: step 1 carries the warm-up, step 2 is the first that times each phase as it runs. A slot that frees while others
 #: run is then filled knowing every config in flight, not only the ones that ended
 EARLY_LOOK_STEP = 2
+
+#: a looked trial whose throughput since its look is below this share of the best measured over the same steps
+#: (by a trial that stayed within the margin: one that ended, or another looked trial) is stopped there: it cannot
+#: be the stage's winner, and its slot goes to the next candidate at once. The job model keeps what it measured
+#: (``agent_context``). An early step's throughput spreads about +-4% around the trial's own mean on the simulator
+#: (steps 2 vs 3-5), so two trials' noise stays well inside the cut
+CUT_SHARE = 0.85
+#: how the ledger's reason for such a stop starts
+CUT_REASON = "cut at its early look"
 
 
 def _clean(v: float | None) -> float | None:
@@ -104,7 +115,53 @@ class SystemStage(StagePolicy):
         docs/runtime.md, "Early look".)"""
         return view.services.trial_slots() > 1 and view.services.job_description() is not None
 
+    def cuts(self, view: StageView) -> dict[str, str]:
+        """The looked candidates to stop now (trial id -> why): throughput since the look below ``CUT_SHARE`` of
+        the best any trial within the margin measured over the same steps. The baseline is never cut (it is the
+        stage's reference and its profile)."""
+        if not self._looks_early(view):
+            return {}
+        ledger, limit = view.ledger, view.services.memory_limit_gb()
+        running = view.running(self.name)
+        judged = [rt for rt in running if rt.looked and rt.look_at and not rt.stop_reason and not rt.finished
+                  and rt.record.kind != "baseline"]
+        if not judged:
+            return {}
+
+        def within(records: list[StepRecord]) -> bool:
+            peak = peak_memory_gb(records)
+            return limit is None or math.isnan(peak) or peak <= limit
+
+        refs: dict[str, list[StepRecord]] = {}
+        for row in view.rows(self.name):
+            if row.get("status") == "completed" and not row.get("early_stopped") and (
+                    limit is None or row.get("peak_memory_gb") is None or row["peak_memory_gb"] <= limit):
+                refs[row["trial_id"]] = ledger.metric_records(row["trial_id"])
+        for rt in running:
+            if rt.looked:
+                records = ledger.metric_records(rt.record.trial_id)
+                if within(records):
+                    refs[rt.record.trial_id] = records
+        out = {}
+        for rt in judged:
+            tid = rt.record.trial_id
+            mine = refs.get(tid) or ledger.metric_records(tid)
+            first, last = rt.look_at, max((r.step for r in mine), default=0)
+            own = mean_over_steps(mine, THROUGHPUT_KEY, first, last)
+            if math.isnan(own):
+                continue
+            best = max(((mean_over_steps(recs, THROUGHPUT_KEY, first, last), other) for other, recs in refs.items()
+                        if other != tid), key=lambda t: -1.0 if math.isnan(t[0]) else t[0], default=None)
+            if best is not None and not math.isnan(best[0]) and own < CUT_SHARE * best[0]:
+                steps = f"step {first}" if first == last else f"steps {first}-{last}"
+                out[tid] = (f"{CUT_REASON}: {own:.0f} tokens/s over {steps}, below {CUT_SHARE:.0%} of "
+                            f"{best[1]}'s {best[0]:.0f} over the same steps")
+        return out
+
     def plan(self, view: StageView, free: int) -> Plan:
+        cuts = self.cuts(view)
+        if cuts:
+            return Plan(stop=cuts)
         first = self.baseline_plan(view, free)
         if first is not None:
             return first

@@ -185,6 +185,52 @@ def test_a_stage1_backfill_is_predicted_from_the_early_steps_of_the_trials_still
         assert abs(kept / ended_only.predict(config).throughput - 1) > 0.005
 
 
+def test_a_stage1_trial_far_below_the_best_at_its_early_look_is_cut_and_its_slot_starts_the_next(tmp_path):
+    # with several slots a candidate whose throughput since its look is below CUT_SHARE of what another trial
+    # within the margin measured over the same steps cannot win: it is stopped there and the next one starts
+    from mart.nodes.stages.system import CUT_REASON, CUT_SHARE, EARLY_LOOK_STEP
+    from mart.state.metrics import THROUGHPUT_KEY, mean_over_steps
+
+    seqs = "actor_rollout_ref.rollout.max_num_seqs"
+
+    def answer(request):  # the reviewer makes the first bet beside the baseline a very slow one
+        if not answer.ids:
+            answer.ids = [c["candidate_id"] for c in request["candidates"]]
+            return ReviewDecision(decisions=[CandidateDecision(type="edit", edits={seqs: 16})],
+                                  reviewer="t", channel="t")
+        return ReviewDecision.approve_all(reviewer="t", channel="t")
+
+    answer.ids = []
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
+                       approve="auto", stages=["system"], system_trials=4, system_horizon=6, watch_interval_s=0.001,
+                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=2)
+    summary = tune(opts, reviewer=Recording(answer))
+    run = Path(tmp_path) / summary["run_id"]
+    ledger = Ledger.open(run)
+    rows = {t["trial_id"]: t for t in ledger.trials()}
+    [slow] = [t for t in rows.values() if t["candidate_id"] in answer.ids]
+    [base] = [t for t in rows.values() if t["kind"] == "baseline"]
+    assert slow["config"][seqs] == 16 and _overlap(slow, base)
+    assert slow["status"] == "stopped" and slow["early_stopped"] and slow["reason"].startswith(CUT_REASON), slow
+    assert EARLY_LOOK_STEP <= slow["steps_done"] < 6 and slow["throughput"] is None
+    # the cut is what the rule says: over the same steps the baseline measured more than 1 / CUT_SHARE as much
+    last = slow["steps_done"]
+    own = mean_over_steps(ledger.metric_records(slow["trial_id"]), THROUGHPUT_KEY, EARLY_LOOK_STEP, last)
+    ref = mean_over_steps(ledger.metric_records(base["trial_id"]), THROUGHPUT_KEY, EARLY_LOOK_STEP, last)
+    assert own < CUT_SHARE * ref
+    # the baseline (never cut) ran on to its end; the cut came at the instant its look's line was logged (simulated
+    # time), and the freed slot started the next trial at that instant
+    assert base["status"] == "completed" and base["steps_done"] == 6
+    times = _sim_times(run)
+    start, end, events = times[slow["trial_id"]]
+    look_line = next(t for t, step, _ in events if step == EARLY_LOOK_STEP)
+    assert end == pytest.approx(start + look_line, abs=1e-3)
+    assert any(times[t][0] == pytest.approx(end, abs=1e-3) for t in rows if t != slow["trial_id"])
+    # no trial that ran to its end was cut: each was within CUT_SHARE of the best when it was looked at
+    assert [t["trial_id"] for t in rows.values() if (t["reason"] or "").startswith(CUT_REASON)] == [slow["trial_id"]]
+    ledger.close()
+
+
 def test_one_review_covers_the_batch_and_a_rejected_slot_is_proposed_again_with_the_feedback(tmp_path):
     def answer(request):
         if request["stage"] == "system" and len(request["candidates"]) > 1 and not answer.done:
