@@ -146,7 +146,7 @@ class SystemStage(StagePolicy):
         for rt in judged:
             tid = rt.record.trial_id
             mine = refs.get(tid) or ledger.metric_records(tid)
-            first, last = rt.look_at, max((r.step for r in mine), default=0)
+            first, last = rt.look_at or EARLY_LOOK_STEP, max((r.step for r in mine), default=0)
             own = mean_over_steps(mine, THROUGHPUT_KEY, first, last)
             if math.isnan(own):
                 continue
