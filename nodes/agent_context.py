@@ -50,19 +50,33 @@ def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecor
             continue
         p = preds.get(t.candidate_id or "", {})
         records = services.ledger.metric_records(t.trial_id)
-        thr, win = (t.throughput if t.stage == "system" else None), window
         if t.stage == "system" and (t.reason or "").startswith(CUT_REASON):
-            # cut at its early look: what it measured from the look on, as while it ran (``early_observations``)
-            win = (EARLY_LOOK_STEP, window[1])
-            thr = mean_over_steps(records, THROUGHPUT_KEY, *win)
-            thr = None if math.isnan(thr) else thr
+            # cut at its early look: what it measured from the look on, as while it ran
+            obs.append(_from_look(t.config, records, EARLY_LOOK_STEP, window[1], peak_gb=t.peak_memory_gb,
+                                  predicted_peak_gb=p.get("predicted_memory_gb"),
+                                  predicted_throughput=p.get("predicted_throughput")))
+            continue
         obs.append(observation_from_records(
             t.config, records, peak_gb=t.peak_memory_gb,
-            oom=t.status is TrialStatus.OOM, throughput=thr,
-            window=win, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
+            oom=t.status is TrialStatus.OOM, throughput=t.throughput if t.stage == "system" else None,
+            window=window, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
             predicted_throughput=p.get("predicted_throughput") if t.stage == "system" else None))
     obs += early_observations(state, services)
     return model.fit(obs)
+
+
+def _from_look(config: dict[str, Any], records: list, look: int, horizon: int, *, peak_gb: float | None = None,
+               predicted_peak_gb: float | None = None, predicted_throughput: float | None = None) -> Observation:
+    """A stage-1 trial as measured from its early look's step on: phase times, throughput and peak so far (``peak_gb``
+    when the ledger has it already), with what was predicted before it ran."""
+    window = (look, horizon)
+    thr = mean_over_steps(records, THROUGHPUT_KEY, *window)
+    if peak_gb is None:
+        peak = peak_memory_gb(records)
+        peak_gb = None if math.isnan(peak) else peak
+    return observation_from_records(config, records, peak_gb=peak_gb, oom=False,
+                                    throughput=None if math.isnan(thr) else thr, window=window,
+                                    predicted_peak_gb=predicted_peak_gb, predicted_throughput=predicted_throughput)
 
 
 def early_observations(state: Mapping[str, Any], services) -> list[Observation]:
@@ -74,13 +88,8 @@ def early_observations(state: Mapping[str, Any], services) -> list[Observation]:
     for rt in running_trials(state, "system"):
         if not rt.looked or rt.look_at is None:
             continue
-        records = services.ledger.metric_records(rt.record.trial_id)
-        window = (rt.look_at, horizon)
-        thr = mean_over_steps(records, THROUGHPUT_KEY, *window)
-        peak = peak_memory_gb(records)
-        out.append(observation_from_records(
-            rt.record.config, records, peak_gb=None if math.isnan(peak) else peak, oom=False,
-            throughput=None if math.isnan(thr) else thr, window=window))
+        out.append(_from_look(rt.record.config, services.ledger.metric_records(rt.record.trial_id), rt.look_at,
+                              horizon))
     return out
 
 

@@ -163,9 +163,6 @@ def read_status(trial_dir: str | os.PathLike) -> TrialPoll | None:
     return TrialPoll(status=TrialStatus(data["status"]), reason=data.get("reason"), last_step=data.get("last_step"))
 
 
-# mart's own secrets, which no trial needs: the LLM agents' key, the Slack app's tokens, the Ray
-# cluster's token (mart submits the jobs; the job itself never talks to the dashboard). Secrets a
-# training job does need (HF_TOKEN to download a model, WANDB_API_KEY to log) are left alone.
 #: verl's keys that turn a trial's validations off. A throughput trial (``TrialSpec.stage == "system"``) runs
 #: training steps only on every backend: verl's runner writes these into its command line, and the simulator and
 #: the embedded trainer, which read verl's keys, get them through ``stage_config``
@@ -178,6 +175,9 @@ def stage_config(spec: TrialSpec) -> dict[str, Any]:
     return {**spec.config, **NO_VALIDATION} if spec.stage == "system" else dict(spec.config)
 
 
+# mart's own secrets, which no trial needs: the LLM agents' key, the Slack app's tokens, the Ray
+# cluster's token (mart submits the jobs; the job itself never talks to the dashboard). Secrets a
+# training job does need (HF_TOKEN to download a model, WANDB_API_KEY to log) are left alone.
 TRIAL_ENV_DROP = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 TRIAL_ENV_DROP_PREFIXES = ("SLACK_", "MART_SLACK_", "MART_LLM_")
 

@@ -113,8 +113,7 @@ def run_trial(
     given, receives the trial's metric records.
     """
     spec = TrialSpec(trial_id=trial_id, config={**base, **overrides}, steps=steps, trial_dir=str(workdir / trial_id),
-                     memory_capacity_gb=backend.memory_capacity_gb(), seed=seed,
-                     stage=stage)
+                     memory_capacity_gb=backend.memory_capacity_gb(), seed=seed, stage=stage)
     t0 = time.monotonic()
     handle = runner.launch(spec)
     tail = runner.metrics(handle)
