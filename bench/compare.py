@@ -365,7 +365,7 @@ def equal_gpu_pairs(sc_rep: dict[str, Any], ref: str = "mart") -> dict[str, dict
     for method, others in sc_rep["methods"].items():
         if method == ref:
             continue
-        wins, n, gaps = 0, 0, []
+        wins, n, gaps, lost = 0, 0, [], []
         for o in others:
             m = rows.get(o["seed"])
             if m is None or not m.get("gpu_curve") or not o.get("gpu_curve"):
@@ -375,10 +375,20 @@ def equal_gpu_pairs(sc_rep: dict[str, Any], ref: str = "mart") -> dict[str, dict
             n += 1
             if b is None or (a is not None and a >= b):
                 wins += 1
+            else:
+                lost.append(o["seed"])
             if a is not None and b:
                 gaps.append(100 * (a / b - 1))
-        out[method] = {"pairs": n, "ref_at_least": wins, "median_gain_pct": statistics.median(gaps) if gaps else None}
+        out[method] = {"pairs": n, "ref_at_least": wins, "median_gain_pct": statistics.median(gaps) if gaps else None,
+                       "lost_seeds": sorted(lost)}
     return out
+
+
+def at_least_every_baseline(sc_rep: dict[str, Any], ref: str = "mart") -> dict[int, bool]:
+    """Per seed: whether ``ref`` is at least every other method at equal stage-1 GPU-hours (the issue's pair)."""
+    pairs = equal_gpu_pairs(sc_rep, ref)
+    lost = {s for p in pairs.values() for s in p["lost_seeds"]}
+    return {r["seed"]: r["seed"] not in lost for r in sc_rep["methods"].get(ref, [])}
 
 
 def _fmt(vals: list[float | None], fmt: str, missing: str = "—", pct: bool = False) -> str:
@@ -546,6 +556,8 @@ def render_table(report: dict[str, Any]) -> str:
                              f"{m} {v['ref_at_least']}/{v['pairs']}"
                              + (f" ({v['median_gain_pct']:+.1f}% median)" if v["median_gain_pct"] is not None else "")
                              for m, v in pairs.items() if v["pairs"]) + " seeds.")
+            every = at_least_every_baseline(sc_rep)
+            lines.append(f"mart ≥ every other method at once: {sum(every.values())}/{len(every)} seeds.")
         if local:
             lines.append("")
             lines += render_local_noise(sc_rep, report["runs"], sc)
@@ -572,9 +584,11 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
                          "mart_vs_at_equal_gpu_hours": equal_gpu_pairs(sc_rep) if "mart" in sc_rep["methods"] else {}}
     runs = []
     for sc, sc_rep in report["scenarios"].items():
+        every = at_least_every_baseline(sc_rep) if "mart" in sc_rep["methods"] else {}
         for method, rows in sc_rep["methods"].items():
             for r in rows:
-                runs.append({
+                extra = {"at_least_every_baseline": every.get(r["seed"])} if method == "mart" else {}
+                runs.append({**extra,
                     "scenario": sc, "seed": r["seed"], "method": method,
                     "best_so_far_pct": r["curve"],
                     "stage1_gpu_hours": r["gpu_curve"][-1][0] if r["gpu_curve"] else 0.0, "probes": r["probes"],

@@ -90,6 +90,10 @@ OTHER_TIMINGS = ("update_weights", "reward", "adv")
 # CUDA-graph batch (vLLM's default max capture size is 512).
 HBM_EFF, GEMM_EFF, DECODE_EFF = 0.8, 0.5, 0.4
 STEP_OVERHEAD_S = 5e-3
+#: vLLM's CPU work per running sequence and engine step (scheduling, sampling, detokenising: the overhead vLLM's
+#: v0.6.0 and V1 announcements describe): what makes one engine holding many sequences slower per token than
+#: several holding few (without it the model priced TP 8 on a 16k-response job 16% faster; it ran 5% slower)
+SEQ_OVERHEAD_S = 10e-6
 LAUNCH_PER_LAYER_S = 40e-6
 NCCL_LAT_S = 10e-6
 MICRO_OVERHEAD_PER_LAYER_S = 0.2e-3
@@ -97,7 +101,14 @@ CUDA_CONTEXT_GB = 0.5
 VLLM_NON_TORCH_GB = 0.5
 GRAPH_MAX_BATCH = 512
 DEFAULT_FLOPS, DEFAULT_HBM = 400e12, 2.0e12
-DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 16e9
+DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 12e9
+#: verl's FSDP offloads (``offload_fsdp_model_to_cpu``, ``offload_fsdp_optimizer`` in verl/utils/fsdp_utils.py) copy
+#: with ``.to("cpu")`` into pageable memory, which the driver stages through a pinned buffer: a fraction of the
+#: pinned rate (NVIDIA's "How to Optimize Data Transfers in CUDA C/C++"), every device of the node copying at once.
+#: Each load or offload also synchronises and empties the allocator's cache. (With the pinned rate and no sync the
+#: model priced a 7B job's parameter offload at 1 s a step where it costs ~15 s, and proposed it as a free enabler.)
+PAGEABLE_SHARE = 0.3
+OFFLOAD_SYNC_S = 0.3
 ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
 UNTESTED_SAVING_SHARE = 0.5  # of the memory an approximate saver (activation offload, entropy tricks) claims
 DYN_IMBALANCE = 1.1  # the largest of verl's length-balanced dynamic micro batches vs their mean
@@ -244,7 +255,10 @@ class JobModel:
         intra = hw.intra_node_bandwidth or DEFAULT_INTRA
         self.intra_bw = intra  # TP all-reduces stay within a node (an engine never spans nodes)
         self.coll_bw = intra if job.nnodes == 1 else (hw.inter_node_bandwidth or DEFAULT_INTER)
-        self.host_bw = hw.host_bandwidth or DEFAULT_HOST
+        self.host_bw = hw.host_bandwidth or DEFAULT_HOST  # pinned copies (vLLM's sleep mode, activation offload)
+        # FSDP's parameter and optimizer offloads (pageable); an emulated CPU device has nothing to copy over a link
+        self.offload_bw = self.host_bw if hw.cpu else self.host_bw * PAGEABLE_SHARE
+        self.offload_sync_s = 0.0 if hw.cpu else OFFLOAD_SYNC_S
         self.workload_obs: Observation | None = None
         self.ctx_gb = 0.0 if hw.cpu else CUDA_CONTEXT_GB
         self._mem_refs: list[dict[str, float]] = []
@@ -373,6 +387,7 @@ class JobModel:
         t_decode = t_decode - np.minimum(ASYNC_TAIL_SHARE * tail_s * overlap, 0.5 * t_decode)
         # preempted sequences are recomputed: extra token work while the KV cache binds
         t_decode = t_decode + tokens * (kv_tok + comm_tok) * (1 + 0.7 * preempt)
+        t_decode = t_decode + tokens * SEQ_OVERHEAD_S * cal.step_overhead_mult
         straggler = 1 + 0.02 * np.log2(np.maximum(engines, 1))
         t_gen = (t_prefill + t_decode) * straggler
         return {"t_gen": t_gen, "m_gen": mem, "kv_fail": kv_fail, "concurrency": c, "kv_pool_gb": kv_pool,
@@ -467,7 +482,7 @@ class JobModel:
             tokens = n_mb * mean_tok / sp
             compute = tokens * flops_tok / (self.flops * self._efficiency(mean_tok / sp))
             t = (np.maximum(compute, n_mb * ag) + n_mb * overhead) * sp_cost * speed
-            t = t + offloaded * 2 * params_gb * GIB / self.host_bw
+            t = t + offloaded * (2 * params_gb * GIB / self.offload_bw + self.offload_sync_s)  # load, then offload
             logits = np.where(k["ent_chunk"] > 0, 3.0, 7.0) * self.V  # fp32 + bf16 logits, log-softmax
             act = peak_tok / sp * (logits + 6 * self.h) / GIB * frag
             chunk_saves = peak_tok / sp * 4.0 * self.V * k["ent_chunk"] / GIB * frag
@@ -492,7 +507,8 @@ class JobModel:
         comm = n_mb_total * 4 * ag
         t_upd = (np.maximum(compute, comm) + n_mb_total * overhead * mult) * sp_cost * speed
         t_upd = t_upd + n_mini * w.epochs * 3 * 16 * self.P / self.N / self.hbm  # AdamW step, memory bound
-        t_upd = t_upd + k["opt_off"] * 2 * 8 * self.P / self.N / self.host_bw + k["param_off"] * 2 * 4 * self.P / self.N / self.host_bw
+        t_upd = t_upd + k["opt_off"] * (2 * 8 * self.P / self.N / self.offload_bw + self.offload_sync_s)
+        t_upd = t_upd + k["param_off"] * (2 * 4 * self.P / self.N / self.offload_bw + self.offload_sync_s)
         t_upd = t_upd + k["act_off"] * tokens * self._act_per_token(k) * 4 / self.host_bw * 0.5
         t_upd = t_upd * (1 + 0.02 * k["ent_ckpt"])
         logits = self.V * np.where(k["ent_ckpt"] > 0, 6.0, 8.0) - self.V * k["ent_chunk"]
@@ -513,7 +529,8 @@ class JobModel:
     def _other(self, k: dict, w: Workload) -> dict[str, np.ndarray]:
         tp = np.maximum(k["tp"], 1)
         W = 2 * self.P
-        sync = W * (self.N - 1) / max(self.N, 1) / (self.coll_bw * self.cal.comm_mult) + 0.5 + k["param_off"] * 4 * self.P / self.N / self.host_bw
+        sync = W * (self.N - 1) / max(self.N, 1) / (self.coll_bw * self.cal.comm_mult) + 0.5
+        sync = sync + k["param_off"] * (2 * 4 * self.P / self.N / self.offload_bw + self.offload_sync_s)  # load, offload
         wake = k["free_cache"] * (0.5 + W / tp / self.host_bw) * (0.0 if self.cpu else 1.0)
         return {"t_other": sync * (0.0 if self.cpu else 1.0) + wake + 0.2 + w.seqs * 3e-4}
 

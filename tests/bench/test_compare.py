@@ -256,9 +256,14 @@ def test_equal_gpu_hours_reads_both_curves_at_the_smaller_spend(compare) -> None
     rep = {"methods": {"mart": [mart], "cheap": [cheap], "costly": [costly]}}
     pairs = compare.equal_gpu_pairs(rep)
     # at 1.6 GPU-h mart had only its first trial (50) against the cheap method's 85: mart loses that pair
-    assert pairs["cheap"] == {"pairs": 1, "ref_at_least": 0, "median_gain_pct": pytest.approx(100 * (50 / 85 - 1))}
+    assert pairs["cheap"] == {"pairs": 1, "ref_at_least": 0, "median_gain_pct": pytest.approx(100 * (50 / 85 - 1)),
+                              "lost_seeds": [0]}
     # at 3.0 GPU-h mart has 90, the costly method 70 (its 95 came after 6 GPU-h)
-    assert pairs["costly"]["ref_at_least"] == 1
+    assert pairs["costly"]["ref_at_least"] == 1 and pairs["costly"]["lost_seeds"] == []
+    # the pair: one seed lost to any method is lost against every baseline at once
+    assert compare.at_least_every_baseline(rep) == {0: False}
+    rep["methods"]["cheap"] = [{"seed": 0, "gpu_curve": [(0.5, 40.0), (1.6, 45.0)]}]
+    assert compare.at_least_every_baseline(rep) == {0: True}
 
 
 def test_local_table_reads_remeasured_winners_per_seed_and_the_load(compare) -> None:
