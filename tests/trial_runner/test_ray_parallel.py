@@ -139,8 +139,10 @@ def test_two_trials_as_ray_jobs_at_once_and_a_kill_minus_9_re_attaches_both(ray_
            "--json"]
     where, handles = kill_with_two_running(cmd, runs, 300)
     at_kill = {tid: h["job_id"] for tid, h in handles.items()}
-    # the jobs belong to the cluster: they run on without the tuner
-    assert {client.get_job_status(j).value for j in at_kill.values()} == {"RUNNING"}
+    # the jobs belong to the cluster: they run on without the tuner (none stopped or failed with it; on a loaded box
+    # one may already have finished: the ledger's steps lag the job's, so "running" there can be its last step)
+    statuses = {client.get_job_status(j).value for j in at_kill.values()}
+    assert statuses <= {"RUNNING", "SUCCEEDED"}, statuses
     # the run folder's cluster address is not trusted on its own: the user names it again
     out = _mart("resume", where.name, "--runs-dir", str(runs), "--ray-address", ray_head, "--quiet", "--json",
                 timeout=400)
