@@ -92,6 +92,8 @@ class Hardware(BaseModel):
     intra_node_bandwidth: float | None = Field(None, gt=0, description="collective bus bytes/s within a node")
     inter_node_bandwidth: float | None = Field(None, gt=0, description="collective bytes/s per device across nodes")
     host_bandwidth: float | None = Field(None, gt=0, description="host<->device copy bytes/s per device (PCIe)")
+    pcie_gen: int | None = Field(None, ge=1, le=7, description="the host link's PCIe generation (datasheet): each "
+                                 "generation doubles the rate; used when host_bandwidth is not given")
     cpu: bool = Field(False, description="a CPU emulating a device (local backend): no vLLM, no CUDA graphs")
 
 
@@ -141,26 +143,36 @@ class JobDescription(BaseModel):
         return self
 
 
-#: Datasheet figures of common accelerators (dense bf16 FLOP/s, HBM bytes/s), for jobs that name the GPU
-#: only. Sources: NVIDIA H100/H200/A100/H20/L40S datasheets.
-KNOWN_GPUS: dict[str, tuple[float, float]] = {
-    "H100": (989e12, 3.35e12),
-    "H200": (989e12, 4.8e12),
-    "H800": (989e12, 3.35e12),
-    "H20": (148e12, 4.0e12),
-    "A100": (312e12, 2.0e12),
-    "A800": (312e12, 2.0e12),
-    "L40S": (362e12, 0.864e12),
+#: Datasheet figures of common accelerators (dense bf16 FLOP/s, HBM bytes/s, host link PCIe generation), for jobs
+#: that name the GPU only. Sources: NVIDIA H100/H200/A100/H20/L40S datasheets (Hopper: PCIe Gen5 x16; A100 and
+#: L40S: Gen4 x16).
+KNOWN_GPUS: dict[str, tuple[float, float, int]] = {
+    "H100": (989e12, 3.35e12, 5),
+    "H200": (989e12, 4.8e12, 5),
+    "H800": (989e12, 3.35e12, 5),
+    "H20": (148e12, 4.0e12, 5),
+    "A100": (312e12, 2.0e12, 4),
+    "A800": (312e12, 2.0e12, 4),
+    "L40S": (362e12, 0.864e12, 4),
 }
+
+
+def known_gpu(name: str) -> tuple[float, float, int] | None:
+    """The datasheet row of a GPU named like ``NVIDIA H100 80GB HBM3`` or ``A100-40GB`` (None if unknown)."""
+    upper = name.upper()
+    for key, row in KNOWN_GPUS.items():
+        if key in upper.replace("-", " ").split() or upper.startswith(key) or f" {key}" in upper:
+            return row
+    return None
 
 
 def hardware_from_name(name: str, memory_gb: float) -> Hardware:
     """A ``Hardware`` for a GPU named like ``NVIDIA H100 80GB HBM3`` (unknown names: figures None)."""
-    upper = name.upper()
-    for key, (flops, bw) in KNOWN_GPUS.items():
-        if key in upper.replace("-", " ").split() or upper.startswith(key) or f" {key}" in upper:
-            return Hardware(name=name, memory_gb=memory_gb, bf16_flops=flops, hbm_bandwidth=bw)
-    return Hardware(name=name, memory_gb=memory_gb)
+    row = known_gpu(name)
+    if row is None:
+        return Hardware(name=name, memory_gb=memory_gb)
+    flops, bw, gen = row
+    return Hardware(name=name, memory_gb=memory_gb, bf16_flops=flops, hbm_bandwidth=bw, pcie_gen=gen)
 
 
-__all__ = ["Hardware", "JobDescription", "KNOWN_GPUS", "ModelShape", "Workload", "hardware_from_name"]
+__all__ = ["Hardware", "JobDescription", "KNOWN_GPUS", "ModelShape", "Workload", "hardware_from_name", "known_gpu"]

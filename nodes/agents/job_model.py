@@ -101,6 +101,8 @@ CUDA_CONTEXT_GB = 0.5
 VLLM_NON_TORCH_GB = 0.5
 GRAPH_MAX_BATCH = 512
 DEFAULT_FLOPS, DEFAULT_HBM = 400e12, 2.0e12
+#: DEFAULT_HOST: pinned host<->device bytes/s per device over a PCIe Gen5 x16 link while every device of the node
+#: copies at once (an older generation: half per step down)
 DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 12e9
 #: verl's FSDP offloads (``offload_fsdp_model_to_cpu``, ``offload_fsdp_optimizer`` in verl/utils/fsdp_utils.py) copy
 #: with ``.to("cpu")`` into pageable memory, which the driver stages through a pinned buffer: a fraction of the
@@ -255,7 +257,8 @@ class JobModel:
         intra = hw.intra_node_bandwidth or DEFAULT_INTRA
         self.intra_bw = intra  # TP all-reduces stay within a node (an engine never spans nodes)
         self.coll_bw = intra if job.nnodes == 1 else (hw.inter_node_bandwidth or DEFAULT_INTER)
-        self.host_bw = hw.host_bandwidth or DEFAULT_HOST  # pinned copies (vLLM's sleep mode, activation offload)
+        # pinned copies (vLLM's sleep mode, activation offload); the default is a Gen5 link's, halved per generation
+        self.host_bw = hw.host_bandwidth or DEFAULT_HOST * 2.0 ** min(0, (hw.pcie_gen or 5) - 5)
         # FSDP's parameter and optimizer offloads (pageable); an emulated CPU device has nothing to copy over a link
         self.offload_bw = self.host_bw if hw.cpu else self.host_bw * PAGEABLE_SHARE
         self.offload_sync_s = 0.0 if hw.cpu else OFFLOAD_SYNC_S

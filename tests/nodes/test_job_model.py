@@ -396,3 +396,61 @@ def test_a_rollout_peak_does_not_inflate_the_activation_scales():
     a, b = plain.predict(held_out).phase_gb, over.predict(held_out).phase_gb
     # a measured peak bounds every phase, so the update may inherit at most the rollout's extra GB
     assert b["update_actor"] <= a["update_actor"] + 1.0 + 0.05
+
+
+# --------------------------------------------------------------------------- host copies and vLLM's CPU cost
+
+
+QWEN3_06B = ModelShape(num_hidden_layers=28, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, params=0.6e9)
+
+
+def _offload_costs(jd: JobDescription) -> tuple[float, float, float]:
+    """(optimizer offload's share added to the update, parameter offload's share added to the step, optimizer
+    offload's share added to the step) that the uncalibrated model predicts for ``jd``."""
+    cfg = {**base_config(), "trainer.n_gpus_per_node": jd.gpus_per_node, A + "ppo_mini_batch_size": 64}
+    model = JobModel(jd, cfg)
+    plain = model.predict(cfg)
+    opt = model.predict({**cfg, A + "fsdp_config.optimizer_offload": True})
+    par = model.predict({**cfg, A + "fsdp_config.param_offload": True})
+    return (opt.phase_s["update_actor"] / plain.phase_s["update_actor"] - 1, par.step_s / plain.step_s - 1,
+            opt.step_s / plain.step_s - 1)
+
+
+def test_fsdp_offload_is_priced_as_verl_copies_it():
+    """verl offloads with ``.to("cpu")``: pageable copies, every device of the node at once, a sync each way. The
+    public figures: optimizer offload +9.6% actor time on a small model on 2 GPUs (verl PR #7804); parameter offload
+    a "big perf impact", optimizer offload "not big" (verl's Qwen3-8B Megatron doc). At the pinned rate with no sync
+    the model priced them at +2.0% and +1.4% of the 8B's step, and proposed offload as a free enabler."""
+    two = job(shape=QWEN3_06B).model_copy(update={"gpus_per_node": 2})
+    opt_update, _, _ = _offload_costs(two)
+    assert 0.05 <= opt_update <= 0.2
+    _, param_step, opt_step = _offload_costs(job())
+    assert param_step >= 0.03 and param_step > opt_step
+    # an older host link (A100, L40S: PCIe Gen4) copies at half a Gen5 link's rate
+    gen4 = job().model_copy(update={"hardware": job().hardware.model_copy(update={"pcie_gen": 4})})
+    assert _offload_costs(gen4)[1] > 1.7 * param_step
+
+
+def test_one_engine_holding_many_sequences_pays_vllms_cpu_work_per_sequence():
+    """vLLM spends CPU time per running sequence at every engine step (scheduling, sampling, detokenising: its
+    v0.6.0 and V1 announcements). On a 16k-response job, TP 8 (2 engines of 512 sequences on 16 GPUs) is then no
+    faster in generation than TP 4 (4 engines of 256); without that term the model put TP 8 first, and it ran 5%
+    slower than the baseline."""
+    from mart.trial_runner.sim import model as sim
+    from mart.trial_runner.sim.backend import SimBackend
+
+    backend = SimBackend(scenario=None, scenario_file="examples/scenarios/r1-distill-qwen-7b-16k-2x8-h100.yaml", seed=0)
+    model = JobModel(backend.describe_job(), sim.base_config(backend.scenario))
+    gen = {tp: model.predict({R + "tensor_model_parallel_size": tp, R + "max_num_seqs": 1024,
+                              R + "gpu_memory_utilization": 0.5}).phase_s["gen"] for tp in (2, 4, 8)}
+    assert gen[4] < gen[2] and gen[8] > gen[4]
+
+
+def test_a_gpu_named_by_a_verl_job_carries_its_host_links_generation():
+    from mart.state.job import hardware_from_name
+
+    assert hardware_from_name("NVIDIA H100 80GB HBM3", 80.0).pcie_gen == 5
+    assert hardware_from_name("NVIDIA A100-SXM4-40GB", 40.0).pcie_gen == 4
+    assert hardware_from_name("NVIDIA L40S", 48.0).pcie_gen == 4
+    assert hardware_from_name("Some Accelerator", 32.0).pcie_gen is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mart.state.job import Hardware, JobDescription, ModelShape, Workload
+from mart.state.job import Hardware, JobDescription, ModelShape, Workload, known_gpu
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend
 from mart.trial_runner.sim import model
@@ -107,7 +107,9 @@ class SimBackend(Backend):
             hardware=Hardware(name=c["gpu"], memory_gb=self.memory_capacity_gb() or c["memory_gb"],
                               bf16_flops=c["bf16_tflops"] * 1e12, hbm_bandwidth=c["hbm_tb_s"] * 1e12,
                               # a GPU without NVLink runs its collectives over PCIe (datasheet order of magnitude)
-                              intra_node_bandwidth=None if nvlink else 16e9),
+                              intra_node_bandwidth=None if nvlink else 16e9,
+                              # the host link's generation, from the datasheet table a verl job's GPU name reads
+                              pcie_gen=row[2] if (row := known_gpu(c["gpu"])) else None),
             nnodes=c["nodes"], gpus_per_node=c["gpus_per_node"],
             workload=Workload(train_batch_size=w["train_batch_size"], rollout_n=w["rollout_n"],
                               max_prompt_length=w["max_prompt_length"], max_response_length=w["max_response_length"],
