@@ -384,9 +384,11 @@ def equal_gpu_pairs(sc_rep: dict[str, Any], ref: str = "mart") -> dict[str, dict
     return out
 
 
-def at_least_every_baseline(sc_rep: dict[str, Any], ref: str = "mart") -> dict[int, bool]:
-    """Per seed: whether ``ref`` is at least every other method at equal stage-1 GPU-hours (the issue's pair)."""
-    pairs = equal_gpu_pairs(sc_rep, ref)
+def at_least_every_baseline(sc_rep: dict[str, Any], ref: str = "mart",
+                            pairs: dict[str, dict[str, Any]] | None = None) -> dict[int, bool]:
+    """Per seed: whether ``ref`` is at least every other method at equal stage-1 GPU-hours (the issue's pair);
+    ``pairs``: ``equal_gpu_pairs(sc_rep, ref)`` when the caller has it already."""
+    pairs = equal_gpu_pairs(sc_rep, ref) if pairs is None else pairs
     lost = {s for p in pairs.values() for s in p["lost_seeds"]}
     return {r["seed"]: r["seed"] not in lost for r in sc_rep["methods"].get(ref, [])}
 
@@ -556,7 +558,7 @@ def render_table(report: dict[str, Any]) -> str:
                              f"{m} {v['ref_at_least']}/{v['pairs']}"
                              + (f" ({v['median_gain_pct']:+.1f}% median)" if v["median_gain_pct"] is not None else "")
                              for m, v in pairs.items() if v["pairs"]) + " seeds.")
-            every = at_least_every_baseline(sc_rep)
+            every = at_least_every_baseline(sc_rep, pairs=pairs)
             lines.append(f"mart ≥ every other method at once: {sum(every.values())}/{len(every)} seeds.")
         if local:
             lines.append("")
@@ -584,7 +586,8 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
                          "mart_vs_at_equal_gpu_hours": equal_gpu_pairs(sc_rep) if "mart" in sc_rep["methods"] else {}}
     runs = []
     for sc, sc_rep in report["scenarios"].items():
-        every = at_least_every_baseline(sc_rep) if "mart" in sc_rep["methods"] else {}
+        pairs = scenarios[sc]["mart_vs_at_equal_gpu_hours"]
+        every = at_least_every_baseline(sc_rep, pairs=pairs) if "mart" in sc_rep["methods"] else {}
         for method, rows in sc_rep["methods"].items():
             for r in rows:
                 extra = {"at_least_every_baseline": every.get(r["seed"])} if method == "mart" else {}

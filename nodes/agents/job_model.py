@@ -108,7 +108,8 @@ DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 12e9
 #: with ``.to("cpu")`` into pageable memory, which the driver stages through a pinned buffer: a fraction of the
 #: pinned rate (NVIDIA's "How to Optimize Data Transfers in CUDA C/C++"), every device of the node copying at once.
 #: Each load or offload also synchronises and empties the allocator's cache. (With the pinned rate and no sync the
-#: model priced a 7B job's parameter offload at 1 s a step where it costs ~15 s, and proposed it as a free enabler.)
+#: model priced the 7B A100-40GB job's parameter offload at +1.2 s a step where the simulator's costs +16 s, and
+#: proposed it as a free enabler.)
 PAGEABLE_SHARE = 0.3
 OFFLOAD_SYNC_S = 0.3
 ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
@@ -266,6 +267,10 @@ class JobModel:
         self.ctx_gb = 0.0 if hw.cpu else CUDA_CONTEXT_GB
         self._mem_refs: list[dict[str, float]] = []
         self._measured_on: set[str] = set()  # memory savers on in some measured config
+
+    def _offload_s(self, shard_bytes: float) -> float:
+        """Seconds to load an FSDP-offloaded shard of ``shard_bytes`` per device and offload it again."""
+        return 2 * shard_bytes / self.offload_bw + self.offload_sync_s
 
     # -- configs -> knob arrays -------------------------------------------------------------------
     def knobs(self, config: dict[str, Any]) -> dict[str, float]:
@@ -485,7 +490,7 @@ class JobModel:
             tokens = n_mb * mean_tok / sp
             compute = tokens * flops_tok / (self.flops * self._efficiency(mean_tok / sp))
             t = (np.maximum(compute, n_mb * ag) + n_mb * overhead) * sp_cost * speed
-            t = t + offloaded * (2 * params_gb * GIB / self.offload_bw + self.offload_sync_s)  # load, then offload
+            t = t + offloaded * self._offload_s(params_gb * GIB)
             logits = np.where(k["ent_chunk"] > 0, 3.0, 7.0) * self.V  # fp32 + bf16 logits, log-softmax
             act = peak_tok / sp * (logits + 6 * self.h) / GIB * frag
             chunk_saves = peak_tok / sp * 4.0 * self.V * k["ent_chunk"] / GIB * frag
@@ -510,8 +515,7 @@ class JobModel:
         comm = n_mb_total * 4 * ag
         t_upd = (np.maximum(compute, comm) + n_mb_total * overhead * mult) * sp_cost * speed
         t_upd = t_upd + n_mini * w.epochs * 3 * 16 * self.P / self.N / self.hbm  # AdamW step, memory bound
-        t_upd = t_upd + k["opt_off"] * (2 * 8 * self.P / self.N / self.offload_bw + self.offload_sync_s)
-        t_upd = t_upd + k["param_off"] * (2 * 4 * self.P / self.N / self.offload_bw + self.offload_sync_s)
+        t_upd = t_upd + k["opt_off"] * self._offload_s(8 * self.P / self.N) + k["param_off"] * self._offload_s(4 * self.P / self.N)
         t_upd = t_upd + k["act_off"] * tokens * self._act_per_token(k) * 4 / self.host_bw * 0.5
         t_upd = t_upd * (1 + 0.02 * k["ent_ckpt"])
         logits = self.V * np.where(k["ent_ckpt"] > 0, 6.0, 8.0) - self.V * k["ent_chunk"]
@@ -533,7 +537,7 @@ class JobModel:
         tp = np.maximum(k["tp"], 1)
         W = 2 * self.P
         sync = W * (self.N - 1) / max(self.N, 1) / (self.coll_bw * self.cal.comm_mult) + 0.5
-        sync = sync + k["param_off"] * (2 * 4 * self.P / self.N / self.offload_bw + self.offload_sync_s)  # load, offload
+        sync = sync + k["param_off"] * self._offload_s(4 * self.P / self.N)
         wake = k["free_cache"] * (0.5 + W / tp / self.host_bw) * (0.0 if self.cpu else 1.0)
         return {"t_other": sync * (0.0 if self.cpu else 1.0) + wake + 0.2 + w.seqs * 3e-4}
 
