@@ -197,21 +197,21 @@ class StagePolicy(abc.ABC):
         """What to start in the ``free`` slots now (see ``Plan``)."""
 
     def collected(self, view: StageView, record: TrialRecord, eligible: bool) -> dict[str, Any]:
-        """The state update after one of its trials finished (``record``: its result). Default: the baseline
-        starts as the incumbent; an eligible candidate with a better objective replaces it."""
+        """The state update after one of its trials finished (``record``: its result). Default: an eligible
+        baseline or candidate with a better objective than the incumbent replaces it. With several slots the
+        baseline can end after candidates that ran beside it: it is the reference, not the incumbent by right."""
         best = dict(view.state.get("best") or {})
         best_overrides = dict(view.state.get("best_overrides") or {})
         update: dict[str, Any] = {}
         stage = self.name
         if record.kind == "baseline":
             update["baseline"] = {**(view.state.get("baseline") or {}), stage: record.brief()}
-            if eligible and record.objective(stage) is not None:
-                best[stage], best_overrides[stage] = record.brief(), {}
-        elif record.kind == "candidate" and eligible and record.objective(stage) is not None:
+        if record.kind in ("baseline", "candidate") and eligible and record.objective(stage) is not None:
             incumbent = best.get(stage)
             if incumbent is None or incumbent.objective(stage) is None or \
                     record.objective(stage) > incumbent.objective(stage):
-                best[stage], best_overrides[stage] = record.brief(), self.overrides_of(view, record)
+                best[stage] = record.brief()
+                best_overrides[stage] = {} if record.kind == "baseline" else self.overrides_of(view, record)
         return {**update, "best": best, "best_overrides": best_overrides}
 
     def compared_to(self, view: StageView, record: TrialRecord) -> tuple[float | None, str]:

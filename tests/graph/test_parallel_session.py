@@ -92,6 +92,27 @@ def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_pat
     ledger.close()
 
 
+def test_a_baseline_that_ends_after_faster_candidates_does_not_take_the_lead_back(tmp_path):
+    # 4 slots, a budget of 4: the baseline and the first batch start together, and the defaults' trial is the
+    # slowest, so it ends last; the winner is still the fastest trial within the margin
+    opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
+                       approve="auto", agents="rules", system_trials=4, stages=["system"], system_horizon=6,
+                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
+    summary = tune(opts)
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    rows = ledger.trials("system")
+    ledger.close()
+    base = next(r for r in rows if r["kind"] == "baseline")
+    assert base["ended_at"] == max(r["ended_at"] for r in rows), "the scenario no longer ends with the baseline"
+    limit = summary["system"]["memory_limit_gb"]
+    fits = [r for r in rows if r["status"] == "completed" and r["throughput"] and r["peak_memory_gb"] <= limit]
+    fastest = max(fits, key=lambda r: r["throughput"])
+    assert fastest["kind"] == "candidate"
+    assert summary["system"]["best_throughput"] == pytest.approx(fastest["throughput"], rel=1e-6)
+    assert not summary["system"]["kept_baseline"]
+    assert summary["system"]["best_config"] == fastest["overrides"]
+
+
 def test_a_freed_slot_starts_the_next_trial_the_instant_it_frees(tmp_path):
     # on the virtual clock a fast config ends first: the next trial must start in its slot at that instant (a
     # tuner decides in no simulated time), while the slow ones run on
