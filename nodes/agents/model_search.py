@@ -12,6 +12,11 @@ or micro batch can use, which the model prices in.
 The ranked list is scored by predicted throughput discounted by (a) the chance the peak crosses the
 limit (normal with the model's error) and (b) the model's uncertainty times the distance from the
 incumbent (a trust region that widens as the model proves accurate).
+
+``hedges=True`` searches the configs the safety gap alone rules out instead: every training phase fits by the
+model's point estimate (the rollout side is solved as always), the peak plus its gap does not. One of them is
+worth a slot of a batch (``nodes/agents/rules.py``): the gap is widest where activations were never measured,
+and near-copies of the safe picks share their fate, while a hedge measures what the next proposals need.
 """
 
 from __future__ import annotations
@@ -102,8 +107,9 @@ def _value_for_key(spec: ParamSpec | None, name: str, v: float, base_value: Any)
 def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: float, *,
            incumbent: dict[str, Any] | None = None, tried: set[str] | None = None,
            check: Callable[[dict[str, Any]], list[str]] | None = None, n_out: int = 6,
-           stage: str = "system") -> list[Scored]:
-    """The best configs by risk-adjusted predicted throughput (see the module docstring)."""
+           stage: str = "system", hedges: bool = False) -> list[Scored]:
+    """The best configs by risk-adjusted predicted throughput; with ``hedges``, only those the safety gap of the
+    training phases rules out, though their point estimate fits (see the module docstring)."""
     incumbent = dict(incumbent or {})
     tried = tried or set()
     full_inc = {**base, **incumbent}
@@ -111,6 +117,7 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     specs = _model_specs(space, stage)
     gap = model.base_gap_gb()
     target = limit - gap
+    train_gap = 0.0 if hedges else 1.0  # the share of the training phases' gaps a config must leave free
 
     def grid_for(names: tuple[str, ...]) -> dict[str, list[float]]:
         out = {}
@@ -156,7 +163,7 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
         et = model.evaluate(kt, w)
         t_train = et["t"]["old_log_prob"] + et["t"]["ref"] + et["t"]["update_actor"]
         m_train = np.maximum.reduce([et["m"]["old_log_prob"], et["m"]["ref"], et["m"]["update_actor"]])
-        ok_t = np.maximum.reduce([np.where(et["m"][p] > 0, et["m"][p] + et["gap_phase"][p], 0.0)
+        ok_t = np.maximum.reduce([np.where(et["m"][p] > 0, et["m"][p] + train_gap * et["gap_phase"][p], 0.0)
                                   for p in ("old_log_prob", "ref", "update_actor")]) <= limit
         if not ok_t.any():
             continue
@@ -186,7 +193,8 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
                 cfg.update({n: float(kt[n][b]) for n in TRAIN_KNOBS})
                 cfg.update(sh)
                 if sh["free_cache"] < 0.5 and "util" in specs:
-                    room = limit - max(float(et["m"][p][b] + et["gap_phase"][p][b]) for p in ("old_log_prob", "ref", "update_actor"))
+                    room = limit - max(float(et["m"][p][b] + train_gap * et["gap_phase"][p][b])
+                                       for p in ("old_log_prob", "ref", "update_actor"))
                     cfg["util"] = min(cfg["util"], math.floor(room / model.C * 100) / 100)
                     if cfg["util"] < (specs["util"].low or 0.0):
                         continue
@@ -201,7 +209,8 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
             mixed = dict(k_inc)
             mixed.update({n: cfg[n] for n in names})
             extra.append(mixed)
-    return _score(model, space, base, limit, [c for _, c, _ in top] + extra, incumbent, tried, check, n_out, specs)
+    return _score(model, space, base, limit, [c for _, c, _ in top] + extra, incumbent, tried, check, n_out, specs,
+                  hedges)
 
 
 def agent_copies(space: SearchSpace, key: str) -> list[str]:
@@ -239,7 +248,8 @@ def knobs_to_overrides(space: SearchSpace, base: dict[str, Any], knobs: dict[str
 
 
 def _score(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: float, configs: list[dict[str, float]],
-           incumbent: dict[str, Any], tried: set[str], check, n_out: int, specs: dict[str, ParamSpec]) -> list[Scored]:
+           incumbent: dict[str, Any], tried: set[str], check, n_out: int, specs: dict[str, ParamSpec],
+           hedges: bool = False) -> list[Scored]:
     seen: set[str] = set()
     scored: list[Scored] = []
     inc_pred = model.predict(incumbent)
@@ -267,7 +277,7 @@ def _score(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     # a config predicted clearly slower than the incumbent is not worth a trial while faster ones remain
     floor = 0.97 * inc_pred.throughput if any(s.throughput >= 0.97 * inc_pred.throughput for s in scored) else 0.0
     for s in scored:
-        if s.peak_gb > limit - s.gap_gb or s.throughput < floor:
+        if (not limit - s.gap_gb < s.peak_gb <= limit if hedges else s.peak_gb > limit - s.gap_gb) or s.throughput < floor:
             continue
         if check is not None and check(s.overrides):
             continue

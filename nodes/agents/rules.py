@@ -123,7 +123,8 @@ class RulesProposer(Proposer):
         if ctx.stage == "schedule":  # stage 3: transitions answering the diagnosis at the checkpoint
             return transition_candidates(ctx)
         if ctx.stage == "system" and ctx.job_model is not None and ctx.memory_limit_gb:
-            found = model_candidates(ctx, source=self.name)
+            # a batch: the critic may spend one slot on a hedge across the model's memory uncertainty
+            found = model_candidates(ctx, source=self.name, hedges=HEDGES if ctx.slots > 1 else 0)
             if found:
                 return found
         return self._coordinate(ctx)
@@ -499,8 +500,9 @@ def multi_agent_move(ctx: AgentContext, key: str, direction: str, score: float, 
     return _team_knob_prior(ctx, key, direction, score, why, new)
 
 
-def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None) -> list[Candidate]:
-    """The job model's best untried configs for stage 1 (reviewer feedback applied), as candidates."""
+def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = None, hedges: int = 0) -> list[Candidate]:
+    """The job model's best untried configs for stage 1 (reviewer feedback applied), as candidates; then up to
+    ``hedges`` configs that fit by the model's estimate but not with its safety gap (``search(hedges=True)``)."""
     fb = parse_feedback(ctx.feedback, ctx.search_space)
     if ctx.job_model is None or ctx.memory_limit_gb is None:
         return []  # no model or no margin to search under: the coordinate rules propose instead
@@ -518,16 +520,34 @@ def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = N
         found = asked + [s for s in found if s not in asked]
     out: list[Candidate] = []
     for s in found:
-        out.append(Candidate(
-            candidate_id="", stage=ctx.stage, overrides={**s.overrides}, source=source,
-            rationale=_model_rationale(ctx, s, base_pred) + (" The reviewer asked for this change."
-                                                              if _moves_focus(s, ctx, fb) else ""),
-            predicted_memory_gb=round(s.peak_gb, 3),
-            predicted_throughput=round(s.throughput, 3),
-            expected_gain=round(s.throughput / max(base_pred.throughput, 1e-9) - 1, 4)))
+        out.append(_model_candidate(ctx, s, base_pred, source, fb))
         if len(out) == (n or ctx.num_candidates):
             break
+    if out and hedges and not fb.focus:  # a reviewer's request is answered by the picks above, not by a bet
+        risky = search(ctx.job_model, ctx.search_space, ctx.base_config, ctx.memory_limit_gb,
+                       incumbent=ctx.best_overrides, tried=ctx.tried_keys(), check=ctx.config_errors,
+                       n_out=4 * hedges, stage=ctx.stage, hedges=True)
+        out += [_model_candidate(ctx, s, base_pred, source, fb, hedge=True)
+                for s in risky if _follows_feedback(s, ctx, fb)][:hedges]
     return out
+
+
+#: hedges offered to the critic per batch (it runs at most one, ``RulesCritic._batch``)
+HEDGES = 3
+
+
+def _model_candidate(ctx: AgentContext, s: Scored, base_pred: Any, source: str, fb: FeedbackRules,
+                     hedge: bool = False) -> Candidate:
+    note = " The reviewer asked for this change." if _moves_focus(s, ctx, fb) else ""
+    if hedge:
+        note += (f" A hedge for a batch: it fits by the model's estimate but not with its safety gap "
+                 f"(P(over the limit) {s.p_over:.0%}); measuring it tells the next proposals how much room there is.")
+    return Candidate(
+        candidate_id="", stage=ctx.stage, overrides={**s.overrides}, source=source,
+        rationale=_model_rationale(ctx, s, base_pred) + note,
+        predicted_memory_gb=round(s.peak_gb, 3),
+        predicted_throughput=round(s.throughput, 3),
+        expected_gain=round(s.throughput / max(base_pred.throughput, 1e-9) - 1, 4))
 
 
 def _moves_focus(s: Scored, ctx: AgentContext, fb: FeedbackRules) -> bool:
@@ -659,14 +679,36 @@ class RulesCritic(Critic):
         configs = {c.candidate_id: ctx.full_config(by_id[c.candidate_id].overrides) for c in ranked}
         anchors = [t.config for t in ctx.pending]
         if ctx.slots > 1 and ctx.stage == "system" and ctx.job_model is not None:
-            phases = {cid: getattr(ctx.predict(cfg), "phase_s", None) for cid, cfg in configs.items()}
+            preds = {cid: ctx.predict(cfg) for cid, cfg in configs.items()}
             pending = [getattr(ctx.predict(cfg), "phase_s", None) for cfg in anchors]
-            known = {cid: p for cid, p in phases.items() if p}
+            known = {cid: p.phase_s for cid, p in preds.items() if p is not None and p.phase_s}
             known_pending = [p for p in pending if p]
-            if len(known) == len(phases) and len(known_pending) == len(pending):
-                return select_batch([(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked], ctx.slots,
-                                    known_pending, distance=phase_distance)
+            if len(known) == len(preds) and len(known_pending) == len(pending):
+                hedge = {cid for cid, p in preds.items() if _is_hedge(p, ctx.memory_limit_gb)}
+                safe = [(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked if c.candidate_id not in hedge]
+                hedges = [(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked if c.candidate_id in hedge]
+                picks = select_batch(safe, ctx.slots - 1 if hedges else ctx.slots, known_pending,
+                                     distance=phase_distance)
+                if not picks:  # nothing safe: every accepted candidate competes, as in a batch of one
+                    return select_batch([(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked],
+                                        ctx.slots, known_pending, distance=phase_distance)
+                if hedges:
+                    # one hedge, only beside a safe pick and only one predicted faster than every safe pick
+                    fastest = max(preds[c].throughput for c in picks)
+                    hedges = [h for h in hedges if preds[h[0]].throughput > fastest]
+                    taken = select_batch(hedges, 1, [*known_pending, *(known[c] for c in picks)],
+                                         distance=phase_distance)
+                    if taken:
+                        picks += taken
+                    else:  # no hedge worth it: the slot goes to the next safe pick
+                        picks = select_batch(safe, ctx.slots, known_pending, distance=phase_distance)
+                return picks
         return select_batch([(c.candidate_id, c.score, configs[c.candidate_id]) for c in ranked], ctx.slots, anchors)
+
+
+def _is_hedge(pred: Any, limit: float | None) -> bool:
+    """A config whose peak fits the limit by the job model's estimate but not with its safety gap."""
+    return limit is not None and pred is not None and limit - pred.gap_gb < pred.peak_gb <= limit
 
 
 def rejection_summary(critiques: list[Critique]) -> str:

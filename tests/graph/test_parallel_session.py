@@ -203,7 +203,9 @@ def test_a_stage1_backfill_is_predicted_from_the_early_steps_of_the_trials_still
         config = by_cand[c["candidate_id"]]["config"]
         kept = preds[c["candidate_id"]]["predicted_throughput"]
         assert kept == pytest.approx(informed.predict(config).throughput, rel=1e-3)
-        assert abs(kept / ended_only.predict(config).throughput - 1) > 0.005
+    # and the early steps count: the model that holds them predicts the running trials' configs otherwise
+    running = [rows[tid]["config"] for tid, (s, e, _) in times.items() if s < at < e - 1e-6]
+    assert max(abs(informed.predict(c).throughput / ended_only.predict(c).throughput - 1) for c in running) > 0.005
 
 
 def test_a_stage1_trial_far_below_the_best_at_its_early_look_is_cut_and_its_slot_starts_the_next(tmp_path):
