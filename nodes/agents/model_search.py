@@ -40,6 +40,11 @@ POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ASYNC_GRID = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
+def is_hedge(peak_gb: float, gap_gb: float, limit: float) -> bool:
+    """A config whose predicted peak fits the limit but not with its safety gap (``search(hedges=True)``)."""
+    return limit - gap_gb < peak_gb <= limit
+
+
 @dataclass
 class Scored:
     overrides: dict[str, Any]
@@ -277,7 +282,8 @@ def _score(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     # a config predicted clearly slower than the incumbent is not worth a trial while faster ones remain
     floor = 0.97 * inc_pred.throughput if any(s.throughput >= 0.97 * inc_pred.throughput for s in scored) else 0.0
     for s in scored:
-        if (not limit - s.gap_gb < s.peak_gb <= limit if hedges else s.peak_gb > limit - s.gap_gb) or s.throughput < floor:
+        fits = is_hedge(s.peak_gb, s.gap_gb, limit) if hedges else s.peak_gb <= limit - s.gap_gb
+        if not fits or s.throughput < floor:
             continue
         if check is not None and check(s.overrides):
             continue

@@ -25,7 +25,7 @@ from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of, knob_facts
-from mart.nodes.agents.model_search import Scored, search
+from mart.nodes.agents.model_search import Scored, is_hedge, search
 from mart.nodes.agents.schedule import capacity_errors, knob_stage, transition_candidates, transition_score
 from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
@@ -684,31 +684,29 @@ class RulesCritic(Critic):
             known = {cid: p.phase_s for cid, p in preds.items() if p is not None and p.phase_s}
             known_pending = [p for p in pending if p]
             if len(known) == len(preds) and len(known_pending) == len(pending):
-                hedge = {cid for cid, p in preds.items() if _is_hedge(p, ctx.memory_limit_gb)}
-                safe = [(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked if c.candidate_id not in hedge]
-                hedges = [(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked if c.candidate_id in hedge]
-                picks = select_batch(safe, ctx.slots - 1 if hedges else ctx.slots, known_pending,
-                                     distance=phase_distance)
-                if not picks:  # nothing safe: every accepted candidate competes, as in a batch of one
-                    return select_batch([(c.candidate_id, c.score, known[c.candidate_id]) for c in ranked],
-                                        ctx.slots, known_pending, distance=phase_distance)
-                if hedges:
-                    # one hedge, only beside a safe pick and only one predicted faster than every safe pick
-                    fastest = max(preds[c].throughput for c in picks)
-                    hedges = [h for h in hedges if preds[h[0]].throughput > fastest]
-                    taken = select_batch(hedges, 1, [*known_pending, *(known[c] for c in picks)],
-                                         distance=phase_distance)
-                    if taken:
-                        picks += taken
-                    else:  # no hedge worth it: the slot goes to the next safe pick
-                        picks = select_batch(safe, ctx.slots, known_pending, distance=phase_distance)
-                return picks
+                return RulesCritic._hedged_batch(ctx, ranked, preds, known, known_pending)
         return select_batch([(c.candidate_id, c.score, configs[c.candidate_id]) for c in ranked], ctx.slots, anchors)
 
-
-def _is_hedge(pred: Any, limit: float | None) -> bool:
-    """A config whose peak fits the limit by the job model's estimate but not with its safety gap."""
-    return limit is not None and pred is not None and limit - pred.gap_gb < pred.peak_gb <= limit
+    @staticmethod
+    def _hedged_batch(ctx: AgentContext, ranked: list[Critique], preds: dict[str, Any],
+                      phases: dict[str, dict[str, float]], pending: list[dict[str, float]]) -> list[str]:
+        """Safe picks spread by predicted phases, and one slot for a hedge (docs/runtime.md, "A hedge per
+        batch"): only beside a safe pick, and only one predicted faster than every safe pick."""
+        limit = ctx.memory_limit_gb
+        hedge = {cid for cid, p in preds.items() if limit is not None and is_hedge(p.peak_gb, p.gap_gb, limit)}
+        scored = [(c.candidate_id, c.score, phases[c.candidate_id]) for c in ranked]
+        safe = [t for t in scored if t[0] not in hedge]
+        hedges = [t for t in scored if t[0] in hedge]
+        picks = select_batch(safe, ctx.slots - 1 if hedges else ctx.slots, pending, distance=phase_distance)
+        if not picks:  # nothing safe: every accepted candidate competes, as in a batch of one
+            return select_batch(scored, ctx.slots, pending, distance=phase_distance)
+        if not hedges:
+            return picks
+        fastest = max(preds[c].throughput for c in picks)
+        taken = select_batch([h for h in hedges if preds[h[0]].throughput > fastest], 1,
+                             [*pending, *(phases[c] for c in picks)], distance=phase_distance)
+        # no hedge worth it: the slot goes to the next safe pick
+        return picks + taken if taken else select_batch(safe, ctx.slots, pending, distance=phase_distance)
 
 
 def rejection_summary(critiques: list[Critique]) -> str:
