@@ -133,9 +133,11 @@ def test_a_pending_job_is_queued_and_its_first_step_clock_waits(ray_head, tmp_pa
 def test_two_trials_as_ray_jobs_at_once_and_a_kill_minus_9_re_attaches_both(ray_head, tmp_path):  # noqa: F811
     runs = tmp_path / "runs"
     client = _client(ray_head)
+    # 24 steps, not fewer: under the full suite's load two jobs' starts can lie seconds apart, and with 12 steps one
+    # ended before the other logged its first step (the tuner then finished before there was a moment to kill it)
     cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--ray-address", ray_head,
            "--approve", "auto", "--parallel", "2", "--stages", "learning", "--learning-trials", "3",
-           "--learning-horizon", "12", "--learning-confirm-trials", "0", *SETS, "--runs-dir", str(runs), "--quiet",
+           "--learning-horizon", "24", "--learning-confirm-trials", "0", *SETS, "--runs-dir", str(runs), "--quiet",
            "--json"]
     where, handles = kill_with_two_running(cmd, runs, 300)
     at_kill = {tid: h["job_id"] for tid, h in handles.items()}
