@@ -41,3 +41,26 @@ def test_more_slots_shorten_mart_s_wall_clock_and_the_summary_reads_the_curves(t
     assert [c[0] for c in curve] == sorted(c[0] for c in curve) and curve[-1][2] > 0
     when, gpu = time_to(curve, best)
     assert (when is None) == (best_at(curve, 1e12) < best)
+
+
+def _trial(start: float, end: float, thr: float, feasible: bool = True) -> dict:
+    return {"throughput": thr, "feasible": feasible, "status": "completed", "gpu_hours": end - start,
+            "started_s": start, "ended_s": end, "overrides": {}}
+
+
+def test_the_floor_is_the_shortest_feasible_trial_at_97_pct_any_run_measured_over_n1_s_time():
+    # N=1: the defaults (0-10 s), then a 97% trial (10-18 s): 97% at 18 s = 1.8 units. At N=4 another method ran a
+    # 97% config in 6 s, and an infeasible one in 2 s; the floor is 0.6 units / 1.8 units
+    one = [_trial(0, 10, 50.0), _trial(10, 18, 97.5)]
+    four = [_trial(0, 10, 50.0), _trial(0, 9, 98.0), _trial(0, 2, 99.0, feasible=False), _trial(9, 17, 99.0)]
+    tpe = [_trial(0, 10, 50.0), _trial(0, 6, 97.1), _trial(0, 3, 96.9)]
+    runs = [{"method": "mart", "scenario": "s", "seed": 0, "slots": 1, "trials": one},
+            {"method": "mart", "scenario": "s", "seed": 0, "slots": 4, "trials": four},
+            {"method": "tpe-cl", "scenario": "s", "seed": 0, "slots": 4, "trials": tpe}]
+    c = summarize(runs, {"s": 100.0}, [1, 4])["checks"]
+    assert abs(c["time_ratio_median"] - 9 / 18) < 1e-9
+    assert abs(c["time_ratio_floor_median"] - 6 / 18) < 1e-9 and c["pairs_floor_above_target"] == 0
+    # without the 6 s trial the fastest 97% trial takes 8 s (mart's own): a floor of 8/18 > 0.40, reported as such
+    runs[2]["trials"] = tpe[:1]
+    c = summarize(runs, {"s": 100.0}, [1, 4])["checks"]
+    assert abs(c["time_ratio_floor_median"] - 8 / 18) < 1e-9 and c["pairs_floor_above_target"] == 1
