@@ -74,8 +74,12 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
     if "system" in ran and sys_:
         kept = bool(sys_.get("kept_baseline"))
         gain = sys_.get("throughput_gain_pct")
+        base = _num(sys_.get("baseline_throughput"), ",.0f")
+        steps = sys_.get("baseline_steps")
+        if sys_.get("baseline_cut") and steps:  # cut at its look: it and the gain are over the steps it ran
+            base += " (step {})".format(steps[0]) if steps[0] == steps[1] else " (steps {}-{})".format(*steps)
         out.append(StageFigure(
-            "system", "tok/s/GPU", _num(sys_.get("baseline_throughput"), ",.0f"), _num(sys_.get("best_throughput"), ",.0f"),
+            "system", "tok/s/GPU", base, _num(sys_.get("best_throughput"), ",.0f"),
             KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config"))))
     learn = summary.get("learning") or {}
     if "learning" in ran and learn:

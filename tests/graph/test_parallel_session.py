@@ -94,9 +94,10 @@ def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_pat
 
 def test_a_baseline_that_ends_after_faster_candidates_does_not_take_the_lead_back(tmp_path):
     # 4 slots, a budget of 4: the baseline and the first batch start together, and the defaults' trial is the
-    # slowest, so it ends last; the winner is still the fastest trial within the margin
+    # slowest, so it ends last; the winner is still the fastest trial within the margin. Two steps a trial: no early
+    # look (it needs a step after it), so the baseline is not cut there and does run to its end
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
-                       approve="auto", agents="rules", system_trials=4, stages=["system"], system_horizon=6,
+                       approve="auto", agents="rules", system_trials=4, stages=["system"], system_horizon=2,
                        watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
     summary = tune(opts)
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
@@ -154,6 +155,7 @@ def test_a_stage1_backfill_is_predicted_from_the_early_steps_of_the_trials_still
     # with several slots every stage-1 trial is looked at after its second step: the proposal for a slot that
     # frees while others run comes from a job model that counts what those logged by then, not only the ended ones
     from mart.nodes.agents.job_model import JobModel, observation_from_records
+    from mart.nodes.stages.system import CUT_REASON
     from mart.state.metrics import StepRecord
     from mart.trial_runner.sim.backend import SimBackend
 
@@ -181,7 +183,15 @@ def test_a_stage1_backfill_is_predicted_from_the_early_steps_of_the_trials_still
 
     ended, early = [], []
     for tid, (start, end, events) in times.items():
-        if end <= at + 1e-6:  # ended by then: what the ledger says it measured
+        if end <= at + 1e-6 and (rows[tid]["reason"] or "").startswith(CUT_REASON):
+            # ended by then, cut at its look (the baseline, with the bets beside it far faster): from the look on
+            r, p = rows[tid], preds.get(rows[tid]["candidate_id"] or "", {})
+            thr = [x.data["perf/throughput"] for x in lines(tid) if x.step >= 2]
+            ended.append(observation_from_records(
+                r["config"], lines(tid), peak_gb=r["peak_memory_gb"], oom=False, throughput=sum(thr) / len(thr),
+                window=(2, 6), predicted_peak_gb=p.get("predicted_memory_gb"),
+                predicted_throughput=p.get("predicted_throughput")))
+        elif end <= at + 1e-6:  # ended by then: what the ledger says it measured
             r, p = rows[tid], preds.get(rows[tid]["candidate_id"] or "", {})
             ended.append(observation_from_records(
                 r["config"], lines(tid), peak_gb=r["peak_memory_gb"], oom=r["status"] == "oom",
@@ -241,7 +251,7 @@ def test_a_stage1_trial_far_below_the_best_at_its_early_look_is_cut_and_its_slot
     own = mean_over_steps(ledger.metric_records(slow["trial_id"]), THROUGHPUT_KEY, EARLY_LOOK_STEP, last)
     ref = mean_over_steps(ledger.metric_records(base["trial_id"]), THROUGHPUT_KEY, EARLY_LOOK_STEP, last)
     assert own < CUT_SHARE * ref
-    # the baseline (never cut) ran on to its end; the cut came at the instant its look's line was logged (simulated
+    # the baseline (nothing ran faster over its steps: not cut) ran on to its end; the cut came at the instant its look's line was logged (simulated
     # time), and the freed slot started the next trial at that instant
     assert base["status"] == "completed" and base["steps_done"] == 6
     times = _sim_times(run)
