@@ -31,7 +31,10 @@ def build_profile(
     """Pure: phase shares, throughput, memory headroom and response lengths of one trial."""
     first, last = throughput_window(horizon)
     if not any(first <= r.step <= last for r in records):
-        first, last = 1, max((r.step for r in records), default=1)
+        # a trial that ended early (a stage-1 baseline cut at its look): every step it ran, less step 1 where a
+        # later one exists (step 1 carries the warm-up)
+        last = max((r.step for r in records), default=1)
+        first = 2 if last >= 2 else 1
 
     def mean(key: str) -> float:
         return mean_over_steps(records, key, first, last)

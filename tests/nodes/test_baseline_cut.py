@@ -90,3 +90,19 @@ def test_a_cut_baseline_runs_again_when_no_trial_stayed_feasible(tmp_path):
     ledger.upsert_trial(retry, run_id="r", seq=3, overrides={})
     assert SystemStage().plan(StageView({**state, "trial_seq": 3}, services), 4).done
     ledger.close()
+
+
+def test_the_profile_of_a_baseline_cut_at_its_look_leaves_out_the_warm_up_step():
+    from mart.nodes.profiler import build_profile
+    from mart.state.metrics import StepRecord
+
+    # step 1 is slow (warm-up); a cut at step 2 leaves none of the usual window (steps 3-5 of 6)
+    def rec(step, thr, t):
+        return StepRecord(step=step, data={"perf/throughput": thr, "timing_s/step": t, "timing_s/gen": t / 2})
+
+    base = TrialRecord(trial_id="sys-01-baseline", stage="system", kind="baseline", config={}, status="stopped",
+                       reason=f"{CUT_REASON}: ...", steps_done=2, early_stopped=True)
+    prof = build_profile(base, [rec(1, 100.0, 30.0), rec(2, 400.0, 10.0)], 6, 72.0)
+    assert prof.throughput == pytest.approx(400.0) and prof.step_time_s == pytest.approx(10.0)
+    one = build_profile(base, [rec(1, 100.0, 30.0)], 6, 72.0)  # one step only: it is all there is
+    assert one.throughput == pytest.approx(100.0)
