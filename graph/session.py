@@ -58,8 +58,9 @@ from mart.state.units import fmt_gb
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
-#: summary keys present only when they apply (their stage ran, the session failed): the default JSON is unchanged
-OPTIONAL_SUMMARY_KEYS = ("schedule", "error")
+#: summary keys present only when they apply (their stage ran, the session failed, several slots): the default
+#: JSON is unchanged
+OPTIONAL_SUMMARY_KEYS = ("schedule", "error", "parallel")
 
 
 class StaleReview(RunError):

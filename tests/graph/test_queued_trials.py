@@ -30,6 +30,9 @@ def test_a_queued_trial_is_not_timed_out_and_the_session_says_it_waited(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert summary["status"] == "completed" and summary["trials"]["failed"] == 0
+    # the CLI's JSON keeps how the slots were used (it once printed only the fixed keys)
+    par = summary["parallel"]
+    assert par["slots"] == 2 and par["asked"] == 2 and par["wall_s"] > 0 and 0 < par["busy_fraction"] <= 1
     ledger = Ledger.open(runs / summary["run_id"])
     trials = ledger.trials()
     assert len(trials) == 3
