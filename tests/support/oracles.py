@@ -12,8 +12,7 @@ README_SUMMARY = {
     "run_id": None,
     "status": None,
     "system": {"baseline_throughput", "baseline_steps", "baseline_cut", "best_throughput", "throughput_gain_pct",
-               "best_config", "memory_limit_gb",
-               "best_peak_memory_gb"},
+               "best_config", "memory_limit_gb", "best_peak_memory_gb"},
     "learning": {"baseline_score", "best_score", "score_gain", "best_config"},
     "trials": {"total", "early_stopped", "failed"},
 }
