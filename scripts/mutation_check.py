@@ -231,6 +231,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "a verl attempt that ended while the tuner (killed before it saved the pid) was down is launched again "
            "on resume: the supervisor's exit.json no longer names its launch",
            ("tests/trial_runner/test_verl_runner.py",)),
+    Mutant("MP11", "nodes/stages/system.py", '                  and (rt.record.kind != "baseline" or first_baseline)]',
+           '                  and rt.record.kind != "baseline"]', "with several slots the baseline runs on to its end "
+           "however far the bets beside it lead", ("tests/nodes/test_baseline_cut.py",)),
+    Mutant("MP12", "nodes/stages/system.py", "        if plan.done and self._rerun_cut_baseline(view):",
+           "        if False:", "a baseline cut for a trial that later went over the margin leaves the stage with "
+           "no feasible config", ("tests/nodes/test_baseline_cut.py",)),
+    Mutant("MP13", "graph/session.py", 'OPTIONAL_SUMMARY_KEYS = ("schedule", "error", "parallel")',
+           'OPTIONAL_SUMMARY_KEYS = ("schedule", "error")', "mart tune --json drops how the slots were used",
+           ("tests/graph/test_queued_trials.py",)),
 )
 
 
