@@ -29,8 +29,8 @@ EARLY_LOOK_STEP = 2
 #: be the stage's winner, and its slot goes to the next candidate at once. The baseline too: with several slots the
 #: bets beside it are often far faster, and its remaining steps would only confirm that; its throughput and the
 #: stage's gain are then measured over the steps it ran (``SystemStage.summary``). The job model keeps what it
-#: measured (``agent_context``). On the simulator step 2's throughput is 0.88-1.04 of the same trial's steps-3-5 mean (median
-#: 0.94-0.96), and every trial carries that warm-up alike, so two trials' noise stays inside the cut
+#: measured (``agent_context``). On the simulator step 2's throughput is 0.88-1.04 of the same trial's steps-3-5
+#: mean (median 0.94-0.96), and every trial carries that warm-up alike, so two trials' noise stays inside the cut
 CUT_SHARE = 0.85
 #: how the ledger's reason for such a stop starts
 CUT_REASON = "cut at its early look"
@@ -232,7 +232,7 @@ class SystemStage(StagePolicy):
         if cut:
             cut_note = (f"system stage: the baseline was {base.reason}; its throughput"
                         + (f" and the gain are measured over {_steps(steps)}, the best config's too"
-                           if b_thr is not None else " was not measured after its look"))
+                           if b_thr is not None else " is not reported: no config stayed feasible to compare it with"))
         notes = baseline_notes("system", base, best, (state.get("exhausted") or {}).get("system"), services,
                                cut_note=cut_note)
         return {"system": part}, notes
