@@ -209,7 +209,7 @@ class SystemStage(StagePolicy):
         gain = 0.0 if kept and t_thr else (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
         steps = list(throughput_window(self.horizon(services.options)))
         cut = base_cut(base)
-        if cut and best is not None:
+        if cut and base is not None and best is not None:
             # cut at its look: the baseline and the best compared over the steps the baseline ran (both carry the
             # same warm-up there; the best's whole-window figure against the baseline's early one would not)
             steps = [EARLY_LOOK_STEP, max(EARLY_LOOK_STEP, base.steps_done)]
@@ -229,7 +229,7 @@ class SystemStage(StagePolicy):
             "best_peak_memory_gb": _clean(best.peak_memory_gb if best else None),
         }
         cut_note = None
-        if cut:
+        if cut and base is not None:
             cut_note = (f"system stage: the baseline was {base.reason}; its throughput"
                         + (f" and the gain are measured over {_steps(steps)}, the best config's too"
                            if b_thr is not None else " is not reported: no config stayed feasible to compare it with"))
