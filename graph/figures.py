@@ -15,6 +15,7 @@ from typing import Any
 from mart.state.agents import group_by_agent
 from mart.state.config_values import format_value
 from mart.state.search_space import display_names
+from mart.state.units import fmt_steps
 
 KEPT = "kept the baseline"
 KEPT_STATIC = "kept the static config"
@@ -77,7 +78,7 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         base = _num(sys_.get("baseline_throughput"), ",.0f")
         steps = sys_.get("baseline_steps")
         if sys_.get("baseline_cut") and steps:  # cut at its look: it and the gain are over the steps it ran
-            base += " (step {})".format(steps[0]) if steps[0] == steps[1] else " (steps {}-{})".format(*steps)
+            base += f" ({fmt_steps(*steps)})"
         out.append(StageFigure(
             "system", "tok/s/GPU", base, _num(sys_.get("best_throughput"), ",.0f"),
             KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config"))))

@@ -532,7 +532,7 @@ def model_candidates(ctx: AgentContext, source: str = "rules", n: int | None = N
     return out
 
 
-#: hedges offered to the critic per batch (it runs at most one, ``RulesCritic._batch``)
+#: hedges offered to the critic per batch (it runs at most one, ``RulesCritic._hedged_batch``)
 HEDGES = 3
 
 

@@ -149,6 +149,12 @@ class StagePolicy(abc.ABC):
         return TrialRecord(trial_id=f"{self.name[:3]}-{view.next_seq():02d}-baseline", stage=self.name,
                            kind="baseline", config=self.base_config(view))
 
+    def baseline_retry_record(self, view: StageView) -> TrialRecord:
+        """The baseline's one re-run (after a kill from outside, or stage 1's cut when nothing else stayed
+        feasible): the same config, its own trial id."""
+        return self.baseline_record(view).model_copy(update={
+            "trial_id": f"{self.name[:3]}-{view.next_seq():02d}-baseline-retry"})
+
     def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
         """The record as launched (with anything the stage fills in) and its last step."""
         return record, self.horizon(view.options)
@@ -176,8 +182,7 @@ class StagePolicy(abc.ABC):
         if baseline is not None and killed(baseline) and view.launched(self.name, kinds=("baseline",)) == 1:
             # a baseline killed from outside (a signal, a lost node, the watchdog) says nothing of its config:
             # it runs once more before the stage gives up on it (an OOM or a crash would only repeat)
-            return Plan(launch=[self.baseline_record(view).model_copy(update={
-                "trial_id": f"{self.name[:3]}-{view.next_seq():02d}-baseline-retry"})])
+            return Plan(launch=[self.baseline_retry_record(view)])
         in_flight = any(r.record.kind == "baseline" for r in view.running(self.name)) or any(
             r.kind == "baseline" for r in view.queued(self.name))
         if baseline is None or in_flight:

@@ -17,7 +17,7 @@ from mart.state.agents import group_by_agent
 from mart.state.metrics import THROUGHPUT_KEY, StepRecord, mean_over_steps
 from mart.state.models import TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
-from mart.state.units import fmt_gb
+from mart.state.units import fmt_gb, fmt_steps
 
 #: with several slots, the step of each trial after which the job model counts what it measured (the early look):
 #: step 1 carries the warm-up, step 2 is the first that times each phase as it runs. A slot that frees while others
@@ -64,10 +64,6 @@ def candidate_plan(view: StageView, stage: str, budget: int, free: int, *, kinds
     if view.waiting(stage) and view.in_flight(stage):
         return Plan()  # nothing new to try until a running trial tells the agents more
     return Plan(propose=min(free, left)) if free > 0 else Plan()
-
-
-def _steps(steps: list[int]) -> str:
-    return f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}"
 
 
 def base_cut(base: Any) -> bool:
@@ -168,8 +164,7 @@ class SystemStage(StagePolicy):
             best = max(((mean_over_steps(recs, THROUGHPUT_KEY, first, last), other) for other, recs in refs.items()
                         if other != tid), key=lambda t: -1.0 if math.isnan(t[0]) else t[0], default=None)
             if best is not None and not math.isnan(best[0]) and own < CUT_SHARE * best[0]:
-                steps = f"step {first}" if first == last else f"steps {first}-{last}"
-                out[tid] = (f"{CUT_REASON}: {own:.0f} tokens/s over {steps}, below {CUT_SHARE:.0%} of "
+                out[tid] = (f"{CUT_REASON}: {own:.0f} tokens/s over {fmt_steps(first, last)}, below {CUT_SHARE:.0%} of "
                             f"{best[1]}'s {best[0]:.0f} over the same steps")
         return out
 
@@ -182,8 +177,7 @@ class SystemStage(StagePolicy):
             return first
         plan = candidate_plan(view, self.name, self.budget(view.options), free, kinds=("baseline", "candidate"))
         if plan.done and self._rerun_cut_baseline(view):
-            return Plan(launch=[self.baseline_record(view).model_copy(update={
-                "trial_id": f"{self.name[:3]}-{view.next_seq():02d}-baseline-retry"})])
+            return Plan(launch=[self.baseline_retry_record(view)])
         return plan
 
     def _rerun_cut_baseline(self, view: StageView) -> bool:
@@ -231,7 +225,7 @@ class SystemStage(StagePolicy):
         cut_note = None
         if cut and base is not None:
             cut_note = (f"system stage: the baseline was {base.reason}; its throughput"
-                        + (f" and the gain are measured over {_steps(steps)}, the best config's too"
+                        + (f" and the gain are measured over {fmt_steps(*steps)}, the best config's too"
                            if b_thr is not None else " is not reported: no config stayed feasible to compare it with"))
         notes = baseline_notes("system", base, best, (state.get("exhausted") or {}).get("system"), services,
                                cut_note=cut_note)
