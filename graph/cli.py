@@ -527,6 +527,11 @@ def review(
         if one is not None:
             rest = [] if others is None else [CandidateDecision(type=others)]
             decision = ReviewDecision(decisions=[one, *rest], reviewer=who, channel="cli")
+            if one.type != "respond" and candidate is not None and others is None and len(ids) > 1:
+                rest_ids = ", ".join(str(c) for c in ids if c != candidate)
+                _fail(f"run {store.run_id}: review #{request.get('review_no')} also holds {rest_ids}: add "
+                      "--others approve|reject to decide them in the same answer (or leave out --candidate to "
+                      "decide all); nothing changed")
             if one.type != "respond":
                 decision.for_candidates(ids)  # every candidate decided, before anything is sent
         if decision is not None:  # say what is being decided: the applied answer is pinned to this review

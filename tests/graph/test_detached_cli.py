@@ -106,3 +106,34 @@ def test_detached_run_is_answered_review_by_review(tmp_path):
     assert ok_json(cli("review", other["run_id"], "--runs-dir", runs, "--approve", "--json", "-q"))["status"] == "completed"
     done = cli("review", other["run_id"], "--runs-dir", runs, "--approve")
     assert done.exit_code == 2 and "completed" in done.stderr
+
+
+def test_a_batch_review_is_answered_candidate_by_candidate_from_the_command_line(tmp_path):
+    """`mart review RUN --reject TEXT --candidate ID --others approve`: one candidate of a batch rejected with
+    feedback, the rest approved, in one answer; naming one candidate without --others changes nothing."""
+    runs = str(tmp_path)
+    first = ok_json(cli("tune", "--backend", "sim", "--parallel", "3", "--approve", "none", "--runs-dir", runs,
+                        "--system-trials", "5", "--learning-trials", "0", "--json"))
+    run, request = first["run_id"], first["pending_review"]
+    ids = [c["candidate_id"] for c in request["candidates"]]
+    assert len(ids) == 2  # the baseline runs in slot 1, the review fills the other two
+
+    half = cli("review", run, "--runs-dir", runs, "--approve", "--candidate", ids[0], "--detach")
+    assert half.exit_code == 2 and "--others approve|reject" in half.stderr and ids[1] in half.stderr
+    unknown = cli("review", run, "--runs-dir", runs, "--approve", "--candidate", "sys-99-r0-c9", "--detach")
+    assert unknown.exit_code == 2 and "has no candidate sys-99-r0-c9" in unknown.stderr
+    info = ok_json(cli("status", run, "--runs-dir", runs, "--json"))
+    assert info["pending_review"]["interrupt_id"] == request["interrupt_id"]  # nothing was decided
+    assert [t["kind"] for t in Ledger.open(RunStore.open(run, runs).run_dir).trials()] == ["baseline"]
+
+    nxt = ok_json(cli("review", run, "--runs-dir", runs, "--reject", "too close to the memory limit",
+                      "--candidate", ids[1], "--others", "approve", "--detach", "--json", "-q"))
+    assert nxt["status"] in ("paused", "completed")
+    ledger = Ledger.open(RunStore.open(run, runs).run_dir)
+    launched = [t["candidate_id"] for t in ledger.trials() if t["kind"] == "candidate"]
+    assert ids[0] in launched and ids[1] not in launched
+    first_review = [r for r in ledger.table_rows("reviews") if r["review_no"] == 1]
+    by_action = {r["action"]: r for r in first_review}
+    assert set(by_action) == {"approve", "reject"}, first_review
+    assert by_action["reject"]["feedback"] == "too close to the memory limit"
+    assert by_action["reject"]["candidate_id"] == ids[1] and by_action["approve"]["candidate_id"] == ids[0]
