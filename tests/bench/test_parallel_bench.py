@@ -64,3 +64,25 @@ def test_the_floor_is_the_shortest_feasible_trial_at_97_pct_any_run_measured_ove
     runs[2]["trials"] = tpe[:1]
     c = summarize(runs, {"s": 100.0}, [1, 4])["checks"]
     assert abs(c["time_ratio_floor_median"] - 8 / 18) < 1e-9 and c["pairs_floor_above_target"] == 1
+
+
+def test_the_ratios_at_other_targets_and_the_whole_session_s_gpu_hours():
+    # N=1: defaults at 50% (0-10 s), 96% (10-18), 99.5% (18-26). N=4: 96% at 8 s, 99.5% at 12 s, beside the
+    # defaults; its four trials cost 10 + 8 + 12 + 2 = 32 GPU-s against N=1's 26
+    one = [_trial(0, 10, 50.0), _trial(10, 18, 96.0), _trial(18, 26, 99.5)]
+    four = [_trial(0, 10, 50.0), _trial(0, 8, 96.0), _trial(0, 12, 99.5), _trial(0, 2, 60.0)]
+    runs = [{"method": "mart", "scenario": "s", "seed": 0, "slots": 1, "trials": one},
+            {"method": "mart", "scenario": "s", "seed": 0, "slots": 4, "trials": four}]
+    c = summarize(runs, {"s": 100.0}, [1, 4])["checks"]
+    by = c["time_ratio_by_target"]
+    assert set(by) == {"0.95", "0.97", "0.99"}
+    assert abs(by["0.95"]["time_ratio_median"] - 8 / 18) < 1e-9  # the 96% trials decide 95%
+    assert abs(by["0.97"]["time_ratio_median"] - 12 / 26) < 1e-9 and abs(c["time_ratio_median"] - 12 / 26) < 1e-9
+    assert abs(by["0.99"]["time_ratio_median"] - 12 / 26) < 1e-9 and by["0.99"]["pairs"] == 1
+    # GPU-hours by 8 s at N=4: the defaults' 8, the 96% trial's 8, 8 of the 12 s trial, the 2 s one: 26 GPU-s
+    assert abs(by["0.95"]["gpu_ratio_median"] - 26 / 18) < 1e-9
+    assert abs(c["session_gpu_ratio_median"] - 32 / 26) < 1e-9
+    # a target neither run reaches counts no pair
+    runs[0]["trials"], runs[1]["trials"] = one[:2], four[:2]
+    assert summarize(runs, {"s": 100.0}, [1, 4])["checks"]["time_ratio_by_target"]["0.99"] == {
+        "pairs": 0, "time_ratio_median": None, "gpu_ratio_median": None}
