@@ -163,11 +163,40 @@ def run_status(store: RunStore, *, from_graph: bool = False) -> dict[str, Any]:
 
 def _running_rows(store: RunStore, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every trial the ledger has in flight: id, stage, kind, slot, steps so far, horizon, when it started, and
-    what it waits for while it is queued (its resources on a cluster)."""
+    what it waits for while it is queued (its resources on a cluster); beside them, what its own folder holds
+    (``on_disk``), which runs ahead of the ledger while no tuner reads the trial (a run paused at a review)."""
     return [{"trial_id": t["trial_id"], "stage": t["stage"], "kind": t["kind"], "slot": t.get("slot"),
              "steps_done": len(store.ledger.metric_records(t["trial_id"])), "horizon": t.get("horizon"),
-             "started_at": t.get("started_at"), "queued": t.get("waiting")}
+             "started_at": t.get("started_at"), "queued": t.get("waiting"),
+             "on_disk": trial_folder_progress(store, t["trial_id"])}
             for t in trials if t["status"] == "running"]
+
+
+#: a metrics stream larger than this is not read by ``mart status`` (a run folder is untrusted input)
+_STATUS_READ_MAX = 64 << 20
+
+
+def trial_folder_progress(store: RunStore, trial_id: str) -> dict[str, Any] | None:
+    """The steps a trial's folder holds (its ``metrics.jsonl``) and how it ended (``status.json``), read without
+    following links or writing anything; None when there is no such folder. A local trial and a verl attempt
+    write these themselves, so they run on while the tuner is away; a Ray job's copy is only as new as the last
+    time a tuner read it."""
+    from mart.state.trials import METRICS_FILE
+    from mart.trial_runner.base import read_status
+    from mart.trial_runner.metrics import MetricsTail
+
+    folder = store.run_dir / "trials" / trial_id
+    if folder.is_symlink() or not folder.is_dir():
+        return None
+    metrics = folder / METRICS_FILE
+    steps = 0
+    if metrics.is_file() and not metrics.is_symlink() and metrics.stat().st_size <= _STATUS_READ_MAX:
+        steps = len({r.step for r in MetricsTail(metrics).read_new()})
+    try:
+        ended = None if (folder / "status.json").is_symlink() else read_status(folder)
+    except (OSError, KeyError, TypeError, ValueError):  # a status file that is not a trial's
+        ended = None
+    return {"steps": steps, "ended": ended.status.value if ended is not None else None}
 
 
 def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from mart.state.ledger import Ledger
 from mart.state.run_store import RunStore
@@ -137,3 +138,36 @@ def test_a_batch_review_is_answered_candidate_by_candidate_from_the_command_line
     assert set(by_action) == {"approve", "reject"}, first_review
     assert by_action["reject"]["feedback"] == "too close to the memory limit"
     assert by_action["reject"]["candidate_id"] == ids[1] and by_action["approve"]["candidate_id"] == ids[0]
+
+
+def test_status_of_a_paused_run_reads_a_running_trial_s_own_folder(tmp_path):
+    """A run paused at a review with a trial in flight: the trial runs on (its folder grows) while no tuner reads
+    it, and `mart status` says what the folder holds rather than the ledger's last count; answering the review
+    takes the trial in, without launching it again."""
+    runs = str(tmp_path)
+    # the embedded trainer: a real process, which outlives the tuner that exits at the review
+    first = ok_json(cli("tune", "--backend", "local", "--parallel", "2", "--approve", "none", "--runs-dir", runs,
+                        "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "3", "--json"))
+    run = first["run_id"]
+    store = RunStore.open(run, runs)
+    (base,) = [t for t in Ledger.open(store.run_dir).trials() if t["status"] == "running"]
+    assert base["kind"] == "baseline"  # the review for slot 2 came while the baseline ran
+    done = store.run_dir / "trials" / base["trial_id"] / "status.json"
+    deadline = time.monotonic() + 90
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert done.exists(), "the baseline did not end without its tuner"
+    info = ok_json(cli("status", run, "--runs-dir", runs, "--json"))
+    (row,) = info["running_trials"]
+    assert row["steps_done"] < 3 and row["on_disk"] == {"steps": 3, "ended": "completed"}
+    text = cli("status", run, "--runs-dir", runs)
+    assert text.exit_code == 0
+    assert f"trial {base['trial_id']} (baseline, system, slot 1): ended (completed), 3/3 steps in its folder" \
+        in text.stdout
+
+    nxt = ok_json(cli("review", run, "--runs-dir", runs, "--approve", "--detach", "--json", "-q"))
+    assert nxt["status"] in ("paused", "completed")
+    trials = Ledger.open(store.run_dir).trials()
+    assert next(t for t in trials if t["trial_id"] == base["trial_id"])["status"] == "completed"
+    assert sum(t["kind"] == "baseline" for t in trials) == 1 and len(trials) == 2  # taken in, not launched again
+    assert len(Ledger.open(store.run_dir).metric_records(base["trial_id"])) == 3

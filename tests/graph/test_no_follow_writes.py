@@ -171,3 +171,27 @@ def test_verl_runner_trial_log_and_a_symlinked_trial_folder(tmp_path):
     with pytest.raises(RunError, match="symbolic link"):
         store.trial_dir("sys-01-baseline")
     store.close()
+
+
+def test_status_reads_a_trial_folder_only_when_it_is_no_link(tmp_path):
+    from mart.graph.run_status import trial_folder_progress
+
+    store = RunStore.create(tmp_path / "runs", "r1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n{"step": 2, "data": {}}\n')
+    (elsewhere / "status.json").write_text('{"status": "completed", "reason": null, "last_step": 2}')
+    (store.run_dir / "trials" / "linked").symlink_to(elsewhere)
+    assert trial_folder_progress(store, "linked") is None and trial_folder_progress(store, "absent") is None
+    real = store.trial_dir("real")
+    (real / "metrics.jsonl").symlink_to(elsewhere / "metrics.jsonl")
+    (real / "status.json").symlink_to(elsewhere / "status.json")
+    assert trial_folder_progress(store, "real") == {"steps": 0, "ended": None}
+    for name in ("metrics.jsonl", "status.json"):
+        (real / name).unlink()
+        (real / name).write_text((elsewhere / name).read_text())
+    assert trial_folder_progress(store, "real") == {"steps": 2, "ended": "completed"}
+    for junk in ('{"status": "exploded"}', "[1, 2]", '{"no": "status"}'):  # a folder's file is foreign text
+        (real / "status.json").write_text(junk)
+        assert trial_folder_progress(store, "real") == {"steps": 2, "ended": None}
+    store.close()
