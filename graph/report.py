@@ -277,7 +277,7 @@ def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
         return False
     ax.step(xs, [y if y is not None else math.nan for y in ys], where="post", color="C0", lw=2)
     ax.plot(xs, [y if y is not None else math.nan for y in ys], "o", color="C0", ms=3)
-    ax.set_title(f"{stage} stage: best {label} against wall clock")
+    ax.set_title(f"{stage} stage: best {label}")  # the section says "against wall clock"; two panels share a row
     ax.set_xlabel("seconds since the first trial started")
     return True
 
