@@ -33,7 +33,7 @@ from mart.nodes.agents.prompts import (
     build_proposer_prompt,
     build_repair_message,
 )
-from mart.nodes.agents.rules import RulesCritic, RulesProposer, model_candidates
+from mart.nodes.agents.rules import HEDGES, RulesCritic, RulesProposer, model_candidates
 from mart.nodes.agents.schedule import capacity_errors, implied_caps, knob_stage
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
@@ -224,13 +224,15 @@ class LLMProposer(_LLMStrategy, Proposer):
     def _with_model_pick(ctx: AgentContext, candidates: list[Candidate]) -> list[Candidate]:
         """Stage 1 with a job model: the model's own best pick competes with the LLM's candidates (the critic
         ranks all by the same model), so the LLM steers part of the search and its share is on record
-        (``trials_by_source`` in the summary)."""
+        (``trials_by_source`` in the summary). For a batch the model offers its hedges too, as it does to the
+        rules proposer: the critic spends at most one slot on one (``RulesCritic._hedged_batch``)."""
         if ctx.stage != "system" or ctx.job_model is None or not ctx.memory_limit_gb:
             return candidates
 
         keys = {c.key() for c in candidates}
         try:
-            extra = [c for c in model_candidates(ctx, source="model", n=1) if c.key() not in keys]
+            extra = [c for c in model_candidates(ctx, source="model", n=1, hedges=HEDGES if ctx.slots > 1 else 0)
+                     if c.key() not in keys]
         except Exception as e:  # noqa: BLE001 - the LLM's candidates stand on their own
             log.warning("job model search failed: %s", e)
             extra = []

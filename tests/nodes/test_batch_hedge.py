@@ -63,3 +63,23 @@ def test_no_hedge_is_run_when_none_is_predicted_faster_than_the_safe_picks():
     cands, picks = _decide(model, limit, slots=3)
     assert any("A hedge" in c.rationale for c in cands)
     assert picks and not any(_is_hedge(model, limit, c.overrides) for c in picks)
+
+
+def test_the_llm_proposer_s_batch_is_offered_the_model_s_hedges_too():
+    from mart.nodes.agents.llm import LLMProposer
+
+    model, limit = _priors(40.0)
+    # what an LLM answered: one safe config (the rules proposer's best, as any valid answer would be)
+    for slots, hedged_batch in ((3, True), (1, False)):
+        ctx = dataclasses.replace(_ctx(model, "system", limit), slots=slots, num_candidates=slots)
+        llm = [c for c in RulesProposer().propose(ctx) if "A hedge" not in c.rationale][:1]
+        llm = [llm[0].model_copy(update={"candidate_id": "llm-1", "source": "llm"})]
+        cands = LLMProposer._with_model_pick(ctx, llm)
+        offered = [c for c in cands if "A hedge" in c.rationale]
+        assert bool(offered) == hedged_batch and all(c.source == "model" for c in offered)
+        assert cands[0].candidate_id == "llm-1"  # the LLM's own answer stands first
+        if hedged_batch:
+            verdict = RulesCritic().critique(ctx, cands)
+            by_id = {c.candidate_id: c for c in cands}
+            picks = [by_id[p] for p in verdict.picks]
+            assert sum(_is_hedge(model, limit, c.overrides) for c in picks) == 1
