@@ -178,25 +178,39 @@ _STATUS_READ_MAX = 64 << 20
 
 def trial_folder_progress(store: RunStore, trial_id: str) -> dict[str, Any] | None:
     """The steps a trial's folder holds (its ``metrics.jsonl``) and how it ended (``status.json``), read without
-    following links or writing anything; None when there is no such folder. A local trial and a verl attempt
-    write these themselves, so they run on while the tuner is away; a Ray job's copy is only as new as the last
-    time a tuner read it."""
-    from mart.state.trials import METRICS_FILE
+    writing anything and without leaving the folder (a link is followed only to a file inside it: a verl trial's
+    ``metrics.jsonl`` links to its attempt's); None when there is no such folder. A local trial writes both
+    itself, so they run on while the tuner is away; a verl attempt writes its metrics (its end is read from its
+    exit code by the next tuner); a Ray job's copy is only as new as the last time a tuner read it."""
+    from mart.state.trials import METRICS_FILE, STATUS_FILE
     from mart.trial_runner.base import read_status
     from mart.trial_runner.metrics import MetricsTail
 
     folder = store.run_dir / "trials" / trial_id
     if folder.is_symlink() or not folder.is_dir():
         return None
-    metrics = folder / METRICS_FILE
+    metrics = _inside(folder, METRICS_FILE)
     steps = 0
-    if metrics.is_file() and not metrics.is_symlink() and metrics.stat().st_size <= _STATUS_READ_MAX:
+    if metrics is not None and metrics.stat().st_size <= _STATUS_READ_MAX:
         steps = len({r.step for r in MetricsTail(metrics).read_new()})
-    try:
-        ended = None if (folder / "status.json").is_symlink() else read_status(folder)
-    except (OSError, KeyError, TypeError, ValueError):  # a status file that is not a trial's
-        ended = None
+    ended = None
+    status = _inside(folder, STATUS_FILE)
+    if status is not None:
+        try:
+            ended = read_status(folder)  # its status.json: a file inside the folder, checked above
+        except (OSError, KeyError, TypeError, ValueError):  # a status file that is not a trial's
+            ended = None
     return {"steps": steps, "ended": ended.status.value if ended is not None else None}
+
+
+def _inside(folder: Any, name: str) -> Any:
+    """``folder/name`` resolved, when it is a regular file inside ``folder`` (through links or not); else None."""
+    try:
+        real = (folder / name).resolve(strict=True)
+        root = folder.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return real if real.is_relative_to(root) and real.is_file() else None
 
 
 def _ledger_status(store: RunStore, row: dict[str, Any]) -> dict[str, Any]:

@@ -186,7 +186,13 @@ def test_status_reads_a_trial_folder_only_when_it_is_no_link(tmp_path):
     real = store.trial_dir("real")
     (real / "metrics.jsonl").symlink_to(elsewhere / "metrics.jsonl")
     (real / "status.json").symlink_to(elsewhere / "status.json")
-    assert trial_folder_progress(store, "real") == {"steps": 0, "ended": None}
+    assert trial_folder_progress(store, "real") == {"steps": 0, "ended": None}  # links out of the folder
+    # a link inside the folder is followed (a verl trial's metrics.jsonl names its attempt's file)
+    (real / "metrics.jsonl").unlink()
+    (real / "attempt-1").mkdir()
+    (real / "attempt-1" / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
+    (real / "metrics.jsonl").symlink_to(real / "attempt-1" / "metrics.jsonl")
+    assert trial_folder_progress(store, "real") == {"steps": 1, "ended": None}
     for name in ("metrics.jsonl", "status.json"):
         (real / name).unlink()
         (real / name).write_text((elsewhere / name).read_text())
