@@ -99,3 +99,30 @@ def test_a_new_answer_to_an_already_answered_review_is_refused_not_replayed(tmp_
         assert h.state().config["configurable"]["checkpoint_id"] == head_before  # nothing ran
         # the head's pending review is still answered normally, and a fork re-opens the old one
         assert h.fork(answered)["review_no"] == 1
+
+
+def test_a_batch_review_is_answered_per_candidate_from_a_notebook(tmp_path):
+    """`graph.invoke(Command(resume=ReviewDecision(decisions=[...])))`: one candidate of the batch edited, the other
+    rejected with feedback; the edited config runs, the rejected one never does, both decisions are on record."""
+    from mart.state.models import CandidateDecision
+
+    paused = tune(options(tmp_path, backend="sim", parallel=3, approve="none", system_trials=5, learning_trials=0,
+                          system_horizon=6))
+    request = paused["pending_review"]
+    ids = [c["candidate_id"] for c in request["candidates"]]
+    assert len(ids) == 2
+    seqs = "actor_rollout_ref.rollout.max_num_seqs"
+    assert request["candidates"][0]["overrides"].get(seqs) != 128  # the edit changes what was proposed
+    with open_run(paused["run_id"], tmp_path) as h:
+        answer = ReviewDecision(decisions=[
+            CandidateDecision(type="edit", candidate_id=ids[0], edits={seqs: 128}),
+            CandidateDecision(type="reject", candidate_id=ids[1], message="no tensor parallel change yet")],
+            reviewer="nb", channel="notebook")
+        h.graph.invoke(Command(resume=answer), h.config, context=h.context)
+        ledger = Ledger.open(h.store.run_dir)
+        ran = {t["candidate_id"]: t for t in ledger.trials() if t["kind"] == "candidate"}
+        assert ids[1] not in ran and ran[ids[0]]["config"][seqs] == 128
+        first = {r["candidate_id"]: r for r in ledger.table_rows("reviews") if r["review_no"] == 1}
+        assert (first[ids[0]]["action"], first[ids[1]]["action"]) == ("edit", "reject")
+        assert first[ids[1]]["feedback"] == "no tensor parallel change yet"
+        assert {r["channel"] for r in first.values()} == {"notebook"}
