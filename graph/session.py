@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,10 +51,12 @@ from mart.nodes.progress import (
     parse_event,
 )
 from mart.nodes.runtime import Services
+from mart.state.graph_state import running_trials
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
 from mart.state.units import fmt_gb
+from mart.tools.watch import WatchDuringReview
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
@@ -244,7 +246,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
             if not snap.interrupts:
                 raise RunError(f"the graph stopped at {snap.next} without a pending review")
             request = review_request(snap)
-            decision = reviewer.review(request)
+            decision = _review_watching(reviewer, request, services, snap.values)
             if decision is None:
                 ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
@@ -262,6 +264,17 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
     finally:
         services.close()
         saver.conn.close()  # the Slack server drives many runs in one process
+
+
+def _review_watching(reviewer: Reviewer, request: dict[str, Any], services: Services,
+                     values: Mapping[str, Any] | None) -> ReviewDecision | None:
+    """``reviewer.review(request)``; while a person answers in this process, the trials in flight are watched
+    (health stops, their steps into the ledger: ``WatchDuringReview``)."""
+    running = running_trials(values or {}) if reviewer.waits else []
+    if not running:
+        return reviewer.review(request)
+    with WatchDuringReview(services, running):
+        return reviewer.review(request)
 
 
 def session_failure(trials: list[dict[str, Any]]) -> str | None:
@@ -483,7 +496,14 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
             elif snap.interrupts:
                 reviewer.bind(store)
                 request = review_request(snap)
-                answer = reviewer.review(request)
+                if reviewer.waits and running_trials(snap.values or {}):
+                    side = build_services(options, store, api_key=api_key)
+                    try:
+                        answer = _review_watching(reviewer, request, side, snap.values)
+                    finally:
+                        side.close()
+                else:
+                    answer = reviewer.review(request)
                 if answer is None:
                     store.ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}

@@ -24,6 +24,10 @@ def health_config(services: Any, record: TrialRecord) -> HealthConfig:
                         num_rounds=_int_or_none(record.config.get(NUM_ROUNDS)))
 
 
+#: how the reason of a trial the health monitor stopped begins (the ledger's ``reason``)
+STOP_PREFIX = "health:"
+
+
 def assess(services: Any, record: TrialRecord, *, final: bool = False) -> str | None:
     """Evaluate the rules on the trial's stream so far (from the ledger), record its events, announce the new
     ones, and return why it must stop (None: it runs on; a baseline, or a trial that has ``final``-ly ended,
@@ -38,7 +42,7 @@ def assess(services: Any, record: TrialRecord, *, final: bool = False) -> str | 
     stops: list[HealthEvent] = [e for e in events if e.severity == "stop"]
     if final or not stops or record.kind == "baseline":
         return None
-    return f"health: {stops[0].rule}: {stops[0].message}"
+    return f"{STOP_PREFIX} {stops[0].rule}: {stops[0].message}"
 
 
 def _int_or_none(value: Any) -> int | None:

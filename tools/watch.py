@@ -14,7 +14,9 @@ ledger's upserts make a resumed watch (a new node run) read again safely.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,10 +24,11 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from mart.nodes.health_monitor import assess
+from mart.nodes.health_monitor import STOP_PREFIX, assess
 from mart.nodes.progress import TrialQueued, TrialStarted, TrialStep, emit
 from mart.nodes.runtime import Services, services_for
 from mart.state.graph_state import TuningState, running_trials
+from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialRecord
 from mart.state.trials import RunningTrial
@@ -63,6 +66,14 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
     interval = services.options.watch_interval_s
     watchdog = services.watchdog()
     follows: dict[str, _Follow] = {}
+    # stopped by the health monitor while the graph waited at a review (``WatchDuringReview``): stop and collect
+    # them with that reason
+    marked = {rt.record.trial_id: row["reason"] for rt in trials if not rt.finished and not rt.stop_reason
+              and (row := ledger.trial(rt.record.trial_id) or {}).get("status") == "running"
+              and str(row.get("reason") or "").startswith(STOP_PREFIX)}
+    if marked:
+        return _leave([rt.model_copy(update={"stop_reason": marked[rt.record.trial_id]})
+                       if rt.record.trial_id in marked else rt for rt in trials])
     for rt in trials:
         if rt.finished or rt.stop_reason or rt.handle is None:
             return _leave(trials)
@@ -170,3 +181,74 @@ def _progress_event(record: TrialRecord, rec: StepRecord) -> TrialStep:
         memory_gb=val("perf/max_memory_allocated_gb") or val("actor/perf/max_memory_allocated_gb"),
         reward=val("critic/score/mean"), entropy=val("actor/entropy"), val_score=score,
     )
+
+
+class _Side:
+    """The session's services as seen from the review watcher's thread: its own ledger connection, no progress
+    output (the terminal is asking the reviewer), everything else shared (the main thread waits meanwhile)."""
+
+    progress = None
+
+    def __init__(self, services: Services, ledger: Any) -> None:
+        self._services, self.ledger = services, ledger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._services, name)
+
+
+class WatchDuringReview:
+    """Follows the trials in flight while a person answers a review in this process (the terminal): their steps
+    go into the ledger and the health monitor (the memory margin among its rules) judges them on each pass, so
+    a sick trial is stopped then, not when the answer comes. It only stops and records: the graph, which waits
+    at its interrupt meanwhile, routes a trial stopped so to its stop and collect nodes on its next watch (the
+    reason in the trial's ledger row) and collects the ones that ended. Used as a context manager around the
+    review; leaving it joins the thread before the graph moves on."""
+
+    def __init__(self, services: Services, trials: list[RunningTrial]) -> None:
+        self.services = services
+        self.trials = [rt for rt in trials if rt.handle is not None and not rt.finished and not rt.stop_reason]
+        self.interval = max(0.05, services.options.watch_interval_s)
+        self.stopped: dict[str, str] = {}
+        self._quit = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mart-review-watch", daemon=True)
+
+    def __enter__(self) -> "WatchDuringReview":
+        if self.trials:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._quit.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        ledger = Ledger.open(self.services.store.run_dir)
+        side, runner = _Side(self.services, ledger), self.services.runner
+        try:
+            tails = {rt.record.trial_id: runner.metrics(rt.handle) for rt in self.trials}
+            known = {rt.record.trial_id: {r.step for r in ledger.metric_records(rt.record.trial_id)}
+                     for rt in self.trials}
+            left = list(self.trials)
+            while left and not self._quit.wait(self.interval):
+                for rt in list(left):
+                    tid = rt.record.trial_id
+                    records = tails[tid].read_new()
+                    fresh = [r for r in records if r.step not in known[tid]]
+                    if records:
+                        ledger.add_metrics(tid, records)
+                    known[tid].update(r.step for r in fresh)
+                    if runner.poll(rt.handle).status.is_finished():
+                        left.remove(rt)  # ended by itself: the graph collects it
+                        continue
+                    reason = assess(side, rt.record) if fresh else None
+                    if reason:
+                        ledger.set_trial_fields(tid, reason=reason)  # before the stop: a crash leaves the why
+                        runner.stop(rt.handle, reason=reason)
+                        self.stopped[tid] = reason
+                        left.remove(rt)
+        except Exception as e:  # noqa: BLE001 - the review goes on; the graph's own watch follows the trials later
+            logging.getLogger(__name__).warning("watching trials during the review failed (%s: %s)",
+                                                type(e).__name__, e)
+        finally:
+            ledger.close()

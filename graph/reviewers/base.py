@@ -32,6 +32,10 @@ class Reviewer(abc.ABC):
     failed: str | None = None
     """Set when the channel could not deliver a review (the run is paused; the CLI exits non-zero)."""
 
+    waits: bool = False
+    """``review`` waits in this process for a person's answer (the terminal): the trials in flight are watched
+    meanwhile (``mart.tools.watch.WatchDuringReview``). Channels that detach, or answer at once, leave it False."""
+
     @abc.abstractmethod
     def review(self, request: dict[str, Any]) -> ReviewDecision | None:
         """Answer one review request, or None to detach (the run stays paused at this review)."""
@@ -125,6 +129,7 @@ class TTYReviewer(Reviewer):
     """Interactive prompt on the terminal."""
 
     name = "tty"
+    waits = True
 
     def __init__(self, stdin=None, stdout=None) -> None:
         self.stdin = stdin or sys.stdin

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from mart.nodes.health_monitor import STOP_PREFIX
 from mart.state.graph_state import running_trials
 from mart.state.models import Stage, TrialRecord, knob_stage
 from mart.state.trials import RunningTrial
@@ -108,7 +109,7 @@ def killed(record: TrialRecord) -> bool:
     """The trial ended failed or stopped by something outside its config (``_KILLED``), not by mart's health
     monitor or an OOM."""
     reason = (record.reason or "").lower()
-    return (record.status.value in ("failed", "stopped") and not reason.startswith("health:")
+    return (record.status.value in ("failed", "stopped") and not reason.startswith(STOP_PREFIX)
             and any(word in reason for word in _KILLED))
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mart.graph.reviewers.base import Reviewer
-from mart.graph.session import tune
+from mart.graph.session import resume, tune
 from mart.state.ledger import Ledger
 from mart.state.models import CandidateDecision, ReviewDecision, config_hash
 from mart.state.options import TuneOptions
@@ -369,3 +370,85 @@ def test_schedule_branches_of_a_node_run_side_by_side_and_the_tree_stays_whole(t
     assert any(len(r["candidates"]) == 2 for r in reviewer.requests)
     assert len(rows) <= opts.schedule_trial_budget()
     ledger.close()
+
+
+
+class WaitingReviewer(Recording):
+    """A person at the terminal (``waits``): review #2 is answered only once the trial of candidate ``sick`` has a
+    health stop in the ledger (or after ``patience`` seconds); ``seen`` is its ledger row at that moment."""
+
+    name = "waiting"
+    waits = True
+
+    def __init__(self, answer, runs_dir: Path, patience: float = 20.0):
+        super().__init__(answer)
+        self.runs_dir, self.patience, self.seen, self.sick = runs_dir, patience, None, None
+
+    def review(self, request):
+        if request["review_no"] == 2:
+            (run,) = [p for p in self.runs_dir.iterdir() if p.is_dir()]
+            ledger = Ledger.open(run)
+            self.sick = next(t["trial_id"] for t in ledger.trials() if t["candidate_id"] == self.answer.kl)
+            deadline = time.monotonic() + self.patience
+            while time.monotonic() < deadline and not (
+                    (ledger.trial(self.sick) or {}).get("reason") or "").startswith("health:"):
+                time.sleep(0.05)
+            self.seen = ledger.trial(self.sick)
+            ledger.close()
+        return super().review(request)
+
+
+def test_a_sick_trial_is_stopped_while_a_person_answers_a_review(tmp_path):
+    # toy stream (a step per poll): lr > 0.02 collapses the entropy after step 2, an entropy bonus > 0.03 blows
+    # the KL up from step 5. Review #1 makes one candidate of each kind beside the baseline; the first is stopped
+    # at step 3, and review #2 (for its slot) is asked while the KL-sick one runs: that one must be stopped while
+    # the person still thinks, not when the answer comes
+    def answer(request):
+        if request["review_no"] == 1:
+            a, answer.kl = (c["candidate_id"] for c in request["candidates"])
+            return ReviewDecision(decisions=[CandidateDecision(type="edit", candidate_id=a, edits={LR: 0.05}),
+                                             CandidateDecision(type="edit", candidate_id=answer.kl, edits={ENT: 0.05})],
+                                  reviewer="t", channel="t")
+        return ReviewDecision.approve_all(reviewer="t", channel="t")
+
+    opts = _options(tmp_path, backend_options={"stream": True, "kl_onset_step": 5}, parallel=3, stages=["learning"],
+                    learning_trials=4, learning_horizon=10, learning_confirm_trials=0)
+    reviewer = WaitingReviewer(answer, Path(tmp_path))
+    summary = tune(opts, reviewer=reviewer)
+    assert len(reviewer.requests) >= 2 and reviewer.sick in reviewer.requests[1]["running"]
+    seen = reviewer.seen
+    assert seen is not None and seen["reason"].startswith("health: kl"), seen  # stopped before the answer came
+    assert seen["status"] == "running"  # by the watch during the review; the graph collects it afterwards
+    ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
+    kl = ledger.trial(reviewer.sick)
+    assert kl["status"] == "stopped" and kl["early_stopped"] and kl["reason"] == seen["reason"]
+    assert 5 <= kl["steps_done"] < 10
+    [base] = [t for t in ledger.trials() if t["kind"] == "baseline"]
+    assert base["status"] == "completed" and base["steps_done"] == 10  # the healthy trial ran on to its end
+    ledger.close()
+
+
+def test_a_review_answered_later_at_the_terminal_watches_the_trials_in_flight_too(tmp_path):
+    # as above, but review #2 finds nobody (the run pauses with the KL-sick trial in flight); `mart review RUN` at
+    # the terminal later answers it through `resume`, and the trial is stopped while that person thinks
+    class Leaves(Recording):
+        def review(self, request):
+            return None if request["review_no"] == 2 else super().review(request)
+
+    def answer(request):
+        a, answer.kl = (c["candidate_id"] for c in request["candidates"])
+        return ReviewDecision(decisions=[CandidateDecision(type="edit", candidate_id=a, edits={LR: 0.05}),
+                                         CandidateDecision(type="edit", candidate_id=answer.kl, edits={ENT: 0.05})],
+                              reviewer="t", channel="t")
+
+    opts = _options(tmp_path, backend_options={"stream": True, "kl_onset_step": 5}, parallel=3, stages=["learning"],
+                    learning_trials=4, learning_horizon=10, learning_confirm_trials=0)
+    paused = tune(opts, reviewer=Leaves(answer))
+    assert paused["status"] == "paused" and paused["pending_review"]["review_no"] == 2
+    later = WaitingReviewer(lambda request: ReviewDecision.approve_all(reviewer="t", channel="t"), Path(tmp_path))
+    later.answer.kl = answer.kl
+    summary = resume(paused["run_id"], tmp_path, reviewer=later, quiet=True)
+    assert summary["status"] == "completed"
+    assert later.seen is not None and later.seen["reason"].startswith("health: kl"), later.seen
+    kl = Ledger.open(Path(tmp_path) / paused["run_id"]).trial(later.sick)
+    assert kl["status"] == "stopped" and kl["early_stopped"] and 5 <= kl["steps_done"] < 10
