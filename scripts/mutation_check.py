@@ -240,6 +240,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP13", "graph/session.py", 'OPTIONAL_SUMMARY_KEYS = ("schedule", "error", "parallel")',
            'OPTIONAL_SUMMARY_KEYS = ("schedule", "error")', "mart tune --json drops how the slots were used",
            ("tests/graph/test_queued_trials.py",)),
+    Mutant("MP14", "graph/session.py", "    running = running_trials(values or {}) if reviewer.waits else []",
+           "    running = []", "the trials in flight go unwatched while a person answers a review at the terminal",
+           ("tests/graph/test_parallel_session.py",)),
+    Mutant("MP15", "tools/watch.py", 'and str(row.get("reason") or "").startswith(STOP_PREFIX)}',
+           'and False}', "a trial stopped during a review is collected without its health reason",
+           ("tests/graph/test_parallel_session.py",)),
 )
 
 
