@@ -208,7 +208,6 @@ class WatchDuringReview:
         self.services = services
         self.trials = [rt for rt in trials if rt.handle is not None and not rt.finished and not rt.stop_reason]
         self.interval = max(0.05, services.options.watch_interval_s)
-        self.stopped: dict[str, str] = {}
         self._quit = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mart-review-watch", daemon=True)
 
@@ -245,7 +244,6 @@ class WatchDuringReview:
                     if reason:
                         ledger.set_trial_fields(tid, reason=reason)  # before the stop: a crash leaves the why
                         runner.stop(rt.handle, reason=reason)
-                        self.stopped[tid] = reason
                         left.remove(rt)
         except Exception as e:  # noqa: BLE001 - the review goes on; the graph's own watch follows the trials later
             logging.getLogger(__name__).warning("watching trials during the review failed (%s: %s)",
