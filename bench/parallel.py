@@ -143,13 +143,9 @@ def summarize(runs: list[dict[str, Any]], optimum: dict[str, float], slots: list
     checks: dict[str, Any] = {}
     top = max(slots)
     pairs = [(sc, s) for (m, sc, s, n) in idx if m == "mart" and n == top]
-    ratios, gpu_ratios, wins = [], [], []
+    ratios, gpu_ratios = ratio_lists(by, optimum, pairs, top, TARGET)
+    wins = []
     for sc, s in pairs:
-        one, many = idx.get(("mart", sc, s, 1)), idx[("mart", sc, s, top)]
-        if one and one["to97_units"] and many["to97_units"] is not None:
-            ratios.append(many["to97_units"] / one["to97_units"])
-        if one and one["to97_gpu_h"] and many["to97_gpu_h"] is not None:
-            gpu_ratios.append(many["to97_gpu_h"] / one["to97_gpu_h"])
         tpe = by.get(("tpe-cl", sc, s, top))
         mart = by[("mart", sc, s, top)]
         if tpe is not None:
@@ -181,10 +177,10 @@ def summarize(runs: list[dict[str, Any]], optimum: dict[str, float], slots: list
     return {"rows": rows, "checks": checks}
 
 
-def ratios_at(by: dict[tuple, dict[str, Any]], optimum: dict[str, float], pairs: list[tuple[str, int]], top: int,
-              target: float) -> dict[str, Any]:
-    """mart's wall-clock and GPU-hour ratios (N=top over N=1) to ``target`` x the optimum, as medians over the
-    pairs where both reach it: how much the verdict owes to where the 97% line falls."""
+def ratio_lists(by: dict[tuple, dict[str, Any]], optimum: dict[str, float], pairs: list[tuple[str, int]], top: int,
+                target: float) -> tuple[list[float], list[float]]:
+    """mart's wall-clock and GPU-hour ratios (N=top over N=1) to ``target`` x the optimum, per pair where both
+    reach it."""
     walls, gpus = [], []
     for sc, s in pairs:
         one, many = by.get(("mart", sc, s, 1)), by.get(("mart", sc, s, top))
@@ -193,8 +189,15 @@ def ratios_at(by: dict[tuple, dict[str, Any]], optimum: dict[str, float], pairs:
         (w1, g1), (wn, gn) = (time_to(best_so_far(r["trials"]), target * optimum[sc]) for r in (one, many))
         if w1 and wn is not None:
             walls.append(wn / w1)
-            if g1 and gn is not None:
-                gpus.append(gn / g1)
+        if g1 and gn is not None:
+            gpus.append(gn / g1)
+    return walls, gpus
+
+
+def ratios_at(by: dict[tuple, dict[str, Any]], optimum: dict[str, float], pairs: list[tuple[str, int]], top: int,
+              target: float) -> dict[str, Any]:
+    """The medians of ``ratio_lists`` at ``target``: how much the verdict owes to where the 97% line falls."""
+    walls, gpus = ratio_lists(by, optimum, pairs, top, target)
     return {"pairs": len(walls), "time_ratio_median": statistics.median(walls) if walls else None,
             "gpu_ratio_median": statistics.median(gpus) if gpus else None}
 

@@ -648,14 +648,13 @@ def status(
     for t in running:  # every trial in flight (several with --parallel)
         slot = f", slot {t['slot'] + 1}" if t.get("slot") is not None and (info.get("slots") or 1) > 1 else ""
         where = f"queued ({t['queued']})" if t.get("queued") else f"{t['steps_done']}/{t['horizon']} steps"
-        disk = t.get("on_disk") or {}
-        label = "running trial"
-        if not info.get("driver_pid") and (disk.get("ended") or (disk.get("steps") or 0) > t["steps_done"]):
+        disk, label = t.get("on_disk") or {}, "running trial"
+        ended = disk.get("ended")
+        if not info.get("driver_pid") and (ended or (disk.get("steps") or 0) > t["steps_done"]):
             # no tuner reads the trial now: its own folder is newer than the ledger
-            label = "trial" if disk.get("ended") else label
-            where = ((f"ended ({disk['ended']}), " if disk.get("ended") else "")
-                     + f"{disk.get('steps', 0)}/{t['horizon']} steps in its folder; the ledger takes it in when "
-                     "the run continues")
+            label = "trial" if ended else label
+            where = ((f"ended ({ended}), " if ended else "") + f"{disk.get('steps', 0)}/{t['horizon']} steps in its "
+                     "folder; the ledger takes it in when the run continues")
         typer.echo(one_line(f"{label} {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {where}"))
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))

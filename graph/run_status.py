@@ -10,6 +10,7 @@ the graph on) is read from the graph's checkpoints.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from mart.state.run_store import RunError, RunStore
@@ -203,7 +204,7 @@ def trial_folder_progress(store: RunStore, trial_id: str) -> dict[str, Any] | No
     return {"steps": steps, "ended": ended.status.value if ended is not None else None}
 
 
-def _inside(folder: Any, name: str) -> Any:
+def _inside(folder: Path, name: str) -> Path | None:
     """``folder/name`` resolved, when it is a regular file inside ``folder`` (through links or not); else None."""
     try:
         real = (folder / name).resolve(strict=True)

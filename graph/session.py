@@ -11,8 +11,9 @@ import os
 import shutil
 import time
 from collections.abc import Collection, Mapping
+from contextlib import closing, nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from langgraph.types import Command
 from rich.markup import escape
@@ -246,7 +247,7 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
             if not snap.interrupts:
                 raise RunError(f"the graph stopped at {snap.next} without a pending review")
             request = review_request(snap)
-            decision = _review_watching(reviewer, request, services, snap.values)
+            decision = _review_watching(reviewer, request, snap.values, lambda: nullcontext(services))
             if decision is None:
                 ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
@@ -266,14 +267,14 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
         saver.conn.close()  # the Slack server drives many runs in one process
 
 
-def _review_watching(reviewer: Reviewer, request: dict[str, Any], services: Services,
-                     values: Mapping[str, Any] | None) -> ReviewDecision | None:
+def _review_watching(reviewer: Reviewer, request: dict[str, Any], values: Mapping[str, Any] | None,
+                     services: Callable[[], ContextManager[Services]]) -> ReviewDecision | None:
     """``reviewer.review(request)``; while a person answers in this process, the trials in flight are watched
-    (health stops, their steps into the ledger: ``WatchDuringReview``)."""
+    (health stops, their steps into the ledger: ``WatchDuringReview``) with the ``services`` it opens only then."""
     running = running_trials(values or {}) if reviewer.waits else []
     if not running:
         return reviewer.review(request)
-    with WatchDuringReview(services, running):
+    with services() as side, WatchDuringReview(side, running):
         return reviewer.review(request)
 
 
@@ -496,14 +497,9 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
             elif snap.interrupts:
                 reviewer.bind(store)
                 request = review_request(snap)
-                if reviewer.waits and running_trials(snap.values or {}):
-                    side = build_services(options, store, api_key=api_key)
-                    try:
-                        answer = _review_watching(reviewer, request, side, snap.values)
-                    finally:
-                        side.close()
-                else:
-                    answer = reviewer.review(request)
+                # no session services yet (``_drive`` builds them): the watch, if any, gets its own
+                answer = _review_watching(reviewer, request, snap.values,
+                                          lambda: closing(build_services(options, store, api_key=api_key)))
                 if answer is None:
                     store.ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                     return {"run_id": store.run_id, "status": "paused", "pending_review": request}

@@ -66,19 +66,20 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
     interval = services.options.watch_interval_s
     watchdog = services.watchdog()
     follows: dict[str, _Follow] = {}
+    rows = {rt.record.trial_id: ledger.trial(rt.record.trial_id) or {} for rt in trials}
     # stopped by the health monitor while the graph waited at a review (``WatchDuringReview``): stop and collect
     # them with that reason
-    marked = {rt.record.trial_id: row["reason"] for rt in trials if not rt.finished and not rt.stop_reason
-              and (row := ledger.trial(rt.record.trial_id) or {}).get("status") == "running"
+    marked = {tid: row["reason"] for tid, row in rows.items() if row.get("status") == "running"
               and str(row.get("reason") or "").startswith(STOP_PREFIX)}
     if marked:
         return _leave([rt.model_copy(update={"stop_reason": marked[rt.record.trial_id]})
-                       if rt.record.trial_id in marked else rt for rt in trials])
+                       if rt.record.trial_id in marked and not rt.finished and not rt.stop_reason else rt
+                       for rt in trials])
     for rt in trials:
         if rt.finished or rt.stop_reason or rt.handle is None:
             return _leave(trials)
         known = {r.step for r in ledger.metric_records(rt.record.trial_id)}
-        row = ledger.trial(rt.record.trial_id) or {}
+        row = rows[rt.record.trial_id]
         f = _Follow(trial=rt, tail=runner.metrics(rt.handle), known=known,
                     clock_from=row.get("running_at") or rt.handle.started_at)
         if row.get("waiting_since") and not row.get("running_at"):  # queued when an earlier watch last saw it

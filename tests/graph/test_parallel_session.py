@@ -374,21 +374,22 @@ def test_schedule_branches_of_a_node_run_side_by_side_and_the_tree_stays_whole(t
 
 
 class WaitingReviewer(Recording):
-    """A person at the terminal (``waits``): review #2 is answered only once the trial of candidate ``sick`` has a
-    health stop in the ledger (or after ``patience`` seconds); ``seen`` is its ledger row at that moment."""
+    """A person at the terminal (``waits``): review #2 is answered only once the trial of candidate
+    ``kl["candidate"]`` has a health stop in the ledger (or after ``patience`` seconds); ``seen`` is its ledger row
+    at that moment, ``sick`` its trial id."""
 
     name = "waiting"
     waits = True
 
-    def __init__(self, answer, runs_dir: Path, patience: float = 20.0):
+    def __init__(self, answer, runs_dir: Path, kl: dict, patience: float = 20.0):
         super().__init__(answer)
-        self.runs_dir, self.patience, self.seen, self.sick = runs_dir, patience, None, None
+        self.runs_dir, self.kl, self.patience, self.seen, self.sick = runs_dir, kl, patience, None, None
 
     def review(self, request):
         if request["review_no"] == 2:
             (run,) = [p for p in self.runs_dir.iterdir() if p.is_dir()]
             ledger = Ledger.open(run)
-            self.sick = next(t["trial_id"] for t in ledger.trials() if t["candidate_id"] == self.answer.kl)
+            self.sick = next(t["trial_id"] for t in ledger.trials() if t["candidate_id"] == self.kl["candidate"])
             deadline = time.monotonic() + self.patience
             while time.monotonic() < deadline and not (
                     (ledger.trial(self.sick) or {}).get("reason") or "").startswith("health:"):
@@ -398,22 +399,30 @@ class WaitingReviewer(Recording):
         return super().review(request)
 
 
+def _one_collapse_one_kl(request, kl: dict) -> ReviewDecision:
+    """Review #1's answer: its first candidate with a learning rate that collapses the entropy after step 2, its
+    second with an entropy bonus that blows the KL up (``kl["candidate"]``)."""
+    a, kl["candidate"] = (c["candidate_id"] for c in request["candidates"])
+    return ReviewDecision(decisions=[CandidateDecision(type="edit", candidate_id=a, edits={LR: 0.05}),
+                                     CandidateDecision(type="edit", candidate_id=kl["candidate"], edits={ENT: 0.05})],
+                          reviewer="t", channel="t")
+
+
 def test_a_sick_trial_is_stopped_while_a_person_answers_a_review(tmp_path):
     # toy stream (a step per poll): lr > 0.02 collapses the entropy after step 2, an entropy bonus > 0.03 blows
     # the KL up from step 5. Review #1 makes one candidate of each kind beside the baseline; the first is stopped
     # at step 3, and review #2 (for its slot) is asked while the KL-sick one runs: that one must be stopped while
     # the person still thinks, not when the answer comes
+    kl: dict = {}
+
     def answer(request):
         if request["review_no"] == 1:
-            a, answer.kl = (c["candidate_id"] for c in request["candidates"])
-            return ReviewDecision(decisions=[CandidateDecision(type="edit", candidate_id=a, edits={LR: 0.05}),
-                                             CandidateDecision(type="edit", candidate_id=answer.kl, edits={ENT: 0.05})],
-                                  reviewer="t", channel="t")
+            return _one_collapse_one_kl(request, kl)
         return ReviewDecision.approve_all(reviewer="t", channel="t")
 
     opts = _options(tmp_path, backend_options={"stream": True, "kl_onset_step": 5}, parallel=3, stages=["learning"],
                     learning_trials=4, learning_horizon=10, learning_confirm_trials=0)
-    reviewer = WaitingReviewer(answer, Path(tmp_path))
+    reviewer = WaitingReviewer(answer, Path(tmp_path), kl)
     summary = tune(opts, reviewer=reviewer)
     assert len(reviewer.requests) >= 2 and reviewer.sick in reviewer.requests[1]["running"]
     seen = reviewer.seen
@@ -435,18 +444,12 @@ def test_a_review_answered_later_at_the_terminal_watches_the_trials_in_flight_to
         def review(self, request):
             return None if request["review_no"] == 2 else super().review(request)
 
-    def answer(request):
-        a, answer.kl = (c["candidate_id"] for c in request["candidates"])
-        return ReviewDecision(decisions=[CandidateDecision(type="edit", candidate_id=a, edits={LR: 0.05}),
-                                         CandidateDecision(type="edit", candidate_id=answer.kl, edits={ENT: 0.05})],
-                              reviewer="t", channel="t")
-
+    kl: dict = {}
     opts = _options(tmp_path, backend_options={"stream": True, "kl_onset_step": 5}, parallel=3, stages=["learning"],
                     learning_trials=4, learning_horizon=10, learning_confirm_trials=0)
-    paused = tune(opts, reviewer=Leaves(answer))
+    paused = tune(opts, reviewer=Leaves(lambda request: _one_collapse_one_kl(request, kl)))
     assert paused["status"] == "paused" and paused["pending_review"]["review_no"] == 2
-    later = WaitingReviewer(lambda request: ReviewDecision.approve_all(reviewer="t", channel="t"), Path(tmp_path))
-    later.answer.kl = answer.kl
+    later = WaitingReviewer(lambda request: ReviewDecision.approve_all(reviewer="t", channel="t"), Path(tmp_path), kl)
     summary = resume(paused["run_id"], tmp_path, reviewer=later, quiet=True)
     assert summary["status"] == "completed"
     assert later.seen is not None and later.seen["reason"].startswith("health: kl"), later.seen
