@@ -343,6 +343,7 @@ def test_bad_parallel_values_are_refused_in_one_line_before_a_run_folder_exists(
     assert out.returncode != 0
     err = out.stderr.strip()
     assert "--parallel" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err  # one line, not typer's box
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
