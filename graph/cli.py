@@ -448,6 +448,57 @@ def resume(
     _finish(summary, as_json)
 
 
+@app.command()
+@_one_line_errors
+def watch(
+    run: str = typer.Argument(..., help="Run id (in --runs-dir) or a run directory's path."),
+    runs_dir: Path = RUNS_DIR,
+    interval: float = typer.Option(5.0, "--interval", min=0.01, help="Seconds between two reads of the trials."),
+    backend: list[str] = BACKEND_AGAIN,
+    verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
+    llm_base_url: Optional[str] = LLM_URL_AGAIN,
+    ray_address: Optional[str] = RAY_ADDRESS_AGAIN,
+    trust_run: bool = TRUST_RUN,
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    as_json: bool = JSON,
+) -> None:
+    """Keep the health monitor on a paused run's trials in flight (no tuner alive: --approve none, Slack, a
+    killed tuner) until they end, the run is continued, or Ctrl-C; a sick trial is stopped, the review stays open.
+    """
+    from mart.graph.paused_watch import watch_paused
+    from mart.state.run_store import RunError
+    from mart.state.text import one_line
+
+    quiet = quiet or as_json
+
+    def started(info: dict) -> None:
+        if not quiet:
+            at = f"while review #{info['review_no']} waits" if info.get("review_no") else "until the run is resumed"
+            typer.echo(f"watching {len(info['watched'])} trial(s) of run {info['run_id']} in flight {at}: "
+                       f"{', '.join(info['watched'])} (Ctrl-C stops watching; the trials run on)")
+
+    def told(trial_id: str, what: str) -> None:
+        if not quiet:
+            typer.echo(one_line(f"{trial_id}: {'ended' if what == 'ended' else 'stopped, ' + what}"))
+
+    try:
+        out = watch_paused(run, runs_dir, interval_s=interval, trust=trust_run, told=told, started=started,
+                           allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address))
+    except (RunError, ValueError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("stopped watching; the trials in flight run on (the tuner watches them when the run continues)", 130)
+    except (OSError, sqlite3.Error) as e:
+        _io_fail(e)
+    if as_json:
+        _print_json(out)
+    elif not quiet:
+        typer.echo({"no trial in flight": f"run {out['run_id']}: no trial in flight, nothing to watch",
+                    "every trial ended": "every trial watched has ended; the run takes them in when it continues",
+                    "the run moved on": "the run is being continued: its tuner watches the trials now"}.get(
+                        out["why"], "stopped watching"))
+
+
 def _stored_approve(run: str, runs_dir: Path) -> str | None:
     """The reviewer channel a run was started with (None when it cannot be read: resume reports why)."""
     from mart.state.run_store import RunError, RunStore
@@ -684,6 +735,10 @@ def status(
             where = ((f"ended ({ended}), " if ended else "") + f"{disk.get('steps', 0)}/{t['horizon']} steps in its "
                      "folder; the ledger takes it in when the run continues")
         typer.echo(one_line(f"{label} {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {where}"))
+    if running and not info.get("driver_pid"):
+        typer.echo(one_line(f"the trials in flight are watched by `mart watch` (pid {info['watcher_pid']})"
+                            if info.get("watcher_pid") else f"no tuner watches the trials in flight: "
+                            f"`mart watch {info['run_id']}` keeps the health monitor on them"))
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:

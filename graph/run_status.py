@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mart.state.run_store import RunError, RunStore
+from mart.state.run_store import WATCH_LOCK, RunError, RunStore
 
 
 class StudioRun(RunError):
@@ -148,6 +148,7 @@ def run_status(store: RunStore, *, from_graph: bool = False) -> dict[str, Any]:
         "status": status,
         "waiting_for": waiting_for,
         "driver_pid": holder,
+        "watcher_pid": store.lock_holder(WATCH_LOCK),  # a `mart watch` of the trials in flight while none drives
         "stage": recorded["stage"],
         "next": recorded["next"],
         "trials_done": recorded["trials_done"],

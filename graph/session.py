@@ -57,7 +57,7 @@ from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunStore
 from mart.state.units import fmt_gb
-from mart.tools.watch import WatchDuringReview
+from mart.tools.watch import WatchDuringReview, watchable
 from mart.trial_runner.registry import check_backend_options
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
@@ -253,6 +253,10 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
                                            f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
+                    flying = watchable(running_trials(snap.values or {}))
+                    if flying:
+                        progress.console.print(f"{len(flying)} trial(s) in flight run on meanwhile: `mart watch "
+                                               f"{escape(store.run_id)}` keeps the health monitor on them")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
             inp = resume_command(request["interrupt_id"], decision)
     except KeyboardInterrupt as e:

@@ -78,6 +78,8 @@ MAX_CONNECTIONS = 100
 MAX_CONNECTIONS_PER_CLIENT = 20
 EVENTS_PATH = "/slack/events"
 RECORDED = "Recorded:"  # the start of the note a partial (one-candidate) decision gets
+#: how often the server looks for Slack runs paused with trials in flight that nobody watches
+WATCH_SCAN_S = 30.0
 
 log = logging.getLogger("mart.slack")
 
@@ -107,6 +109,10 @@ class SlackReviewService:
         self._guard = threading.Lock()
         self._busy: dict[str, str] = {}  # run id -> who is deciding it now
         self._workers: set[threading.Thread] = set()
+        self._watches: dict[str, threading.Thread] = {}  # run id -> its `mart watch` while its review waits
+        self._watched: dict[str, str | None] = {}  # run id -> its checkpoint when a watch found nothing left
+        self.quit = threading.Event()  # set at shutdown: the watches end
+        self.watch_interval_s = 5.0  # between two reads of a paused run's trials (`mart watch --interval`)
         bolt_log = logging.getLogger("mart.slack.bolt")
         bolt_log.setLevel(logging.WARNING)  # bolt logs request bodies at debug level
         bolt_log.addFilter(_drop_token_skipped)
@@ -349,9 +355,11 @@ class SlackReviewService:
         applied = False
         try:
             reviewer = SlackReviewer(channel=channel, client=self.client)
-            resume(run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
-                             reviewer=reviewer, quiet=True, allowed=self.allowed_backends)
+            out = resume(run, self.runs_dir, decision=decision, interrupt_id=meta["interrupt"],
+                         reviewer=reviewer, quiet=True, allowed=self.allowed_backends)
             applied = True  # a completed run's summary and report went into the thread (SlackReviewer.on_finish)
+            if out.get("status") == "paused":
+                self.watch_paused_runs(only=run)  # its trials in flight, while the next review waits
         except (StaleReview, RunError) as e:  # raised before the decision reached the graph
             log.warning("run %s: decision of %s not applied: %s", run, user, e)
             self._ephemeral(channel, user, f"Your decision was not applied: {esc(e)}")
@@ -366,6 +374,69 @@ class SlackReviewService:
             with self._guard:
                 self._busy.pop(run, None)
                 self._workers.discard(threading.current_thread())
+
+    # -- trials in flight while a review waits ----------------------------------------------------------
+    def watch_paused_runs(self, only: str | None = None) -> list[str]:
+        """Keep the health monitor on the trials in flight of this folder's Slack runs that wait for a review
+        (``mart watch`` in a thread per run): a trial that turns sick while nobody clicks is stopped, and the
+        review's thread says so. Runs another process drives or watches are left alone; a click's driver ends
+        the watch (it never waits for it). Returns the runs it started watching."""
+        from mart.graph.run_status import checkpoint_fingerprint
+        from mart.state.run_store import WATCH_LOCK, RunError, RunStore
+
+        started = []
+        for d in sorted(p for p in self.runs_dir.iterdir() if p.is_dir()) if self.runs_dir.is_dir() else []:
+            if (only is not None and d.name != only) or (d.name in self._watches and self._watches[d.name].is_alive()):
+                continue
+            try:
+                store = RunStore.open(d.name, self.runs_dir, readonly=True)
+            except RunError:
+                continue  # not a run, or one mart cannot read: `mart status` says why
+            try:
+                row = store.ledger.run(store.run_id) or {}
+                wanted = (row.get("status") == "paused" and (row.get("options") or {}).get("approve") == "slack"
+                          and store.lock_holder() is None and store.lock_holder(WATCH_LOCK) is None
+                          and any(t["status"] == "running" for t in store.ledger.trials())
+                          and self._watched.get(d.name, "") != checkpoint_fingerprint(store))
+                where = _review_thread(store) if wanted else None
+            except (RunError, ValueError, OSError) as e:
+                log.info("run %s: not watched (%s)", d.name, type(e).__name__)
+                continue
+            finally:
+                store.close()
+            if wanted:
+                watch = threading.Thread(target=self._watch, args=(d.name, where), daemon=True,
+                                         name=f"mart-watch-{d.name}")
+                self._watches[d.name] = watch
+                watch.start()
+                started.append(d.name)
+        return started
+
+    def _watch(self, run: str, where: tuple[str, str] | None) -> None:
+        from mart.graph.paused_watch import watch_paused
+        from mart.state.run_store import RunError
+
+        def told(trial_id: str, what: str) -> None:
+            if what != "ended" and where is not None:
+                self._post(where[0], f":stethoscope: trial `{esc(trial_id)}` was stopped while this review waits: "
+                                     f"{esc(what)}", where[1])
+
+        try:
+            out = watch_paused(run, self.runs_dir, interval_s=self.watch_interval_s, allowed=self.allowed_backends,
+                               told=told, quit=self.quit)
+            log.info("run %s: watch over (%s)", run, out["why"])
+            if out["why"] in ("every trial ended", "no trial in flight"):  # nothing to watch until the run moves
+                self._watched[run] = out.get("checkpoint")
+        except RunError as e:  # a driver or another watch got there first, or code this server does not allow
+            log.info("run %s: not watched: %s", run, e)
+        except Exception:  # noqa: BLE001 - the server goes on; the run's tuner watches the trials when it continues
+            log.exception("run %s: watching its trials failed", run)
+
+    def wait_watches(self, timeout: float | None = None) -> bool:
+        """Wait for the watches of paused runs to end (tests, shutdown); True when none runs."""
+        for w in list(self._watches.values()):
+            w.join(timeout)
+        return not any(w.is_alive() for w in self._watches.values())
 
     def _record(self, run: str, interrupt_id: str, user: str, action: str) -> None:
         try:
@@ -390,6 +461,17 @@ class SlackReviewService:
         for w in workers:
             w.join(timeout)
         return not any(w.is_alive() for w in workers)
+
+def _review_thread(store: Any) -> tuple[str, str] | None:
+    """(channel, ts) of the run's newest review message, where news of its trials goes."""
+    from mart.graph.reviewers.slack import MESSAGES_TABLE
+
+    table = store.ledger.db[MESSAGES_TABLE]
+    if not table.exists():
+        return None
+    rows = list(table.rows_where("run_id = ?", [store.run_id], order_by="posted_at desc", limit=1))
+    return (str(rows[0]["channel"]), str(rows[0]["ts"])) if rows else None
+
 
 def _who(body: dict[str, Any]) -> str:
     u = body.get("user") or {}
@@ -604,6 +686,16 @@ def serve(runs_dir: str | Path, *, host: str = "127.0.0.1", port: int = 3000, re
     service = SlackReviewService(runs_dir, signing_secret=secret if mode == "http" else None, reviewers=allowed,
                                  client=slack_client(api_url), allowed_backends=allowed_from_env(allowed_backends))
     service.warm_up()
+
+    def keep_watching() -> None:  # runs paused by `mart tune --approve slack` (which exits), and new ones
+        while not service.quit.is_set():
+            try:
+                service.watch_paused_runs()
+            except Exception:  # noqa: BLE001 - a bad folder must not end the watches of the others
+                log.exception("looking for paused runs to watch failed")
+            service.quit.wait(WATCH_SCAN_S)
+
+    threading.Thread(target=keep_watching, daemon=True, name="mart-watch-keeper").start()
     try:
         if mode == "http":
             server, sock = http_server(service, host, port, path)
@@ -627,5 +719,7 @@ def serve(runs_dir: str | Path, *, host: str = "127.0.0.1", port: int = 3000, re
                 pass
             handler.close()
     finally:
+        service.quit.set()
+        service.wait_watches(timeout=10)
         if not service.wait_idle(timeout=10):
             log.warning("a run was still being continued at shutdown; continue it with `mart resume RUN`")

@@ -246,6 +246,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP15", "tools/watch.py", 'and str(row.get("reason") or "").startswith(STOP_PREFIX)}',
            'and False}', "a trial stopped during a review is collected without its health reason",
            ("tests/graph/test_parallel_session.py",)),
+    Mutant("MP16", "tools/watch.py", "while left and not quit.wait(interval) and keep_going():",
+           "while left and not quit.wait(interval):",
+           "`mart watch` goes on polling a paused run's trials after a driver has taken the run over",
+           ("tests/graph/test_paused_watch.py",)),
+    Mutant("MP17", "graph/paused_watch.py", "keep_going=still_paused, told=told)", "told=told)",
+           "`mart watch` never notices that the review was answered elsewhere",
+           ("tests/graph/test_paused_watch.py",)),
 )
 
 

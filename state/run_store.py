@@ -4,6 +4,7 @@ Layout::
 
     <runs_dir>/<run_id>/mart.sqlite    checkpoints (langgraph-checkpoint-sqlite) + ledger (sqlite-utils)
     <runs_dir>/<run_id>/lock           held (flock) by the one process driving the run; holds its pid
+    <runs_dir>/<run_id>/watch.lock     held by a `mart watch` of a paused run's trials in flight; holds its pid
     <runs_dir>/<run_id>/trials/<id>/   one directory per trial (metrics.jsonl, status.json, trial.log)
 """
 
@@ -38,6 +39,10 @@ class NotAMartRun(RunError):
 
 class RunLocked(RunError):
     pass
+
+
+#: the lock file of a watch outside any driver (``mart watch``): drivers never wait for it
+WATCH_LOCK = "watch.lock"
 
 
 class RunOutsideRunsDir(RunNotFound):
@@ -244,33 +249,38 @@ class RunStore:
 
     # -- one writer per run -----------------------------------------------------------------------
     @contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the run's writer lock (non-blocking): a second driver gets ``RunLocked`` at once."""
-        path = self.run_dir / "lock"
+    def lock(self, file: str = "lock") -> Iterator[None]:
+        """Hold the run's writer lock (non-blocking): a second driver gets ``RunLocked`` at once. ``file=WATCH_LOCK``:
+        the lock of a watch outside any driver (``mart watch``), one at a time, which no driver waits for."""
+        path = self.run_dir / file
         fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holder = self.lock_holder()
+            holder = self.lock_holder(file)
             raise RunLocked(
-                f"run {self.run_id} is already being driven by another process"
-                + (f" (pid {holder})" if holder else "") + "; one writer per run."
+                f"run {self.run_id} is already "
+                + ("being driven by another process" if file == "lock" else "watched by another `mart watch`")
+                + (f" (pid {holder})" if holder else "") + ("; one writer per run." if file == "lock" else ".")
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
+        if file == "lock":
+            self._lock_fd = fd
         try:
             yield
         finally:
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-            self._lock_fd = None
+            if file == "lock":
+                self._lock_fd = None
 
-    def lock_holder(self) -> int | None:
-        """Pid of the process driving the run now, or None when nobody holds the lock."""
-        path = self.run_dir / "lock"
+    def lock_holder(self, file: str = "lock") -> int | None:
+        """Pid of the process driving the run now (``file=WATCH_LOCK``: watching it), or None when nobody holds
+        the lock."""
+        path = self.run_dir / file
         if not path.exists() and not path.is_symlink():
             return None
         # read-only: ``mart status`` must work on read-only media; flock needs no write access

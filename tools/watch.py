@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -207,7 +208,7 @@ class WatchDuringReview:
 
     def __init__(self, services: Services, trials: list[RunningTrial]) -> None:
         self.services = services
-        self.trials = [rt for rt in trials if rt.handle is not None and not rt.finished and not rt.stop_reason]
+        self.trials = watchable(trials)
         self.interval = max(0.05, services.options.watch_interval_s)
         self._quit = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mart-review-watch", daemon=True)
@@ -223,31 +224,56 @@ class WatchDuringReview:
             self._thread.join()
 
     def _run(self) -> None:
-        ledger = Ledger.open(self.services.store.run_dir)
-        side, runner = _Side(self.services, ledger), self.services.runner
         try:
-            tails = {rt.record.trial_id: runner.metrics(rt.handle) for rt in self.trials}
-            known = {rt.record.trial_id: {r.step for r in ledger.metric_records(rt.record.trial_id)}
-                     for rt in self.trials}
-            left = list(self.trials)
-            while left and not self._quit.wait(self.interval):
-                for rt in list(left):
-                    tid = rt.record.trial_id
-                    records = tails[tid].read_new()
-                    fresh = [r for r in records if r.step not in known[tid]]
-                    if records:
-                        ledger.add_metrics(tid, records)
-                    known[tid].update(r.step for r in fresh)
-                    if runner.poll(rt.handle).status.is_finished():
-                        left.remove(rt)  # ended by itself: the graph collects it
-                        continue
-                    reason = assess(side, rt.record) if fresh else None
-                    if reason:
-                        ledger.set_trial_fields(tid, reason=reason)  # before the stop: a crash leaves the why
-                        runner.stop(rt.handle, reason=reason)
-                        left.remove(rt)
+            follow_in_flight(self.services, self.trials, interval=self.interval, quit=self._quit)
         except Exception as e:  # noqa: BLE001 - the review goes on; the graph's own watch follows the trials later
             logging.getLogger(__name__).warning("watching trials during the review failed (%s: %s)",
                                                 type(e).__name__, e)
-        finally:
-            ledger.close()
+
+
+def watchable(trials: list[RunningTrial]) -> list[RunningTrial]:
+    """The trials in flight a watch outside the graph follows: launched, not ended, not already being stopped."""
+    return [rt for rt in trials if rt.handle is not None and not rt.finished and not rt.stop_reason]
+
+
+def follow_in_flight(services: Services, trials: list[RunningTrial], *, interval: float, quit: threading.Event,
+                     keep_going: Callable[[], bool] = lambda: True,
+                     told: Callable[[str, str], None] | None = None) -> dict[str, str]:
+    """The watch while no graph node watches (a review waits, in this process or with none alive): each pass reads
+    the trials' new steps into the ledger and runs the health monitor on them; a sick trial's ledger row gets its
+    ``health:`` reason (before the stop: a crash leaves the why), then it is stopped. The graph's next
+    ``watch_trial`` routes such a trial to its stop and collect nodes and collects the ones that ended.
+
+    Runs until every trial ended or was stopped, ``quit`` is set, or ``keep_going()`` says the run moved on (a
+    driver took it over). Returns what became of each trial it saw end: ``"ended"`` or the stop's reason;
+    ``told(trial_id, that)`` hears each at once. Its own ledger connection, so it may run on a thread."""
+    ledger = Ledger.open(services.store.run_dir)
+    side, runner = _Side(services, ledger), services.runner
+    outcome: dict[str, str] = {}
+    try:
+        tails = {rt.record.trial_id: runner.metrics(rt.handle) for rt in trials}
+        known = {rt.record.trial_id: {r.step for r in ledger.metric_records(rt.record.trial_id)} for rt in trials}
+        left = list(trials)
+        while left and not quit.wait(interval) and keep_going():
+            for rt in list(left):
+                tid = rt.record.trial_id
+                records = tails[tid].read_new()
+                fresh = [r for r in records if r.step not in known[tid]]
+                if records:
+                    ledger.add_metrics(tid, records)
+                known[tid].update(r.step for r in fresh)
+                if runner.poll(rt.handle).status.is_finished():
+                    left.remove(rt)  # ended by itself: the graph collects it
+                    outcome[tid] = "ended"
+                elif (reason := assess(side, rt.record) if fresh else None):
+                    ledger.set_trial_fields(tid, reason=reason)  # before the stop: a crash leaves the why
+                    runner.stop(rt.handle, reason=reason)
+                    left.remove(rt)
+                    outcome[tid] = reason
+                else:
+                    continue
+                if told is not None:
+                    told(tid, outcome[tid])
+    finally:
+        ledger.close()
+    return outcome
