@@ -735,7 +735,7 @@ def status(
             where = ((f"ended ({ended}), " if ended else "") + f"{disk.get('steps', 0)}/{t['horizon']} steps in its "
                      "folder; the ledger takes it in when the run continues")
         typer.echo(one_line(f"{label} {t['trial_id']} ({t['kind']}, {t['stage']}{slot}): {where}"))
-    if running and not info.get("driver_pid"):
+    if not info.get("driver_pid") and any(not (t.get("on_disk") or {}).get("ended") for t in running):
         typer.echo(one_line(f"the trials in flight are watched by `mart watch` (pid {info['watcher_pid']})"
                             if info.get("watcher_pid") else f"no tuner watches the trials in flight: "
                             f"`mart watch {info['run_id']}` keeps the health monitor on them"))
