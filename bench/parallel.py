@@ -144,6 +144,8 @@ def summarize(runs: list[dict[str, Any]], optimum: dict[str, float], slots: list
     top = max(slots)
     pairs = [(sc, s) for (m, sc, s, n) in idx if m == "mart" and n == top]
     ratios, gpu_ratios = ratio_lists(by, optimum, pairs, top, TARGET)
+    # GPU-hours to 97% over N=1's = the wall ratio x the slots busy on average until then (N=1 keeps one busy)
+    busy = [g / w for w, g in zip(*_paired_ratios(by, optimum, pairs, top, TARGET)) if w]
     wins = []
     for sc, s in pairs:
         tpe = by.get(("tpe-cl", sc, s, top))
@@ -168,6 +170,7 @@ def summarize(runs: list[dict[str, Any]], optimum: dict[str, float], slots: list
         "time_ratio_floor_median": statistics.median(floors) if floors else None,
         "pairs_floor_above_target": sum(f > TIME_RATIO_MAX for f in floors),
         "session_gpu_ratio_median": statistics.median(session) if session else None,
+        "busy_slots_to97_median": statistics.median(busy) if busy else None,
         "time_ratio_by_target": {f"{t:.2f}": ratios_at(by, optimum, pairs, top, t) for t in SENSITIVITY},
     }
     checks["meets_targets"] = bool(
@@ -181,16 +184,22 @@ def ratio_lists(by: dict[tuple, dict[str, Any]], optimum: dict[str, float], pair
                 target: float) -> tuple[list[float], list[float]]:
     """mart's wall-clock and GPU-hour ratios (N=top over N=1) to ``target`` x the optimum, per pair where both
     reach it."""
-    walls, gpus = [], []
+    walls, gpus = _paired_ratios(by, optimum, pairs, top, target)
+    return [w for w in walls if w is not None], [g for g in gpus if g is not None]
+
+
+def _paired_ratios(by: dict[tuple, dict[str, Any]], optimum: dict[str, float], pairs: list[tuple[str, int]], top: int,
+                   target: float) -> tuple[list[float | None], list[float | None]]:
+    """``ratio_lists`` pair by pair, None where a ratio cannot be taken, so the two lists line up."""
+    walls: list[float | None] = []
+    gpus: list[float | None] = []
     for sc, s in pairs:
         one, many = by.get(("mart", sc, s, 1)), by.get(("mart", sc, s, top))
         if one is None or many is None:
             continue
         (w1, g1), (wn, gn) = (time_to(best_so_far(r["trials"]), target * optimum[sc]) for r in (one, many))
-        if w1 and wn is not None:
-            walls.append(wn / w1)
-        if g1 and gn is not None:
-            gpus.append(gn / g1)
+        walls.append(wn / w1 if w1 and wn is not None else None)
+        gpus.append(gn / g1 if g1 and gn is not None else None)
     return walls, gpus
 
 
@@ -240,6 +249,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"Floor (the shortest >=97% trial any run of the pair measured, started at once, over N=1's time "
                      f"to 97%): median {_fmt(c['time_ratio_floor_median'])}; above the {TIME_RATIO_MAX} target in "
                      f"{c['pairs_floor_above_target']} of {c['pairs']} pairs, where no schedule of these configs meets it.")
+    if c.get("busy_slots_to97_median") is not None:
+        lines.append(f"Slots busy on average until 97% (the GPU-hour ratio over the wall-clock ratio; N=1 keeps 1): "
+                     f"median {_fmt(c['busy_slots_to97_median'])} of {c['slots']}, so {GPU_RATIO_MAX}x GPU-hours "
+                     f"needs a wall-clock ratio <= {_fmt(GPU_RATIO_MAX / c['busy_slots_to97_median'])} with slots as busy.")
     if c.get("session_gpu_ratio_median") is not None:
         lines.append(f"Whole session (the same {report['budget']['system_trials']}-trial budget): GPU-hours at "
                      f"N={c['slots']} over N=1, median {_fmt(c['session_gpu_ratio_median'])}.")

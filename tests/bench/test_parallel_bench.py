@@ -82,6 +82,8 @@ def test_the_ratios_at_other_targets_and_the_whole_session_s_gpu_hours():
     # GPU-hours by 8 s at N=4: the defaults' 8, the 96% trial's 8, 8 of the 12 s trial, the 2 s one: 26 GPU-s
     assert abs(by["0.95"]["gpu_ratio_median"] - 26 / 18) < 1e-9
     assert abs(c["session_gpu_ratio_median"] - 32 / 26) < 1e-9
+    # by 12 s at N=4: 10 + 8 + 12 + 2 = 32 GPU-s over 12 s, 2.67 slots busy on average (the GPU ratio over the wall)
+    assert abs(c["busy_slots_to97_median"] - 32 / 12) < 1e-9
     # a target neither run reaches counts no pair
     runs[0]["trials"], runs[1]["trials"] = one[:2], four[:2]
     assert summarize(runs, {"s": 100.0}, [1, 4])["checks"]["time_ratio_by_target"]["0.99"] == {
