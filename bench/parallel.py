@@ -145,7 +145,7 @@ def summarize(runs: list[dict[str, Any]], optimum: dict[str, float], slots: list
     pairs = [(sc, s) for (m, sc, s, n) in idx if m == "mart" and n == top]
     ratios, gpu_ratios = ratio_lists(by, optimum, pairs, top, TARGET)
     # GPU-hours to 97% over N=1's = the wall ratio x the slots busy on average until then (N=1 keeps one busy)
-    busy = [g / w for w, g in zip(*_paired_ratios(by, optimum, pairs, top, TARGET)) if w]
+    busy = [g / w for w, g in zip(*_paired_ratios(by, optimum, pairs, top, TARGET)) if w and g is not None]
     wins = []
     for sc, s in pairs:
         tpe = by.get(("tpe-cl", sc, s, top))

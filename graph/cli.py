@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from mart.graph.cli_options import flag_names, model_options
-from mart.state.options import TuneOptions
+from mart.state.options import WATCH_INTERVAL_S, TuneOptions
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -453,7 +453,8 @@ def resume(
 def watch(
     run: str = typer.Argument(..., help="Run id (in --runs-dir) or a run directory's path."),
     runs_dir: Path = RUNS_DIR,
-    interval: float = typer.Option(5.0, "--interval", min=0.01, help="Seconds between two reads of the trials."),
+    interval: float = typer.Option(WATCH_INTERVAL_S, "--interval", min=0.01,
+                                   help="Seconds between two reads of the trials."),
     backend: list[str] = BACKEND_AGAIN,
     verl_entrypoint: Optional[str] = ENTRYPOINT_AGAIN,
     llm_base_url: Optional[str] = LLM_URL_AGAIN,

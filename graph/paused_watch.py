@@ -20,14 +20,12 @@ from typing import Any
 from mart.graph.run_status import checkpoint_fingerprint, review_request, state_snapshot
 from mart.graph.services import build_services
 from mart.state.graph_state import running_trials
+from mart.state.options import WATCH_INTERVAL_S
 from mart.state.run_store import WATCH_LOCK, RunError, RunStore
 from mart.tools.watch import follow_in_flight, watchable
 
-#: seconds between two passes: a trial's health is judged per step, and steps of a real job take a minute or more
-DEFAULT_INTERVAL_S = 5.0
 
-
-def watch_paused(run: str | Path, runs_dir: str | Path = "runs", *, interval_s: float = DEFAULT_INTERVAL_S,
+def watch_paused(run: str | Path, runs_dir: str | Path = "runs", *, interval_s: float = WATCH_INTERVAL_S,
                  allowed: Collection[str] = (), trust: bool = False,
                  told: Callable[[str, str], None] | None = None,
                  started: Callable[[dict[str, Any]], None] | None = None,
@@ -87,7 +85,7 @@ def watch_paused(run: str | Path, runs_dir: str | Path = "runs", *, interval_s: 
                                                   keep_going=still_paused, told=told)
             finally:
                 services.close()
-            why = ("the run moved on" if moved.is_set() else "stopped" if quit.is_set()
+            why = ("the run moved on" if moved.is_set()
                    else "every trial ended" if len(out["outcome"]) == len(trials) else "stopped")
             return {**out, "why": why}
     finally:

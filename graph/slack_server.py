@@ -65,6 +65,7 @@ from mart.graph.reviewers.slack import (
 )
 from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import CandidateDecision, ReviewDecision
+from mart.state.options import WATCH_INTERVAL_S
 from mart.trial_runner.registry import allowed_from_env
 
 SECRET_ENV = "SLACK_SIGNING_SECRET"
@@ -112,7 +113,7 @@ class SlackReviewService:
         self._watches: dict[str, threading.Thread] = {}  # run id -> its `mart watch` while its review waits
         self._watched: dict[str, str | None] = {}  # run id -> its checkpoint when a watch found nothing left
         self.quit = threading.Event()  # set at shutdown: the watches end
-        self.watch_interval_s = 5.0  # between two reads of a paused run's trials (`mart watch --interval`)
+        self.watch_interval_s = WATCH_INTERVAL_S  # between two reads of a paused run's trials (`mart watch`)
         bolt_log = logging.getLogger("mart.slack.bolt")
         bolt_log.setLevel(logging.WARNING)  # bolt logs request bodies at debug level
         bolt_log.addFilter(_drop_token_skipped)
@@ -385,8 +386,9 @@ class SlackReviewService:
         from mart.state.run_store import WATCH_LOCK, RunError, RunStore
 
         started = []
-        for d in sorted(p for p in self.runs_dir.iterdir() if p.is_dir()) if self.runs_dir.is_dir() else []:
-            if (only is not None and d.name != only) or (d.name in self._watches and self._watches[d.name].is_alive()):
+        dirs = [self.runs_dir / only] if only else sorted(self.runs_dir.iterdir()) if self.runs_dir.is_dir() else []
+        for d in (d for d in dirs if d.is_dir()):
+            if d.name in self._watches and self._watches[d.name].is_alive():
                 continue
             try:
                 store = RunStore.open(d.name, self.runs_dir, readonly=True)
@@ -404,12 +406,14 @@ class SlackReviewService:
                 continue
             finally:
                 store.close()
-            if wanted:
+            with self._guard:  # the keeper and a worker continuing a run may both look
+                if not wanted or (d.name in self._watches and self._watches[d.name].is_alive()):
+                    continue
                 watch = threading.Thread(target=self._watch, args=(d.name, where), daemon=True,
                                          name=f"mart-watch-{d.name}")
                 self._watches[d.name] = watch
-                watch.start()
-                started.append(d.name)
+            watch.start()
+            started.append(d.name)
         return started
 
     def _watch(self, run: str, where: tuple[str, str] | None) -> None:
@@ -434,9 +438,11 @@ class SlackReviewService:
 
     def wait_watches(self, timeout: float | None = None) -> bool:
         """Wait for the watches of paused runs to end (tests, shutdown); True when none runs."""
-        for w in list(self._watches.values()):
+        with self._guard:
+            watches = list(self._watches.values())
+        for w in watches:
             w.join(timeout)
-        return not any(w.is_alive() for w in self._watches.values())
+        return not any(w.is_alive() for w in watches)
 
     def _record(self, run: str, interrupt_id: str, user: str, action: str) -> None:
         try:

@@ -15,6 +15,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 StageName = Literal["system", "learning", "schedule"]
 STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
 DEFAULT_STAGES: tuple[StageName, ...] = ("system", "learning")
+#: seconds between two passes of a watch over a paused run's trials (`mart watch`, `mart slack serve`): health is
+#: judged per step, and a real job's step takes a minute or more (the tuner's own watch: ``watch_interval_s``)
+WATCH_INTERVAL_S = 5.0
 
 
 class TuneOptions(BaseModel):
