@@ -15,6 +15,8 @@ from mart.nodes.progress import SessionNote, emit
 from mart.nodes.runtime import Services, ensure_run, services_for
 from mart.nodes.stages import StageView
 from mart.state.graph_state import GRAPH_VERSION, Batch, TuningState, running_trials
+from mart.state.text import one_line
+from mart.state.trials import HANDLE_REFUSED
 
 
 def enter_stage(state: Mapping[str, Any], services: Services, stage: str) -> dict[str, Any]:
@@ -109,6 +111,9 @@ def build_summary(state: Mapping[str, Any], services: Services) -> dict[str, Any
         notes.append("memory margin rule off: no memory capacity is known (no GPU visible to the tuner, e.g. trials "
                      "on a Ray cluster); give --memory-capacity-gb to enforce it")
     trials = services.ledger.trials()
+    # said even with -q: a row named a process mart did not start (a planted run folder), left alone
+    notes += [f"trial {one_line(t['trial_id'])}: {one_line(t['reason'])}" for t in trials
+              if str(t.get("reason") or "").startswith(HANDLE_REFUSED)]
     summary = {
         "run_id": services.run_id,
         "status": "completed",

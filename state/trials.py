@@ -16,6 +16,8 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trial.log"
 CHECKPOINTS_DIR = "checkpoints"
+#: how a trial whose stored handle mart could not prove it launched is ended (its row's ``reason`` starts so)
+HANDLE_REFUSED = "stored handle refused, nothing signalled"
 
 
 def checkpoint_dir(trial_dir: str, step: int) -> str:

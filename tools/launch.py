@@ -21,7 +21,7 @@ from mart.nodes.runtime import Services, services_for
 from mart.nodes.stages import StageView
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.models import TrialRecord, TrialStatus
-from mart.state.trials import CheckpointRef, RunningTrial, TrialHandle, TrialSpec
+from mart.state.trials import HANDLE_REFUSED, CheckpointRef, RunningTrial, TrialHandle, TrialSpec
 
 
 def _changes(view: StageView, record: TrialRecord) -> list[str]:
@@ -79,9 +79,16 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
     look_at = stages.get(record.stage).look_at(view, record)
     existing = ledger.trial(record.trial_id)
     if existing and existing.get("handle"):
+        handle = TrialHandle.model_validate(existing["handle"])
+        # the row is untrusted input: re-attached unproven, the watchdog would signal whatever group it names
+        why = services.runner.unproven(handle, existing.get("launch_token"), existing.get("started_at"))
+        if why is not None:
+            reason = f"{HANDLE_REFUSED}: {why}"
+            ledger.set_trial_fields(record.trial_id, status=TrialStatus.FAILED.value, reason=reason)
+            emit(services, TrialFailed(trial_id=record.trial_id, reason=reason))
+            return RunningTrial(record=record, handle=None, slot=slot, finished=True)
         emit(services, TrialReattached(trial_id=record.trial_id))
-        return RunningTrial(record=record, handle=TrialHandle.model_validate(existing["handle"]), slot=slot,
-                            look_at=look_at)
+        return RunningTrial(record=record, handle=handle, slot=slot, look_at=look_at)
     trial_dir = str(services.store.trial_dir(record.trial_id))
     token = (existing or {}).get("launch_token")
     if existing and token and existing.get("status") == TrialStatus.RUNNING.value:

@@ -29,6 +29,7 @@ from mart.state.models import TrialStatus
 from mart.state.search_space import SearchSpace
 from mart.state.trials import METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.metrics import MetricsTail
+from mart.trial_runner.process import unproven_launch
 
 
 class TrialRunner(abc.ABC):
@@ -56,6 +57,19 @@ class TrialRunner(abc.ABC):
         saved the handle; None when it never started (the caller launches it then). Default: None, for runners
         whose ``launch`` finds an existing trial itself (Ray jobs) or starts no process (the simulator)."""
         return None
+
+    #: the modules a trial's group leader runs (``python -m MODULE``): mart's supervisor or worker. A stored handle
+    #: is re-attached only when its live leader runs one of them (empty: a plugin's runner, whose command is its
+    #: own; the launch token in the leader's environment is then the proof)
+    leader_modules: tuple[str, ...] = ()
+
+    def unproven(self, handle: TrialHandle, launch_token: str | None, launched_at: float | None) -> str | None:
+        """Why this runner cannot prove it launched the process ``handle`` names (None: it can, or nothing of it
+        runs any more). A handle read back from a ledger is untrusted input: re-attached unproven, the watchdog
+        would signal whatever process group it names. Handles without a pid (a Ray job) have nothing to prove."""
+        if handle.pid is None:
+            return None
+        return unproven_launch(handle.pid, handle.pid_create_time, launch_token, launched_at, self.leader_modules)
 
     def metrics(self, handle: TrialHandle) -> MetricsTail:
         """A tail reader over the trial's metric stream (complete lines only)."""

@@ -252,6 +252,63 @@ def find_launched(token: str, *, settle_s: float = 2.0) -> ProcessGroup | None:
         time.sleep(0.1)
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _why_not_launched(proc: psutil.Process, token: str | None, launched_at: float | None,
+                      modules: Sequence[str], leader: bool) -> str | None:
+    """Why ``proc`` is not a process a mart launch started (None: it is)."""
+    try:
+        env = proc.environ()
+    except psutil.AccessDenied:
+        return f"pid {proc.pid} belongs to another user (its environment cannot be read)"
+    except psutil.Error:
+        return None  # it has just ended: nothing left to signal
+    carried = env.get(LAUNCH_TOKEN_ENV)
+    if not carried or (token is not None and carried != token):
+        return f"pid {proc.pid} ({' '.join(_cmdline(proc))[:80]!r}) does not carry the row's launch token"
+    if leader and modules:
+        argv = _cmdline(proc)
+        if not any(a == "-m" and i + 1 < len(argv) and argv[i + 1] in modules for i, a in enumerate(argv)):
+            return f"pid {proc.pid} is not a mart supervisor or worker ({' '.join(argv)[:80]!r})"
+    if leader and launched_at:
+        try:
+            if proc.create_time() < float(launched_at) - PID_REUSE_TOLERANCE_S:
+                return f"pid {proc.pid} started before the trial was launched"
+        except psutil.Error:
+            return None
+    return None
+
+
+def unproven_launch(pid: int, created: float | None, token: str | None, launched_at: float | None = None,
+                    modules: Sequence[str] = ()) -> str | None:
+    """Why mart cannot prove that a launch started the process group ``pid`` names, or None when it can (or when
+    nothing of that group runs any more, so there is nothing to signal).
+
+    A stored handle (a ledger row, a ``launch.json``) is untrusted input: anyone who can write a run folder can
+    put any pid and create time there (both readable in ``/proc``). The proof is the process itself: the leader
+    carries the launch's token in its environment (``token``; None: any mart launch token), runs one of
+    ``modules`` (``python -m MODULE``: mart's supervisor or worker) and started after ``launched_at``; when the
+    leader is gone, every process left in its group carries the token."""
+    try:
+        proc: psutil.Process | None = psutil.Process(pid)
+    except psutil.Error:
+        proc = None
+    if proc is not None:
+        if created is not None and not same_process(proc, created):
+            return None  # the pid was handed out again: the group it named is gone and is never signalled
+        if not _is_zombie(pid):
+            return _why_not_launched(proc, token, launched_at, modules, leader=True)
+    for member in ProcessGroup(pid, created).members():
+        if member.pid != pid and (why := _why_not_launched(member, token, None, (), leader=False)):
+            return why
+    return None
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

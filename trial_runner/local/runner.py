@@ -45,6 +45,8 @@ class LocalRunner(TrialRunner):
         python: the interpreter to run the worker with.
     """
 
+    leader_modules = ("mart.trial_runner.local",)
+
     # the worker prints verl's console format, so a Ray job of it reads like a verl job
     parse_log_line = staticmethod(_verl_logs.parse_console_line)
     classify_exit = staticmethod(_verl_logs.classify_exit)

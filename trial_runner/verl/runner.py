@@ -51,6 +51,7 @@ from mart.trial_runner.process import (
     find_launched,
     private_workdir,
     python_command,
+    unproven_launch,
 )
 from mart.trial_runner.verl.logs import (
     FallbackMetricsTail,
@@ -185,6 +186,8 @@ class VerlRunner(TrialRunner):
             runner ends the run once the horizon's step is logged.
         python: interpreter that replaces ``python``/``python3`` at the head of the entrypoint (``--verl-python``).
     """
+
+    leader_modules = ("mart.trial_runner.verl.supervise",)
 
     # verl's log format, for a transport that reads the console (the Ray job runner)
     parse_log_line = staticmethod(parse_console_line)
@@ -377,7 +380,12 @@ class VerlRunner(TrialRunner):
                    "steps": spec.steps, "log_offset": info.get("log_offset", 0), "reattached": True,
                    "stop_at_horizon": self.total_steps(spec.steps) > spec.steps},
         )
-        return handle if self._leader(handle) is not None else None
+        if self._leader(handle) is None:
+            return None
+        # launch.json lies in the run folder (untrusted): its pid must be a supervisor some mart launch started
+        # (an earlier launch's token, not necessarily this spec's)
+        return handle if unproven_launch(handle.pid, handle.pid_create_time, None, info.get("at"),
+                                         self.leader_modules) is None else None
 
     def adopt(self, spec: TrialSpec) -> TrialHandle | None:
         """The attempt an earlier tuner started for ``spec``: from its ``launch.json``, or, when the tuner died
