@@ -84,7 +84,7 @@ class TuneOptions(BaseModel):
     critic: Literal["rules", "llm"] | None = Field(None, description="Critic strategy (overrides agents).")
     llm_model: str | None = Field(None, description="LLM model name (default $MART_LLM_MODEL).")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL (default $OPENAI_BASE_URL).")
-    llm_timeout_s: float = Field(60.0, gt=0, description="Seconds per LLM request before it is retried/given up.")
+    llm_timeout_s: float = Field(60.0, gt=0, description="Wall-clock seconds per LLM request (connect, headers and body together) before it is retried/given up.")
     llm_price_per_mtok: tuple[float, float] | None = Field(
         None, description="USD per 1M tokens as IN,OUT (shows the cost in the summary).")
     seed: int = Field(0, description="Random seed (agents and trials).")

@@ -221,37 +221,101 @@ class ResponseTooLarge(Exception):
     """The endpoint's response body is over ``MAX_RESPONSE_BYTES`` (refused unread)."""
 
 
-def capped_http_client(limit: int = MAX_RESPONSE_BYTES):
+def capped_http_client(limit: int = MAX_RESPONSE_BYTES, deadline_s: float | None = None):
     """An ``httpx.Client`` whose responses are refused once their body passes ``limit`` bytes: at once when
-    ``Content-Length`` says so, else while the bytes arrive (SSE, chunked), so at most ``limit`` are held."""
+    ``Content-Length`` says so, else while the bytes arrive (SSE, chunked), so at most ``limit`` are held.
+
+    ``deadline_s``: a wall-clock limit on each request, connect + headers + body together. httpx's own timeouts
+    are per phase and per read, so an endpoint that sends one byte every few seconds would hold a call for as
+    long as it likes; here a timer shuts the request's socket down at the deadline (whatever it is blocked
+    in), and the request ends in ``httpx.ReadTimeout``, which the openai client treats as any other timeout.
+    Connections are not kept alive, so that each request has a socket of its own to shut down."""
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
     import httpx  # noqa: PLC0415 - optional extra, imported when used
 
+    class _Deadline:
+        """One request's deadline: shuts its socket down when it passes."""
+
+        def __init__(self, seconds: float) -> None:
+            self.seconds = seconds
+            self.at = time.monotonic() + seconds
+            self.sock: socket.socket | None = None
+            self.passed = False
+            self._timer = threading.Timer(seconds, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+        def _fire(self) -> None:
+            self.passed = True
+            if self.sock is not None:
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        def trace(self, name: str, info: dict) -> None:  # httpcore's "trace" request extension
+            if name == "connection.connect_tcp.complete" and info.get("return_value") is not None:
+                self.sock = info["return_value"].get_extra_info("socket")
+                if self.passed:
+                    self._fire()
+            self.check()
+
+        def check(self) -> None:
+            if self.passed or time.monotonic() >= self.at:
+                self.passed = True
+                raise httpx.ReadTimeout(f"no complete answer within the {self.seconds:g} s deadline")
+
+        def cancel(self) -> None:
+            self._timer.cancel()
+
     class _Capped(httpx.SyncByteStream):
-        def __init__(self, inner: Any) -> None:
+        def __init__(self, inner: Any, deadline: _Deadline | None) -> None:
             self.inner = inner
+            self.deadline = deadline
 
         def __iter__(self):
             seen = 0
-            for chunk in self.inner:
-                seen += len(chunk)
-                if seen > limit:
-                    raise ResponseTooLarge(f"the response is over {limit} bytes; refused unread")
-                yield chunk
+            try:
+                for chunk in self.inner:
+                    if self.deadline is not None:
+                        self.deadline.check()
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise ResponseTooLarge(f"the response is over {limit} bytes; refused unread")
+                    yield chunk
+            except httpx.TransportError:
+                if self.deadline is not None:
+                    self.deadline.check()  # the socket was shut down at the deadline: say so
+                raise
 
         def close(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
             self.inner.close()
 
     class _Transport(httpx.HTTPTransport):
         def handle_request(self, request: httpx.Request) -> httpx.Response:
-            resp = super().handle_request(request)
+            deadline = _Deadline(deadline_s) if deadline_s else None
+            if deadline is not None:
+                request.extensions = {**request.extensions, "trace": deadline.trace}
+            try:
+                resp = super().handle_request(request)
+            except (httpx.TransportError, ResponseTooLarge):
+                if deadline is not None:
+                    deadline.cancel()
+                    deadline.check()
+                raise
             length = resp.headers.get("content-length")
             if length and length.isdigit() and int(length) > limit:
                 resp.close()
                 raise ResponseTooLarge(f"the response is {length} bytes, over {limit}; refused unread")
-            return httpx.Response(resp.status_code, headers=resp.headers, stream=_Capped(resp.stream),
+            return httpx.Response(resp.status_code, headers=resp.headers, stream=_Capped(resp.stream, deadline),
                                   extensions=resp.extensions, request=request)
 
-    return httpx.Client(transport=_Transport())
+    limits = httpx.Limits(max_keepalive_connections=0) if deadline_s else httpx.Limits()
+    return httpx.Client(transport=_Transport(limits=limits))
 
 
 def _too_large_cause(exc: BaseException | None) -> ResponseTooLarge | None:
@@ -301,7 +365,7 @@ class StructuredChat:
             max_tokens=settings.max_tokens,
             stream_usage=True,
             use_responses_api=False,
-            http_client=capped_http_client(),
+            http_client=capped_http_client(deadline_s=settings.timeout_s),
         )
         if settings.structured == "json_schema":
             # A dict (not the class) keeps ChatOpenAI on the plain `create` path: a malformed answer comes

@@ -65,3 +65,49 @@ def test_a_victims_handle_planted_in_the_next_trials_row_is_refused_and_the_vict
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- 2. --llm-timeout is a wall-clock deadline per request ------------------------------------------------------
+def test_the_client_deadline_holds_against_a_slow_drip():
+    import httpx
+    import pytest
+
+    from mart.nodes.agents.llm_client import capped_http_client
+    from tests.support.openai_stub import OpenAIStub, Reply
+
+    with OpenAIStub(default=lambda req: Reply.drip(0.5), max_lifetime_s=60) as stub:
+        client = capped_http_client(deadline_s=2.0)
+        start = time.monotonic()
+        with pytest.raises(httpx.TimeoutException, match="deadline"):
+            client.post(f"{stub.base_url}/chat/completions", json={"messages": []}, timeout=30)
+        took = time.monotonic() - start
+    assert took < 2.0 + 0.5, took  # per-read timeouts alone would have waited for all 1002 bytes (~500 s)
+
+
+def test_a_slow_drip_endpoint_ends_each_request_at_the_deadline_and_the_session_completes(tmp_path, monkeypatch):
+    from mart.state.ledger import Ledger
+    from tests.support.cli import TOY
+    from tests.support.openai_stub import OpenAIStub, Reply
+
+    monkeypatch.setenv("MART_LLM_MAX_RETRIES", "0")  # one HTTP request per call: the call's latency is the request's
+    monkeypatch.setenv("MART_LLM_MODEL", "stub-model")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with OpenAIStub(default=lambda req: Reply.drip(2.0), max_lifetime_s=200, max_hang_s=120) as stub:
+        start = time.monotonic()
+        out = cli("tune", "--backend", TOY, "--approve", "auto", "--runs-dir", str(tmp_path), "--json", "-q",
+                  "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "2",
+                  "--watch-interval-s", "0.01", "--no-report", "--agents", "llm", "--llm-base-url", stub.base_url,
+                  "--llm-timeout", "8")
+        took = time.monotonic() - start
+        requests = len(stub.completions())
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.stdout)
+    assert summary["status"] == "completed"
+    ledger = Ledger.open(tmp_path / summary["run_id"])
+    calls = ledger.table_rows("agent_calls")
+    ledger.close()
+    llm = [c for c in calls if c["strategy"] == "llm"]
+    assert len(llm) == requests > 0 and not any(c["ok"] for c in llm)
+    assert all(7.9 <= c["latency_s"] <= 8 + 1.5 for c in llm), [c["latency_s"] for c in llm]
+    assert any(c["strategy"] == "rules" and c["fallback_reason"] for c in calls)  # the rules agents took over
+    assert took < requests * 9.5 + 30

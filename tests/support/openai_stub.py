@@ -94,6 +94,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     error_body: Any = None
     hang_s: float = 0.0
+    drip_s: float = 0.0
+    """> 0: send the headers at once, then one byte of the body every ``drip_s`` seconds (a slow-drip endpoint)."""
     usage: tuple[int, int] | None = None
     """(prompt_tokens, completion_tokens); estimated from the texts (~4 chars/token) when None."""
 
@@ -113,6 +115,12 @@ class Reply:
     @classmethod
     def hang(cls, seconds: float) -> Reply:
         return cls(hang_s=seconds)
+
+    @classmethod
+    def drip(cls, every_s: float = 2.0) -> Reply:
+        """Headers now, then one byte every ``every_s`` seconds (bounded like a hang: until the client leaves,
+        the stub stops or ``max_hang_s`` has passed)."""
+        return cls(drip_s=every_s)
 
     def text_payload(self) -> str:
         if isinstance(self.content, str):
@@ -244,6 +252,9 @@ class OpenAIStub:
             except OSError:
                 pass
             return
+        if reply.drip_s > 0:
+            self._drip(h, reply.drip_s)
+            return
         if reply.status != 200:
             self._send_json(h, reply.status, reply.error_body or {"error": {"message": "error"}}, reply.headers)
             return
@@ -255,6 +266,23 @@ class OpenAIStub:
             else:
                 self._send_json(h, 200, self._completion(req, text, usage), reply.headers)
         except OSError:  # the client went away
+            pass
+
+    def _drip(self, h: BaseHTTPRequestHandler, every_s: float) -> None:
+        body = b" " * 1000 + b"{}"  # whitespace before the JSON: every byte is a valid prefix of the answer
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.flush()
+            end = time.monotonic() + self.max_hang_s
+            for i in range(len(body)):
+                if self._stopped.wait(every_s) or time.monotonic() > end:
+                    return
+                h.wfile.write(body[i:i + 1])
+                h.wfile.flush()
+        except OSError:  # the client went away (its deadline)
             pass
 
     def _message(self, req: RecordedRequest, text: str) -> dict[str, Any]:
