@@ -111,3 +111,59 @@ def test_a_slow_drip_endpoint_ends_each_request_at_the_deadline_and_the_session_
     assert all(7.9 <= c["latency_s"] <= 8 + 1.5 for c in llm), [c["latency_s"] for c in llm]
     assert any(c["strategy"] == "rules" and c["fallback_reason"] for c in calls)  # the rules agents took over
     assert took < requests * 9.5 + 30
+
+
+# -- 3. a checkpoint blob's decoded size is bounded --------------------------------------------------------------
+def _empty_arrays(n: int) -> bytes:
+    """msgpack of one array of ``n`` empty arrays, deflated: 19 KB for 20 million (~20 MB inflated)."""
+    import zlib
+
+    return zlib.compress(b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n, 9)
+
+
+_LOAD_IN_A_CHILD = """
+import resource, sys, time, zlib
+from mart.state.serde import make_serde
+blob = open(sys.argv[1], "rb").read()
+serde = make_serde()
+start = time.monotonic()
+try:
+    serde.loads_typed(("msgpack+zlib", blob))
+    print("decoded")
+except ValueError as e:
+    print("refused:", e)
+print(time.monotonic() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_an_inflation_bomb_checkpoint_is_refused_fast_and_small(tmp_path):
+    import sys
+
+    for n in (20_000_000, 4_000_000):  # over the inflated-bytes cap; under it, but over the objects cap
+        blob = tmp_path / f"bomb-{n}"
+        blob.write_bytes(_empty_arrays(n))
+        assert blob.stat().st_size < 25_000
+        child = subprocess.run([sys.executable, "-c", _LOAD_IN_A_CHILD, str(blob)], capture_output=True, text=True,
+                               timeout=120)
+        verdict, figures = child.stdout.strip().splitlines()
+        seconds, rss_mb = float(figures.split()[0]), int(figures.split()[1])
+        assert verdict.startswith("refused: a checkpoint in the run's mart.sqlite"), child.stdout + child.stderr
+        assert seconds < 2.0 and rss_mb < 200, (n, seconds, rss_mb)
+
+
+def test_mart_review_of_a_run_with_a_bomb_checkpoint_ends_in_one_error_line(tmp_path):
+    runs = tmp_path / "runs"
+    run_id = _paused_toy(runs)
+    with sqlite3.connect(runs / run_id / "mart.sqlite") as db:
+        db.execute("UPDATE checkpoints SET type = 'msgpack+zlib', checkpoint = ? WHERE rowid = (SELECT max(rowid) "
+                   "FROM checkpoints)", (_empty_arrays(20_000_000),))
+    out = cli("review", run_id, "--runs-dir", str(runs), "--approve")
+    assert out.exit_code != 0
+    errors = [line for line in out.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "refused" in errors[0] and "Traceback" not in out.output, out.output
+
+
+def _paused_toy(runs: Path) -> str:
+    from tests.support.cli import paused_toy_run
+
+    return paused_toy_run(str(runs))["run_id"]
