@@ -316,7 +316,10 @@ def _finish(summary: dict, as_json: bool) -> None:
     else:
         _print_summary(summary)
     if summary.get("status") == "failed":
-        typer.echo(f"error: the session failed: {summary.get('error')}", err=True)
+        from mart.state.text import one_line
+
+        # the error quotes a trial's failure, read from its log: foreign text, one line without terminal controls
+        typer.echo(f"error: the session failed: {one_line(summary.get('error'))}", err=True)
         raise typer.Exit(1)
 
 

@@ -167,3 +167,45 @@ def _paused_toy(runs: Path) -> str:
     from tests.support.cli import paused_toy_run
 
     return paused_toy_run(str(runs))["run_id"]
+
+
+# -- 4. the lower items ----------------------------------------------------------------------------------------
+EVIL = "\x1b]0;pwned\x07 \x1b]8;;https://evil.example\x07click\x1b]8;;\x07 \x1bP+q\x1b\\ \u202etxt.exe\u202c \x9b2J"
+
+
+class _CrashingBackend:
+    """Every trial crashes with a reason taken from its log, full of terminal escapes."""
+
+    @staticmethod
+    def make(**options):
+        from tests.support.toy_backend import ToyBackend
+
+        class Crashing(ToyBackend):
+            def make_runner(self):
+                runner = super().make_runner()
+                real = runner.launch
+
+                def launch(spec):
+                    handle = real(spec)
+                    from mart.trial_runner.base import write_status
+
+                    write_status(spec.trial_dir, "failed", f"Traceback ... RuntimeError: {EVIL}", 0)
+                    return handle
+
+                runner.launch = launch
+                return runner
+
+        return Crashing(**options)
+
+
+make_crashing = _CrashingBackend.make
+
+
+def test_the_session_failed_line_prints_no_terminal_escapes_from_a_trial(tmp_path):
+    out = cli("tune", "--backend", "tests.graph.test_hardening_round3:make_crashing", "--approve", "auto",
+              "--runs-dir", str(tmp_path), "-q", "--system-trials", "2", "--learning-trials", "0",
+              "--system-horizon", "2", "--watch-interval-s", "0.01", "--no-report")
+    assert out.exit_code == 1, out.output
+    [line] = [x for x in out.output.splitlines() if x.startswith("error: the session failed")]
+    assert "RuntimeError" in line and "click" in line  # the reason is still said
+    assert not any(c in line for c in "\x1b\x07\x9b\u202e\u202c"), repr(line)
