@@ -301,6 +301,10 @@ class SlackReviewService:
         answer; on one candidate of several it is kept (the ledger) until every candidate has one, then they go
         together. A note to show the clicker, or None."""
         ids = [c.get("candidate_id") for c in request.get("candidates") or []]
+        if one.candidate_id is not None and one.candidate_id not in ids:
+            # a signed click can still carry any value (a stale or hand-made button): answer it, run nothing
+            return (f"Candidate `{esc(one.candidate_id)}` is not in review #{request.get('review_no')} of run "
+                    f"`{esc(meta['run'])}`; nothing changed.")
         store = self._open_store(meta["run"])
         try:
             kept = partial_decisions(store.ledger, meta["interrupt"]) if len(ids) > 1 else []

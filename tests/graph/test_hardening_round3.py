@@ -209,3 +209,39 @@ def test_the_session_failed_line_prints_no_terminal_escapes_from_a_trial(tmp_pat
     [line] = [x for x in out.output.splitlines() if x.startswith("error: the session failed")]
     assert "RuntimeError" in line and "click" in line  # the reason is still said
     assert not any(c in line for c in "\x1b\x07\x9b\u202e\u202c"), repr(line)
+
+
+def test_a_signed_click_for_a_candidate_not_in_the_batch_is_answered_cleanly(tmp_path, caplog):
+    import logging
+
+    from mart.graph.reviewers.slack import ACTION_APPROVE, review_blocks, slack_client
+    from mart.graph.session import pending_review
+    from mart.graph.slack_server import SlackReviewService
+    from mart.state.ledger import Ledger
+    from mart.state.run_store import RunStore
+    from tests.graph.test_slack_batch import ALICE, TOKEN, _click, _dispatch
+    from tests.support.slack_stub import SlackStub
+
+    run = _paused_toy(tmp_path)
+    store = RunStore.open(run, tmp_path)
+    request = pending_review(store)
+    store.close()
+    row = next(b for b in review_blocks(request) if b["type"] == "actions")
+    click = _click(row, ACTION_APPROVE)
+    value = json.loads(click["actions"][0]["value"])
+    click["actions"][0]["value"] = json.dumps({**value, "candidate": "sys-99-forged"})
+    before = len(Ledger.open(tmp_path / run).trials())
+    caplog.set_level(logging.INFO, logger="mart")
+    with SlackStub(TOKEN) as stub:
+        from tests.graph.test_slack_batch import SECRET
+
+        service = SlackReviewService(tmp_path, signing_secret=SECRET, reviewers={ALICE},
+                                     client=slack_client(stub.api_url, TOKEN), token_verification=False)
+        assert _dispatch(service, click) == 200
+        [note] = stub.wait_for("chat.postEphemeral")
+        assert service.wait_idle(timeout=30)
+        posted = [c["params"].get("text", "") for c in stub.of("chat.postMessage")]
+    assert "sys-99-forged" in note["params"]["text"] and "nothing changed" in note["params"]["text"]
+    assert not any("failed" in t for t in posted), posted
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+    assert len(Ledger.open(tmp_path / run).trials()) == before  # nothing ran
