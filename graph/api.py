@@ -3,11 +3,12 @@
 Example::
 
     from langgraph.types import Command
+from pydantic import ValidationError
     from mart.graph.api import open_run
 
     with open_run("20261130-154001-26f0", runs_dir="runs") as run:
         print(run.pending_review())                     # the review request (diff, rationale, critique)
-        run.decide({"decisions": [{"type": "approve"}], "reviewer": "me"})   # continues until the next review
+        run.decide({"decisions": [{"type": "approve"}]})   # continues until the next review
         for snap in run.graph.get_state_history(run.config):   # newest first
             print(snap.metadata["step"], snap.next)
 
@@ -18,12 +19,15 @@ LangGraph Studio). The handle holds the run's writer lock until ``close()``, so 
 
 from __future__ import annotations
 
+import getpass
+import re
 from collections.abc import Collection, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from langgraph.types import Command
+from pydantic import ValidationError
 
 from mart.graph.builder import compile_graph
 from mart.graph.services import build_services
@@ -81,7 +85,7 @@ class RunHandle:
         if pending is None:
             raise RunError(f"run {self.run_id} has no pending review to answer")
         if isinstance(decision, dict):
-            decision = ReviewDecision.model_validate({"channel": "api", **decision})
+            decision = ReviewDecision.model_validate(decision)
         self.graph.invoke(resume_command(pending["interrupt_id"], decision), self.config, context=self.context,
                           durability="sync")
         return self.pending_review()
@@ -127,10 +131,34 @@ class StaleResume(RunError):
     """A resume aimed at a review that was already answered: LangGraph would replay the stored answer."""
 
 
+class BareResume(RunError):
+    """A ``Command(resume=...)`` without the interrupt id of the review it answers."""
+
+
+#: an interrupt id as LangGraph makes it (an xxh3-128 hex digest)
+_INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def _as_delivered(value: Any) -> Any:
+    """An answer as this API records it. The channel is the one that delivered it (``api``), whatever the caller
+    wrote; the reviewer is the user this process runs as, and a different name the caller gives is kept as what
+    it is, a claim (``"U0BOSS (claimed; api user ann)"``): nothing here proves who the caller is. A malformed
+    answer passes as it is, to be asked again in band."""
+    try:
+        decision = value if isinstance(value, ReviewDecision) else ReviewDecision.model_validate(value)
+    except ValidationError:
+        return value
+    user = getpass.getuser()
+    claimed = decision.reviewer.strip()
+    who = user if claimed in ("", "unknown", user) else f"{claimed} (claimed; api user {user})"
+    return decision.model_copy(update={"reviewer": who, "channel": "api"}).model_dump(mode="json")
+
+
 class _ReplayGuard:
-    """The compiled graph, except that ``invoke``/``stream`` refuse ``Command(resume=...)`` at a past
-    checkpoint whose review was already answered. LangGraph replays the stored answer there and silently
-    ignores the new one; ``RunHandle.fork`` re-opens such a review instead."""
+    """The compiled graph, except that ``invoke``/``stream`` take a ``Command(resume=...)`` only addressed to an
+    interrupt id (strict resume, as the CLI and Slack answer), record each answer as the API delivered it
+    (``_as_delivered``), and refuse one at a past checkpoint whose review was already answered: LangGraph replays
+    the stored answer there and silently ignores the new one; ``RunHandle.fork`` re-opens such a review instead."""
 
     def __init__(self, graph: Any, saver: Any) -> None:
         self._graph, self._saver = graph, saver
@@ -138,9 +166,29 @@ class _ReplayGuard:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._graph, name)
 
-    def _check(self, inp: Any, config: Any) -> None:
+    def _prepare(self, inp: Any, config: Any) -> Any:
+        """``inp`` as it may reach the graph: a resume only by interrupt id, each answer as the API delivered it."""
         if not isinstance(inp, Command) or inp.resume is None:
-            return
+            return inp
+        self._check_stale(inp, config)
+        resume = inp.resume
+        if not (isinstance(resume, dict) and resume and all(_INTERRUPT_ID.fullmatch(str(k)) for k in resume)):
+            # LangGraph applies a bare value to whatever single review is pending; docs/runtime.md promises strict
+            raise BareResume(
+                "answer a review by its interrupt id: Command(resume={run.pending_review()['interrupt_id']: "
+                "decision}), or run.decide(decision); a bare Command(resume=...) would answer whatever review is "
+                "pending")
+        pending = [i.id for i in self._graph.get_state(config).interrupts]
+        if len(pending) == 1 and list(resume) == pending:
+            # checked here against the one pending review (this handle holds the run's lock, nothing else moves it),
+            # then handed on as LangGraph's plain resume: an answer asked again in band (a malformed one, a question)
+            # is then kept with the earlier ones, as the review node's loop expects
+            return Command(graph=inp.graph, update=inp.update, goto=inp.goto, resume=_as_delivered(resume[pending[0]]))
+        # another id: LangGraph's strict resume mode (the run's config) refuses it with UnknownInterruptError
+        return Command(graph=inp.graph, update=inp.update, goto=inp.goto,
+                       resume={k: _as_delivered(v) for k, v in resume.items()})
+
+    def _check_stale(self, inp: Command, config: Any) -> None:
         if not ((config or {}).get("configurable") or {}).get("checkpoint_id"):
             return  # the thread's head: a pending review, answered normally
         saved = self._saver.get_tuple(config)
@@ -156,12 +204,10 @@ class _ReplayGuard:
                 "with run.decide(...)")
 
     def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
-        self._check(input, config)
-        return self._graph.invoke(input, config, **kwargs)
+        return self._graph.invoke(self._prepare(input, config), config, **kwargs)
 
     def stream(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
-        self._check(input, config)
-        return self._graph.stream(input, config, **kwargs)
+        return self._graph.stream(self._prepare(input, config), config, **kwargs)
 
 
 def open_run(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | None = None,

@@ -3,6 +3,8 @@ the writer lock, and time travel (re-deciding a past review on a fork)."""
 
 from __future__ import annotations
 
+import getpass
+
 import pytest
 from langgraph.types import Command
 
@@ -33,22 +35,25 @@ def test_invoke_resume_with_and_without_context(tmp_path, paused):
         # a malformed answer (an unknown action, a bare string) is refused by the interrupt's response schema
         # and asked again in band: the run neither fails nor moves, and the reviewer sees why
         for bad in ({"action": "maybe"}, "approve", 42):
-            out = h.graph.invoke(Command(resume=bad), h.config, context=h.context)
+            out = h.graph.invoke(Command(resume={h.pending_review()["interrupt_id"]: bad}), h.config,
+                                 context=h.context)
             again = out["__interrupt__"][0].value
             assert again["review_no"] == 1 and again["error"].startswith("invalid decision:"), again["error"]
-            assert h.pending_review()["interrupt_id"] == req["interrupt_id"]
+            assert h.pending_review()["review_no"] == 1  # asked again (LangGraph gives the new ask its own id)
         assert "action" in again["error"] or "dictionary" in again["error"]
         assert Ledger.open(h.store.run_dir).table_rows("reviews") == []
-        out = h.graph.invoke(Command(resume=ReviewDecision(action="approve", reviewer="nb", channel="notebook")),
+        out = h.graph.invoke(Command(resume={h.pending_review()["interrupt_id"]: ReviewDecision(
+                                 action="approve", reviewer="nb", channel="notebook")}),
                              h.config, context=h.context)
         assert out["__interrupt__"][0].value["review_no"] == 2
         # context is optional: the nodes build their services from the state's options
-        h.graph.invoke(Command(resume={"action": "approve", "reviewer": "nb"}), h.config)
+        h.graph.invoke(Command(resume={h.pending_review()["interrupt_id"]: {"action": "approve", "reviewer": "nb"}}),
+                       h.config)
         assert h.pending_review()["review_no"] == 3
         reviews = Ledger.open(h.store.run_dir).table_rows("reviews")
-        assert [r["reviewer"] for r in reviews] == ["nb", "nb"]
-        # an answer without a channel can only have come through Studio or its SDK: recorded as such
-        assert [r["channel"] for r in reviews] == ["notebook", "studio"]
+        # the channel that delivered them, whatever the caller wrote; the caller's name kept as a claim
+        assert [r["reviewer"] for r in reviews] == [f"nb (claimed; api user {getpass.getuser()})"] * 2
+        assert [r["channel"] for r in reviews] == ["api", "api"]
         assert len(Ledger.open(h.store.run_dir).trials()) == 3
     # closed: the run is free again, and any channel can answer it
     assert RunStore.open(run, tmp_path).lock_holder() is None
@@ -70,8 +75,8 @@ def test_time_travel_redecides_a_past_review_on_a_fork(tmp_path, paused):
         again = h.graph.invoke(None, h.config, context=h.context)["__interrupt__"][0].value
         assert (again["review_no"], only(again)["candidate_id"]) == (1, only(first)["candidate_id"])
         feedback = "leave max_num_seqs alone"
-        h.graph.invoke(Command(resume={"action": "reject", "feedback": feedback, "reviewer": "ann"}), h.config,
-                       context=h.context)
+        h.graph.invoke(Command(resume={h.pending_review()["interrupt_id"]: {"action": "reject", "feedback": feedback}}),
+                       h.config, context=h.context)
         now = h.pending_review()
         assert now["review_no"] == 2 and only(now)["candidate_id"] != only(first)["candidate_id"]
         assert SEQS not in {d["key"] for d in only(now)["diff"]}
@@ -118,11 +123,11 @@ def test_a_batch_review_is_answered_per_candidate_from_a_notebook(tmp_path):
             CandidateDecision(type="edit", candidate_id=ids[0], edits={seqs: 128}),
             CandidateDecision(type="reject", candidate_id=ids[1], message="no tensor parallel change yet")],
             reviewer="nb", channel="notebook")
-        h.graph.invoke(Command(resume=answer), h.config, context=h.context)
+        h.graph.invoke(Command(resume={request["interrupt_id"]: answer}), h.config, context=h.context)
         ledger = Ledger.open(h.store.run_dir)
         ran = {t["candidate_id"]: t for t in ledger.trials() if t["kind"] == "candidate"}
         assert ids[1] not in ran and ran[ids[0]]["config"][seqs] == 128
         first = {r["candidate_id"]: r for r in ledger.table_rows("reviews") if r["review_no"] == 1}
         assert (first[ids[0]]["action"], first[ids[1]]["action"]) == ("edit", "reject")
         assert first[ids[1]]["feedback"] == "no tensor parallel change yet"
-        assert {r["channel"] for r in first.values()} == {"notebook"}
+        assert {r["channel"] for r in first.values()} == {"api"}
