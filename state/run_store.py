@@ -137,13 +137,18 @@ class RunStore:
             DamagedLedger: opened for writing, and the file fails SQLite's integrity check.
         """
         root = Path(runs_dir).resolve()
-        candidates = [Path(ref), Path(runs_dir) / str(ref)]
+        # a bare id names a run in runs_dir only: a same-named folder where the command runs is never taken for it
+        # (`mart status RUN --runs-dir other` showed ./RUN); a folder elsewhere is named by its path (./RUN, /x/RUN)
+        bare = isinstance(ref, str) and "/" not in ref and os.sep not in ref and ref not in (".", "..")
+        candidates = [Path(runs_dir) / ref] if bare else [Path(ref), Path(runs_dir) / str(ref)]
         run_dir = next((p for p in candidates if p.is_dir()), None)
         if run_dir is None:
             known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists())[-5:] \
                 if root.is_dir() else []
             hint = f" Known runs in {runs_dir}: {', '.join(known)}." if known else f" No runs in {runs_dir}."
-            raise RunNotFound(f"no run {str(ref)!r} (looked in {runs_dir}/ and as a path).{hint}")
+            where = f"looked in {runs_dir}/; a run folder elsewhere: give its path, e.g. ./{ref}" if bare else \
+                f"looked in {runs_dir}/ and as a path"
+            raise RunNotFound(f"no run {str(ref)!r} ({where}).{hint}")
         run_dir = run_dir.resolve()
         if (not readonly if contained is None else contained) and run_dir.parent != root:
             raise RunOutsideRunsDir(f"{ref} is not a run directory inside --runs-dir {runs_dir} (it resolves to "
@@ -163,8 +168,12 @@ class RunStore:
             if full:  # SQLite says "disk I/O error" when it cannot map its -shm: the cause is the disk
                 raise RunError(f"cannot open {db}: {full}; free space, then run the command again") from None
             raise NotAMartRun(f"{db} is not a readable mart database ({e})") from None
-        if "runs" not in tables or "trials" not in tables or len(rows) != 1:
+        if "runs" not in tables or "trials" not in tables:
             raise NotAMartRun(f"{db} is an SQLite file, but not a mart run (no ledger tables)")
+        if len(rows) != 1:  # mart writes exactly one: the folder was edited or put together by hand
+            ids = ", ".join(repr(str(r[0]))[:40] for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
+            raise NotAMartRun(f"{db} holds {len(rows)} rows in its runs table ({ids or 'none'}); a mart run holds "
+                              "exactly one, so which run this folder is cannot be told")
         store = cls(run_dir, rows[0][0], readonly=readonly)
         if not readonly:
             store._check_writable(db)

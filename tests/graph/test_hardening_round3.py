@@ -273,3 +273,28 @@ def test_the_notebook_graph_refuses_a_bare_resume_and_records_claims_as_claims(t
         [row] = [r for r in Ledger.open(h.store.run_dir).table_rows("reviews") if r["review_no"] == 1]
     assert row["channel"] == "api"  # not "slack": the API delivered it
     assert row["reviewer"] == f"U0BOSS (claimed; api user {getpass.getuser()})"
+
+
+def test_status_with_another_runs_dir_never_shows_a_same_named_run_from_the_cwd(tmp_path, monkeypatch):
+    import shutil
+
+    here, other = tmp_path / "here", tmp_path / "other"
+    run = _paused_toy(here)
+    other.mkdir()
+    shutil.copytree(here / run, tmp_path / run)  # a same-named run folder where the command runs
+    monkeypatch.chdir(tmp_path)
+    out = cli("status", run, "--runs-dir", str(other))
+    assert out.exit_code != 0 and "no run" in out.output and str(other) in out.output, out.output
+    assert cli("status", f"./{run}", "--runs-dir", str(other)).exit_code == 0  # named by its path: shown
+    assert cli("status", run, "--runs-dir", str(here)).exit_code == 0
+
+
+def test_a_ledger_with_two_runs_rows_is_named_as_such(tmp_path):
+    run = _paused_toy(tmp_path)
+    with sqlite3.connect(tmp_path / run / "mart.sqlite") as db:
+        db.execute("INSERT INTO runs (run_id, status) VALUES ('other-run', 'paused')")
+    for command in ("status", "review"):
+        out = cli(command, run, "--runs-dir", str(tmp_path))
+        assert out.exit_code != 0
+        [line] = [x for x in out.output.splitlines() if x.startswith("error:")]
+        assert "2 rows in its runs table" in line and "'other-run'" in line and "no ledger tables" not in line, line
