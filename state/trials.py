@@ -16,6 +16,9 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trial.log"
 CHECKPOINTS_DIR = "checkpoints"
+#: an empty file a trial leaves when it cannot write its status because the disk is full (a name needs no data
+#: blocks): whoever polls it later, after space was freed, still names the disk as the cause
+DISK_FULL_MARK = "ended-disk-full"
 #: how a trial whose stored handle mart could not prove it launched is ended (its row's ``reason`` starts so)
 HANDLE_REFUSED = "stored handle refused, nothing signalled"
 

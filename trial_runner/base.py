@@ -17,17 +17,18 @@ Trial directory contract (all backends write or mirror it):
 from __future__ import annotations
 
 import abc
+import errno
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from mart.state.files import write_atomic
+from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.job import JobDescription
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import SearchSpace
-from mart.state.trials import METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.state.trials import DISK_FULL_MARK, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.metrics import MetricsTail
 from mart.trial_runner.process import unproven_launch
 
@@ -149,6 +150,24 @@ def write_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason
     value = status.value if isinstance(status, TrialStatus) else str(status)
     write_atomic(trial_dir, STATUS_FILE, json.dumps({"status": value, "reason": reason, "last_step": last_step,
                                                      **({"launch": launch} if launch else {})}))
+
+
+def write_final_status(trial_dir: str | os.PathLike, status: TrialStatus | str, reason: str | None, last_step: int,
+                       launch: dict | None = None) -> None:
+    """``write_status`` at a trial's end; on a full disk (no room for the status), an empty ``DISK_FULL_MARK``
+    instead, so that the cause outlives the freed space (``ended_on_full_disk``)."""
+    try:
+        write_status(trial_dir, status, reason, last_step, launch=launch)
+    except OSError as e:
+        if e.errno != errno.ENOSPC and not disk_full(trial_dir):
+            raise
+        with open_in(trial_dir, DISK_FULL_MARK, "wb"):
+            pass
+
+
+def ended_on_full_disk(trial_dir: str | os.PathLike) -> bool:
+    """Did the trial end unable to write its status on a full disk (it left ``DISK_FULL_MARK``)?"""
+    return (Path(trial_dir) / DISK_FULL_MARK).is_file()
 
 
 def finished_launch(trial_dir: str | os.PathLike, token: str, record: str = STATUS_FILE

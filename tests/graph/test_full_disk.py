@@ -77,3 +77,24 @@ def test_resume_on_a_full_disk_names_the_cause_and_continues_after(small_disk):
     assert out.exit_code == 0 and ": running" not in out.stdout, out.stdout
     out = cli("review", run, "--runs-dir", str(small_disk), "--approve", "-q", "--detach")
     assert out.exit_code == 0, out.stderr
+
+
+def test_a_trial_killed_by_a_full_disk_is_named_so_after_a_resume_that_freed_space(small_disk, local_tiny_config):
+    """Issue 45: the tuner that polls the trial after the space was freed (a resume: another process, no exit code)
+    still names the disk, not "killed?"."""
+    from mart.trial_runner.local.runner import LocalRunner
+
+    d = small_disk / "t1"
+    handle = LocalRunner().launch(TrialSpec(trial_id="t1", config=local_tiny_config, steps=400, trial_dir=str(d)))
+    deadline = time.monotonic() + 60
+    while not (d / "metrics.jsonl").exists() or not (d / "metrics.jsonl").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    filler = fill(small_disk)
+    from mart.trial_runner.process import ProcessGroup
+
+    assert ProcessGroup(handle.pid, handle.pid_create_time).wait(60), "the trial did not end on a full disk"
+    filler.unlink()  # space freed, then `mart resume`: a new runner, which never saw the trial's exit code
+    poll = LocalRunner().poll(handle)
+    assert poll.status.value == "failed"
+    assert "disk" in poll.reason and "was full" in poll.reason and "killed?" not in poll.reason, poll.reason

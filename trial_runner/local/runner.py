@@ -15,9 +15,18 @@ from pathlib import Path
 
 from mart.state.files import disk_full, open_in, write_atomic
 from mart.state.models import TrialStatus
-from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.state.trials import (
+    DISK_FULL_MARK,
+    LOG_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+    TrialHandle,
+    TrialPoll,
+    TrialSpec,
+)
 from mart.trial_runner.base import (
     TrialRunner,
+    ended_on_full_disk,
     finished_launch,
     read_status,
     stage_config,
@@ -94,7 +103,7 @@ class LocalRunner(TrialRunner):
         self._reap()
         self.write_config(spec)
         trial_dir = Path(spec.trial_dir)
-        for stale in (STATUS_FILE, METRICS_FILE):  # a fresh trial: nothing left from an earlier one
+        for stale in (STATUS_FILE, METRICS_FILE, DISK_FULL_MARK):  # a fresh trial: nothing left from an earlier one
             (trial_dir / stale).unlink(missing_ok=True)
         self._tails.pop(str(trial_dir), None)
         env = trial_env({**self.build_env(spec), **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
@@ -142,6 +151,9 @@ class LocalRunner(TrialRunner):
         full = disk_full(handle.trial_dir)  # the worker could not even write its status: say why
         if full:
             reason = f"{full}: the trial could not write its results (free space, then `mart resume`)"
+        elif ended_on_full_disk(handle.trial_dir):  # the disk was full when it ended; space was freed since
+            reason = (f"the disk holding {handle.trial_dir} was full when the trial ended: it could not write its "
+                      "results")
         elif code is None:
             reason = "the trial process ended without writing a status (killed?)"
         elif code < 0:

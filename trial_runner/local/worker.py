@@ -32,7 +32,7 @@ from pathlib import Path
 from mart.state.files import open_in
 from mart.state.search_space import ConfigError
 from mart.state.trials import METRICS_FILE, checkpoint_dir
-from mart.trial_runner.base import write_status
+from mart.trial_runner.base import write_final_status
 from mart.trial_runner.local import memory
 from mart.trial_runner.metrics import write_record
 from mart.trial_runner.process import launch_record
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         status, reason, code = "stopped", str(e), EXIT_STOPPED
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    write_status(out, status, reason, progress["last_step"], launch=launch_record())
+    write_final_status(out, status, reason, progress["last_step"], launch=launch_record())
     print(f"trial {status}" + (f": {reason}" if reason else "") + f" (last step {progress['last_step']})", flush=True)
     sys.stderr.flush()
     os._exit(code)  # no slow interpreter teardown: the stop must take well under 2 s
