@@ -298,3 +298,15 @@ def test_a_ledger_with_two_runs_rows_is_named_as_such(tmp_path):
         assert out.exit_code != 0
         [line] = [x for x in out.output.splitlines() if x.startswith("error:")]
         assert "2 rows in its runs table" in line and "'other-run'" in line and "no ledger tables" not in line, line
+
+
+def test_negative_marti_values_in_exponent_notation_survive_its_argv():
+    from mart.trial_runner.marti.argv import build_argv, flag_args
+    from mart.trial_runner.marti.prevalidate import check_argv, parse_argv
+
+    args = flag_args("eps_clip_low_high", [-1e-05, 0.2])
+    assert args == ["--eps_clip_low_high", "-0.00001", "0.2"]
+    argv = build_argv({"eps_clip_low_high": [-1e-05, 0.2], "reward_clip_range": [-1e-07, 1e-07]})
+    assert check_argv(argv) == [], check_argv(argv)
+    ns = parse_argv(["--agents", "{}", *argv])
+    assert list(ns.eps_clip_low_high) == [-1e-05, 0.2] and list(ns.reward_clip_range) == [-1e-07, 1e-07]

@@ -16,6 +16,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from mart.state.config_values import check_key
@@ -81,18 +82,22 @@ def flag_args(name: str, value: Any) -> list[str]:
         raise ConfigError(f"`{name}` takes {nargs} values, but got {items!r}.")
     if nargs == "+" and not items:
         raise ConfigError(f"`{name}` takes at least one value.")
-    texts = [_scalar(name, spec, v) for v in items]
-    if any(t.startswith("-") and not _looks_numeric(t) for t in texts):
+    texts = [_positional(_scalar(name, spec, v)) if spec.get("type") in ("int", "float") else _scalar(name, spec, v)
+             for v in items]
+    if any(t.startswith("-") and not _ARGPARSE_NEGATIVE.match(t) for t in texts):
         raise ConfigError(f"`{name}`: a value may not start with '-' (it would read as a flag): {texts!r}.")
     return [f"--{name}", *texts]
 
 
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+#: what argparse takes for a negative number rather than an option (``ArgumentParser._negative_number_matcher``
+#: up to Python 3.12: https://github.com/python/cpython/blob/3.12/Lib/argparse.py); ``-1e-05`` is not one
+_ARGPARSE_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _positional(text: str) -> str:
+    """A number in plain positional notation (``-1e-05`` -> ``-0.00001``): a value of a multi-value flag is a
+    separate argv element, and argparse reads ``-1e-05`` there as an unknown option ("expected 2 arguments")."""
+    return format(Decimal(text), "f") if "e" in text.lower() else text
 
 
 def _json_value(where: str, value: Any) -> Any:
