@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import errno
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,20 @@ from mart.state.job import JobDescription
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import SearchSpace
-from mart.state.trials import DISK_FULL_MARK, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
+from mart.state.text import one_line
+from mart.state.trials import (
+    DISK_FULL_MARK,
+    HANDLE_REFUSED,
+    METRICS_FILE,
+    STATUS_FILE,
+    TrialHandle,
+    TrialPoll,
+    TrialSpec,
+)
 from mart.trial_runner.metrics import MetricsTail
-from mart.trial_runner.process import unproven_launch
+from mart.trial_runner.process import ProcessGroup, unproven_launch
 
+log = logging.getLogger(__name__)
 
 class TrialRunner(abc.ABC):
     """Launches trials and follows them through handles. Implementations: local, verl, ray, sim."""
@@ -71,6 +82,22 @@ class TrialRunner(abc.ABC):
         if handle.pid is None:
             return None
         return unproven_launch(handle.pid, handle.pid_create_time, launch_token, launched_at, self.leader_modules)
+
+    def attach(self, handle: TrialHandle) -> ProcessGroup | None:
+        """The process group ``handle`` names, for a trial this runner did not launch itself (a resumed tuner's), or
+        None when its processes do not prove that a mart launch started them (``unproven``, any launch token): a
+        handle read back from a run folder (a ledger row, a checkpoint) could name any process, and this runner
+        signals what it attaches. Checked at every call: a pid is re-checked once its process has ended."""
+        if handle.pid is None:
+            return None
+        why = unproven_launch(handle.pid, handle.pid_create_time, None, None, self.leader_modules)
+        if why is not None:
+            refused = self.__dict__.setdefault("_refused", set())
+            if handle.pid not in refused:  # once per pid, not at every poll
+                refused.add(handle.pid)
+                log.warning("trial %s: %s: %s", one_line(handle.trial_id), HANDLE_REFUSED, one_line(why))
+            return None
+        return ProcessGroup(handle.pid, handle.pid_create_time)
 
     def metrics(self, handle: TrialHandle) -> MetricsTail:
         """A tail reader over the trial's metric stream (complete lines only)."""

@@ -73,3 +73,24 @@ def test_verl_does_not_reattach_a_pid_planted_in_launch_json(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_runners_never_signal_a_group_they_cannot_prove_they_started(tmp_path):
+    """A handle from a checkpoint or any other stored place (not only the ledger row): stop and poll leave it be."""
+    from mart.state.trials import TrialHandle
+    from mart.trial_runner.local.runner import LocalRunner
+
+    victim, created = _spawn(["sleep", "60"])
+    try:
+        (tmp_path / "t1").mkdir()
+        for runner in (LocalRunner(), VerlRunner(f"{sys.executable} {FAKE_VERL}", sample_gpu=False,
+                                                 gpu_free_threshold_gb=None)):
+            handle = TrialHandle(trial_id="t1", backend=runner.name, trial_dir=str(tmp_path / "t1"), pid=victim.pid,
+                                 pid_create_time=created, extra={"attempt_dir": str(tmp_path / "t1")})
+            assert runner.attach(handle) is None
+            runner.stop(handle, grace_s=0.2)
+            runner.poll(handle)
+            assert victim.poll() is None, f"{runner.name} signalled a process it did not start"
+    finally:
+        victim.kill()
+        victim.wait()

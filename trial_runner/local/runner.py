@@ -9,6 +9,7 @@ this runner started are reaped here, so they never linger as zombies.
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -106,7 +107,7 @@ class LocalRunner(TrialRunner):
         for stale in (STATUS_FILE, METRICS_FILE, DISK_FULL_MARK):  # a fresh trial: nothing left from an earlier one
             (trial_dir / stale).unlink(missing_ok=True)
         self._tails.pop(str(trial_dir), None)
-        env = trial_env({**self.build_env(spec), **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
+        env = trial_env({**self.build_env(spec), LAUNCH_TOKEN_ENV: spec.launch_token or secrets.token_hex(8)})
         with open_in(trial_dir, LOG_FILE, "wb") as log:
             group = ProcessGroup.spawn(self.build_command(spec), env=env, output=log)
         self._groups[group.pid] = group
@@ -138,7 +139,7 @@ class LocalRunner(TrialRunner):
         """The trial's process group: the one launched here (reaps it), else attached through the handle."""
         if handle.pid is None:
             return None
-        return self._groups.get(handle.pid) or ProcessGroup(handle.pid, handle.pid_create_time)
+        return self._groups.get(handle.pid) or self.attach(handle)
 
     def _alive(self, handle: TrialHandle) -> bool:
         group = self._group(handle)

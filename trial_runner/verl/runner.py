@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shlex
 import sys
 import time
@@ -439,7 +440,7 @@ class VerlRunner(TrialRunner):
             log_offset = log.tell()
             log.write(f"=== mart: {spec.trial_id} attempt {k}: {shlex.join(argv)}\n".encode())
             log.flush()
-            env = trial_env({**env_add, **({LAUNCH_TOKEN_ENV: spec.launch_token} if spec.launch_token else {})})
+            env = trial_env({**env_add, LAUNCH_TOKEN_ENV: spec.launch_token or secrets.token_hex(8)})
             group = ProcessGroup.spawn(sup + ["--"] + argv, cwd=cwd, env=env, output=log)
         launch_info.update(pid=group.pid, pid_create_time=group.created, log_offset=log_offset)
         write_atomic(trial_dir, adir / "launch.json", json.dumps(launch_info, indent=1))
@@ -476,7 +477,7 @@ class VerlRunner(TrialRunner):
         """The attempt's process group: the one launched here, else attached through the handle."""
         if handle.pid is None:
             return None
-        return self._groups.get(self._key(handle)) or ProcessGroup(handle.pid, handle.pid_create_time)
+        return self._groups.get(self._key(handle)) or self.attach(handle)
 
     def _leader(self, handle: TrialHandle) -> ProcessGroup | None:
         """The attempt's process group while its leader (the supervisor) still runs, else None."""
