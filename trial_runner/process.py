@@ -252,6 +252,12 @@ def find_launched(token: str, *, settle_s: float = 2.0) -> ProcessGroup | None:
         time.sleep(0.1)
 
 
+#: how much earlier than the recorded launch time a launched process's create time may read: psutil's create time
+#: moves with the boot-time estimate (module docstring) and a loaded machine reads both clocks late; a process
+#: running from long before the launch (a victim named by a planted handle) is still told apart
+LAUNCH_CLOCK_SLACK_S = 5.0
+
+
 def _cmdline(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()
@@ -277,7 +283,7 @@ def _why_not_launched(proc: psutil.Process, token: str | None, launched_at: floa
             return f"pid {proc.pid} is not a mart supervisor or worker ({' '.join(argv)[:80]!r})"
     if leader and launched_at:
         try:
-            if proc.create_time() < float(launched_at) - PID_REUSE_TOLERANCE_S:
+            if proc.create_time() < float(launched_at) - LAUNCH_CLOCK_SLACK_S:
                 return f"pid {proc.pid} started before the trial was launched"
         except psutil.Error:
             return None

@@ -106,8 +106,10 @@ def test_two_trials_complete_with_verl_metrics_and_equal_seeds_give_equal_metric
     strip = lambda rs: [{k: v for k, v in r.data.items() if not k.startswith(NOT_DETERMINISTIC)} for r in rs]
     assert strip(recs) == strip(_records(handles[1].trial_dir))
     assert strip(recs)[1] != strip(_records(other.trial_dir))[1]
-    assert json.loads(Path(handles[0].trial_dir, "status.json").read_text()) == \
-        {"status": "completed", "reason": None, "last_step": steps}
+    status = json.loads(Path(handles[0].trial_dir, "status.json").read_text())
+    launch = status.pop("launch")  # every launch carries a token, so that a resumed tuner can prove it started it
+    assert status == {"status": "completed", "reason": None, "last_step": steps}
+    assert launch["pid"] == handles[0].pid and len(launch["token"]) == 16
     cfg = json.loads(Path(handles[0].trial_dir, "config.json").read_text())
     assert cfg["trainer.total_training_steps"] == steps and cfg["seed"] == 3
     # no zombies left behind
