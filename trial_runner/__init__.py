@@ -25,13 +25,14 @@ from mart.state.search_space import ConfigError, Constraint, ParamSpec, SearchSp
 from mart.state.trials import LOG_FILE, METRICS_FILE, STATUS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import Backend, TrialRunner, read_status, write_status
 from mart.trial_runner.metrics import MetricsTail, write_record
-from mart.trial_runner.process import ProcessGroup
+from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup
 from mart.trial_runner.registry import load_backend
 
 __all__ = [
     "Backend",
     "ConfigError",
     "Constraint",
+    "LAUNCH_TOKEN_ENV",
     "LOG_FILE",
     "METRICS_FILE",
     "MetricsTail",

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from mart.trial_runner import (
+    LAUNCH_TOKEN_ENV,
     LOG_FILE,
     Backend,
     Constraint,
@@ -65,7 +67,9 @@ class ToyJobRunner(TrialRunner):
                 [sys.executable, str(JOB), "--config", str(trial_dir / "config.json"), "--steps", str(spec.steps),
                  "--out", str(trial_dir), "--capacity-gb", str(spec.memory_capacity_gb or self.capacity_gb),
                  "--step-s", str(self.step_s)],
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, output=log)
+                # the launch token: what lets a resumed tuner prove it started this process before it signals it
+                env={**os.environ, "PYTHONUNBUFFERED": "1", LAUNCH_TOKEN_ENV: spec.launch_token or secrets.token_hex(8)},
+                output=log)
         self._groups[group.pid] = group  # reaped here; other runners attach through the handle
         return TrialHandle(trial_id=spec.trial_id, backend=self.name, trial_dir=str(trial_dir), pid=group.pid,
                            pid_create_time=group.created)
@@ -73,7 +77,8 @@ class ToyJobRunner(TrialRunner):
     def _group(self, handle: TrialHandle) -> ProcessGroup | None:
         if handle.pid is None:
             return None
-        return self._groups.get(handle.pid) or ProcessGroup(handle.pid, handle.pid_create_time)
+        # a handle from another process (a resumed tuner): attached only if its process proves mart launched it
+        return self._groups.get(handle.pid) or self.attach(handle)
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
         done = read_status(handle.trial_dir)
