@@ -3,7 +3,6 @@
 Example::
 
     from langgraph.types import Command
-from pydantic import ValidationError
     from mart.graph.api import open_run
 
     with open_run("20261130-154001-26f0", runs_dir="runs") as run:
