@@ -252,6 +252,9 @@ def find_launched(token: str, *, settle_s: float = 2.0) -> ProcessGroup | None:
         time.sleep(0.1)
 
 
+#: how long to wait for a just-spawned process's command line and environment to appear in /proc
+EXEC_SETTLE_S = 1.0
+
 #: how much earlier than the recorded launch time a launched process's create time may read: psutil's create time
 #: moves with the boot-time estimate (module docstring) and a loaded machine reads both clocks late; a process
 #: running from long before the launch (a victim named by a planted handle) is still told apart
@@ -268,6 +271,11 @@ def _cmdline(proc: psutil.Process) -> list[str]:
 def _why_not_launched(proc: psutil.Process, token: str | None, launched_at: float | None,
                       modules: Sequence[str], leader: bool) -> str | None:
     """Why ``proc`` is not a process a mart launch started (None: it is)."""
+    deadline = time.monotonic() + EXEC_SETTLE_S
+    while not _cmdline(proc) and time.monotonic() < deadline:
+        # just spawned: the parent resumes inside the child's execve, before its arguments and environment are in
+        # place (/proc shows neither for a few ms); a real process has a command line
+        time.sleep(0.01)
     try:
         env = proc.environ()
     except psutil.AccessDenied:

@@ -94,3 +94,17 @@ def test_runners_never_signal_a_group_they_cannot_prove_they_started(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_process_proves_itself_right_after_its_spawn():
+    """The spawner resumes inside the child's execve, before /proc shows its arguments and environment: a resumed
+    tuner that looks at once (a re-launch that re-attaches) must wait for them, not refuse the process."""
+    from mart.trial_runner.process import ProcessGroup
+
+    for _ in range(20):
+        group = ProcessGroup.spawn(SLEEPER, env={"PATH": "/usr/bin:/bin", LAUNCH_TOKEN_ENV: "tok"})
+        try:
+            assert unproven_launch(group.pid, group.created, "tok") is None
+        finally:
+            group.popen.kill()
+            group.popen.wait()
