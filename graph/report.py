@@ -657,16 +657,28 @@ def stage_verdict(summary: dict[str, Any], stage: str) -> str | None:
     return None
 
 
+def trial_origin(t: dict[str, Any], trials: list[dict[str, Any]]) -> str:
+    """Where a trial comes from, as the terminal's launch line says it: the reviewed candidate it runs, or the trial
+    it runs again (a confirmation on another seed, the baseline once more)."""
+    if t.get("kind") == "confirm" and t.get("confirms"):
+        return f"re-run of {t['confirms']}" + (f" on another seed ({t['seed']})" if t.get("seed") is not None else "")
+    if t.get("kind") == "baseline":
+        first = next((o["trial_id"] for o in trials if o["stage"] == t["stage"] and o.get("kind") == "baseline"), None)
+        return f"re-run of {first}" if first and first != t["trial_id"] and t["stage"] != "schedule" else "baseline"
+    return f"candidate {t['candidate_id']}" if t.get("candidate_id") else t.get("kind") or ""
+
+
 def trial_rows(data: RunData) -> list[list[str]]:
     out = []
     for t in data.trials:
-        out.append([t["trial_id"], t["stage"], t["status"] + (f" ({t['reason']})" if t.get("reason") else ""),
+        out.append([t["trial_id"], trial_origin(t, data.trials), t["stage"],
+                    t["status"] + (f" ({t['reason']})" if t.get("reason") else ""),
                     _diff(t), _fmt(t["throughput"]), _fmt(t["peak_memory_gb"], 3), _fmt(t["score"], 3),
                     _fmt(t.get("steps_done"))])
     return out
 
 
-TRIAL_HEADER = ["trial", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
+TRIAL_HEADER = ["trial", "from", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
 SCHEDULE_HEADER = ["steps", "changes at the segment's start", "overrides (against the base config)", "trial"]
 
 

@@ -28,7 +28,7 @@ class TrialLaunched(_Event):
     trial_id: str
     stage: Stage
     kind: str
-    """``baseline`` or ``candidate``."""
+    """``baseline``, ``candidate`` or ``confirm`` (a re-run on another seed)."""
     horizon: int
     changes: list[str] = []
     """What the trial changes against the stage's current best, e.g. ``micro_batch 16→32``."""
@@ -36,6 +36,12 @@ class TrialLaunched(_Event):
     """The trial slot it runs in (0 .. slots-1)."""
     slots: int = 1
     """How many trials the session runs at once."""
+    candidate_id: str | None = None
+    """The reviewed candidate it runs (the id the proposer, the critic and the review named)."""
+    rerun_of: str | None = None
+    """A re-run: the trial whose config it runs again (a confirmation on another seed, the baseline once more)."""
+    seed: int | None = None
+    """A re-run's seed (None: the session's)."""
 
 
 class TrialReattached(_Event):
