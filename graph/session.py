@@ -19,6 +19,7 @@ from langgraph.types import Command
 from rich.markup import escape
 
 from mart.graph.builder import compile_graph
+from mart.graph.eta import SessionEta
 from mart.graph.reviewers import Reviewer, make_reviewer
 
 # a run's status, read from the ledger when it can (``mart status`` stays light): re-exported here
@@ -183,9 +184,10 @@ def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None
 class ConsoleProgress:
     """Human-readable progress lines (rich) with each running trial's ETA; silent when quiet."""
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, eta: SessionEta | None = None) -> None:
         self.quiet = quiet
         self._running: dict[str, tuple[float, int]] = {}  # trial -> (launch time, horizon)
+        self.eta = eta  # the session's overall ETA, printed after each trial's launch and end
         if not quiet:
             import sys
 
@@ -203,6 +205,22 @@ class ConsoleProgress:
         elif isinstance(event, TrialStep) and event.trial_id in self._running:
             text += self._eta(event.trial_id, event.step)
         self.console.print(text, style=style)
+        self._follow(event)
+
+    def _follow(self, event: ProgressEvent) -> None:
+        """The session's overall ETA: updated by every trial event, printed after a launch and an end."""
+        if self.eta is None:
+            return
+        if isinstance(event, TrialLaunched):
+            self.eta.launched_trial(event.trial_id, event.stage, event.kind, event.horizon, event.slots)
+        elif isinstance(event, TrialStep):
+            self.eta.step(event.trial_id, event.step)
+        elif isinstance(event, (TrialDone, TrialFailed)):
+            self.eta.ended(event.trial_id)
+        if isinstance(event, (TrialLaunched, TrialDone)):
+            text = self.eta.text()
+            if text:
+                self.console.print(f"  {text}", style="cyan", markup=False)
 
     def _eta(self, trial_id: str, step: int) -> str:
         started, horizon = self._running[trial_id]
@@ -348,7 +366,7 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     started = False
     try:
         with store.lock():
-            progress = ConsoleProgress(options.quiet)
+            progress = ConsoleProgress(options.quiet, SessionEta.for_session(options))
             if not options.quiet:
                 progress.console.print(f"[bold]mart[/] run {store.run_id} in {escape(str(store.run_dir))}")
             first = {"options": options.model_dump(mode="json"), "run_id": store.run_id, "run_dir": str(store.run_dir)}
@@ -495,7 +513,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 row = store.ledger.run(store.run_id) or {}
                 return row.get("summary") or {"run_id": store.run_id, "status": "completed"}
             reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
-            progress = ConsoleProgress(options.quiet)
+            progress = ConsoleProgress(options.quiet, SessionEta.for_session(options, store.ledger.trials()))
             snap = state_snapshot(store)
             check_graph_version(store, snap)
             if interrupt_id is not None and (not snap.interrupts or snap.interrupts[0].id != interrupt_id):
