@@ -131,11 +131,12 @@ def _fmt_stopped(e: TrialStopped) -> tuple[str, str | None]:
 
 def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
     if e.score is not None:
-        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs {e.compared_to})"
-                                                 if e.best_before is not None else "")
+        # a difference is printed with the figure it is taken from
+        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs {e.compared_to} "
+                                                 f"{e.best_before:.4f})" if e.best_before is not None else "")
     elif e.throughput is not None:
-        result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs best)"
-                                                    if e.best_before else "")
+        result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs "
+                                                    f"{e.compared_to} {e.best_before:,.0f})" if e.best_before else "")
     else:
         result = ""
     return (f"  ✓ {e.trial_id}: {e.status}{result}"

@@ -75,9 +75,9 @@ def test_lines_say_what_happened() -> None:
                            changes=["dynamic_bsz False→True", "micro_batch 16→32"])
     assert format_event(change)[0] == "[bold]▶ sys-03[/]: dynamic_bsz False→True, micro_batch 16→32 (system stage, 6 steps)"
     faster = TrialDone(trial_id="sys-03", status="completed", throughput=3134.0, best_before=2912.0, eligible=True)
-    assert format_event(faster)[0] == "  ✓ sys-03: completed, 3,134 tok/s (+7.6% vs best)"
+    assert format_event(faster)[0] == "  ✓ sys-03: completed, 3,134 tok/s (+7.6% vs best 2,912)"
     scored = TrialDone(trial_id="lea-02", status="completed", score=0.4466, best_before=0.4361, eligible=True)
-    assert format_event(scored)[0] == "  ✓ lea-02: completed, val score 0.4466 (+0.0105 vs best)"
+    assert format_event(scored)[0] == "  ✓ lea-02: completed, val score 0.4466 (+0.0105 vs best 0.4361)"
 
 
 def test_bad_events_are_refused() -> None:
