@@ -97,11 +97,11 @@ class SessionEta:
             budget, horizon = o.schedule_trial_budget(), max(1, round(o.schedule_total_steps() / o.schedule_segments))
         return max(0, budget - self.launched.get(stage, 0)), horizon
 
-    def remaining_s(self) -> tuple[float, float, int] | None:
-        """(seconds left without stage 2's re-runs, with all of them, trials still to launch), or None before any
-        step was timed."""
+    def remaining_s(self) -> tuple[float, float, int, int] | None:
+        """(seconds left without stage 2's re-runs, with all of them, trials still to launch, re-runs it may still
+        make), or None before any step was timed."""
         low = high = 0.0
-        to_launch = 0
+        to_launch = reruns = 0
         # a stage before the one the latest trial was launched in is over, whatever its budget left
         current = max((self.options.stages.index(r.stage) for r in self.running.values()
                        if r.stage in self.options.stages), default=0)
@@ -119,19 +119,20 @@ class SessionEta:
             if stage == "learning":
                 reruns = max(0, self.options.learning_confirm_trials - self.confirms)
                 high += reruns * horizon * per_step
-        return low / self.slots, (low + high) / self.slots, to_launch
+        return low / self.slots, (low + high) / self.slots, to_launch, reruns
 
     def text(self) -> str:
-        """``session: about 4-6 min left (5 trials to launch)``; empty before any step was timed."""
+        """``session: about 5-6 min left (4 trial(s) to launch and up to 1 re-run(s) on a second seed)``; empty
+        before any step was timed."""
         est = self.remaining_s()
         if est is None:
             return ""
-        low, high, to_launch = est
+        low, high, to_launch, reruns = est
         lo, hi = _minutes(low), _minutes(high)
         span = lo if lo == hi else f"{lo}-{hi}"
-        reruns = " and stage 2's re-runs" if hi != lo else ""
-        trials = f"{to_launch} trial(s) to launch{reruns}" if to_launch or reruns else "the trials running"
-        return f"session: about {span} min left ({trials})"
+        what = [f"{to_launch} trial(s) to launch"] if to_launch else []
+        what += [f"up to {reruns} re-run(s) on a second seed"] if reruns else []
+        return f"session: about {span} min left ({' and '.join(what) or 'the trials running'})"
 
 
 def _minutes(seconds: float) -> str:

@@ -38,15 +38,15 @@ def test_the_estimate_is_the_budget_left_times_the_measured_step_time():
     eta.clock = clock
     assert eta.remaining_s() is None and eta.text() == ""  # nothing timed yet: no guess
     _run(eta, clock, "sys-01-baseline", "system", 4, 10.0, kind="baseline")
-    low, high, to_launch = eta.remaining_s()
+    low, high, to_launch, reruns = eta.remaining_s()
     # 2 system trials x 4 steps + 2 learning trials x 10 steps, at 10 s a step; 1 re-run of 10 steps at most
-    assert (low, high, to_launch) == (pytest.approx(280.0), pytest.approx(380.0), 4)
-    assert eta.text() == "session: about 5-6 min left (4 trial(s) to launch and stage 2's re-runs)"
+    assert (low, high, to_launch, reruns) == (pytest.approx(280.0), pytest.approx(380.0), 4, 1)
+    assert eta.text() == "session: about 5-6 min left (4 trial(s) to launch and up to 1 re-run(s) on a second seed)"
     # half-way through a running trial: its steps left count, at the stage's own pace once it has one
     eta.launched_trial("sys-02-a", "system", "candidate", 4, 1)
     clock.t += 40.0  # 20 s a step
     eta.step("sys-02-a", 2)
-    low, _, _ = eta.remaining_s()
+    low, _, _, _ = eta.remaining_s()
     # system: the median of 10 and 20 s/step = 15, (1 trial x 4 + 2 steps left) x 15; learning, not begun: 20 steps
     # at the pace of the last finished trial's stage (10 s)
     assert low == pytest.approx((4 + 2) * 15.0 + 20 * 10.0)
@@ -61,7 +61,7 @@ def test_a_finished_stage_and_the_slots_count():
     eta.launched_trial("lea-02-baseline", "learning", "baseline", 10, 2)
     clock.t += 50.0
     eta.step("lea-02-baseline", 5)
-    low, high, to_launch = eta.remaining_s()
+    low, high, to_launch, _ = eta.remaining_s()
     # learning: 1 trial x 10 steps + 5 left, at 10 s a step, over 2 slots; re-run: 10 steps more
     assert (low, high, to_launch) == (pytest.approx(75.0), pytest.approx(125.0), 1)
 
@@ -71,7 +71,7 @@ def test_a_resumed_session_counts_the_trials_its_ledger_holds():
              "wall_s": 48.0},
             {"trial_id": "sys-02", "stage": "system", "kind": "candidate", "status": "completed", "steps_done": 4,
              "wall_s": 48.0}]
-    low, _, to_launch = SessionEta.for_session(_options(), rows).remaining_s()
+    low, _, to_launch, _ = SessionEta.for_session(_options(), rows).remaining_s()
     assert to_launch == 3 and low == pytest.approx((1 * 4 + 2 * 10) * 12.0)
 
 
