@@ -83,17 +83,8 @@ def resume_command(interrupt_id: str, decision: ReviewDecision) -> Command:
 
 
 def _fmt_launched(e: TrialLaunched) -> tuple[str, str | None]:
-    # the trial names where it comes from: the candidate the critic picked and the review approved, or the trial it
-    # runs again (a re-run is not a change: it runs that trial's config on another seed, or the same one once more)
-    if e.rerun_of:
-        what = (f"re-run of {e.rerun_of}" + (f" on another seed ({e.seed})" if e.seed is not None else "")
-                + (", to confirm it" if e.kind == "confirm" else ""))
-    else:
-        what = ", ".join(e.changes) if e.changes else e.kind
-        if e.candidate_id:
-            what = f"candidate {e.candidate_id}: {what}"
     slot = f", slot {e.slot + 1}/{e.slots}" if e.slots > 1 else ""
-    return f"[bold]▶ {e.trial_id}[/]: {what} ({e.stage} stage, {e.horizon} steps{slot})", None
+    return f"[bold]▶ {e.trial_id}[/]: {e.what()} ({e.stage} stage, {e.horizon} steps{slot})", None
 
 
 def _fmt_reattached(e: TrialReattached) -> tuple[str, str | None]:

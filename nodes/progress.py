@@ -43,6 +43,15 @@ class TrialLaunched(_Event):
     seed: int | None = None
     """A re-run's seed (None: the session's)."""
 
+    def what(self) -> str:
+        """What the trial runs, as every channel says it: the candidate the critic picked and the review approved
+        with its changes, or the trial it runs again (a re-run is not a change against the current best)."""
+        if self.rerun_of:
+            return (f"re-run of {self.rerun_of}" + (f" on another seed ({self.seed})" if self.seed is not None else "")
+                    + (", to confirm it" if self.kind == "confirm" else ""))
+        what = ", ".join(self.changes) if self.changes else self.kind
+        return f"candidate {self.candidate_id}: {what}" if self.candidate_id else what
+
 
 class TrialReattached(_Event):
     """A trial the ledger already knows (a resumed session) is followed again, not relaunched."""

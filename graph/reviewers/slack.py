@@ -334,7 +334,7 @@ class LiveProgress:
 
         urgent = False
         if isinstance(event, TrialLaunched):
-            self.running[event.trial_id] = {"stage": event.stage, "changes": list(event.changes) or [event.kind],
+            self.running[event.trial_id] = {"stage": event.stage, "changes": [event.what()],
                                             "horizon": event.horizon, "step": 0, "figures": ""}
             urgent = True
         elif isinstance(event, TrialReattached):
