@@ -252,11 +252,11 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
-                                           f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
+                                           f"answer with `mart review {escape(store.ref)}` (or from Slack/Studio)")
                     flying = watchable(running_trials(snap.values or {}))
                     if flying:
                         progress.console.print(f"{len(flying)} trial(s) in flight run on meanwhile: `mart watch "
-                                               f"{escape(store.run_id)}` keeps the health monitor on them")
+                                               f"{escape(store.ref)}` keeps the health monitor on them")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
             inp = resume_command(request["interrupt_id"], decision)
     except KeyboardInterrupt as e:
@@ -530,7 +530,7 @@ def check_graph_version(store: RunStore, snap) -> None:
     if snap.values and version != GRAPH_VERSION:
         raise RunError(f"run {store.run_id} was started by an older mart (graph version {version or 1}, this one "
                        f"is {GRAPH_VERSION}): it cannot be continued here; its trials and results stay readable with "
-                       f"`mart trials`, `mart report` and `mart export`")
+                       f"`mart trials {store.ref}`, `mart report {store.ref}` and `mart export {store.ref}`")
 
 
 def validate_decision(store: RunStore, options: TuneOptions, snap, decision: ReviewDecision) -> None:
