@@ -274,7 +274,7 @@ def _print_summary(summary: dict, ref: str | None = None) -> None:
         if summary.get("pending_review"):  # what waits: the next candidate(s), so a reviewer sees what comes next
             console.print(format_request(summary["pending_review"]))
         console.print(f"run {run} is paused at a review: answer with `mart review {run}` (on this terminal), or "
-                      f"`mart review {run} --approve | --reject TEXT | --edit KEY=VALUE`")
+                      f"`mart review {run} --approve | --reject TEXT | --edit KEY=VALUE`", soft_wrap=True)  # copyable
         return
     from mart.graph.figures import stage_figures
     from mart.state.units import fmt_gb
