@@ -927,9 +927,24 @@ def knobs(
                      for p in params])
         return
     per_agent = any(knob_agent(p.key) is not None for p in params)
+    console = _console()
+    key_w = max((len(p.key) for p in params), default=3)
+    short_w = max((len(space.edit_name(p.key)) for p in params), default=5)
+    if console.width < key_w + short_w + 70:  # too narrow for a table whose keys stay whole: one block per knob
+        for p in params:
+            agent = knob_agent(p.key)
+            console.print(p.key + (f"  ({space.edit_name(p.key)})" if space.edit_name(p.key) != p.key else ""),
+                          soft_wrap=True, style="bold")
+            console.print(f"  {'shared, ' if per_agent and agent is None else f'agent {agent}, ' if per_agent else ''}"
+                          f"{p.stage} stage, {p.range_text()}, default {p.default!r}, phase {p.phase}")
+            console.print(f"  {p.description}")
+        return
     table = Table(title=f"{space.backend} knobs" + (f" ({stage} stage)" if stage else ""), show_lines=False)
     for col in ("agent",) * per_agent + ("key", "short", "stage", "range", "default", "phase", "why"):
-        table.add_column(col, overflow="fold")
+        if col in ("key", "short"):  # whole, never wrapped: a reviewer copies them into --edit; the others give way
+            table.add_column(col, no_wrap=True, min_width=max(key_w if col == "key" else short_w, len(col)))
+        else:
+            table.add_column(col, overflow="fold")
     for i, p in enumerate(params):
         agent = knob_agent(p.key)
         if per_agent and i and agent != knob_agent(params[i - 1].key):
@@ -937,7 +952,7 @@ def knobs(
         first = ("shared" if agent is None else str(agent),) * per_agent
         table.add_row(*first, p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
                       p.description)
-    _console().print(table, markup=False)
+    console.print(table, markup=False)
 
 
 @app.command()

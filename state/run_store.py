@@ -10,6 +10,7 @@ Layout::
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import os
 import secrets
@@ -155,9 +156,11 @@ class RunStore:
         candidates = [Path(ref), Path(runs_dir) / str(ref)]
         run_dir = next((p for p in candidates if p.is_dir()), None)
         if run_dir is None:
-            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists())[-5:] \
-                if root.is_dir() else []
-            hint = f" Known runs in {runs_dir}: {', '.join(known)}." if known else f" No runs in {runs_dir}."
+            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists()) if root.is_dir() else []
+            # a mistyped id: the nearest one (run ids share their date, so only the closest is named)
+            near = difflib.get_close_matches(str(ref), known, n=1, cutoff=0.6)
+            hint = (f" Did you mean {near[0]}?" if near else
+                    f" Newest runs in {runs_dir}: {', '.join(known[-5:])}." if known else f" No runs in {runs_dir}.")
             raise RunNotFound(f"no run {str(ref)!r} (looked in {runs_dir}/ and as a path).{hint}")
         run_dir = run_dir.resolve()
         if (not readonly if contained is None else contained) and run_dir.parent != root:
