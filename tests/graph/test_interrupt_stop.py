@@ -86,6 +86,22 @@ def test_sigterm_prints_one_line_and_mart_stop_ends_the_trials(tmp_path):
     assert len(said) == 1 and f"{trial_id} (pid {pid}," in said[0] and f"`mart stop {folder.name} --runs-dir {runs}`" \
         in said[0]
     assert not _gone(pid)
+    # a `mart resume` that re-attached the trial, then got SIGTERM, says so in one line too
+    err2 = Path(tempfile.NamedTemporaryFile(delete=False, suffix=".err").name)
+    with err2.open("wb") as sink:
+        resumed = subprocess.Popen([sys.executable, "-m", "mart.graph.cli", "resume", folder.name, "--runs-dir",
+                                    str(runs)], cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                   stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        _stderr_with(err2, f"{trial_id}", 120)  # re-attached (or already stepping on)
+        resumed.send_signal(signal.SIGTERM)
+        assert resumed.wait(120) == 128 + signal.SIGTERM
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    said = [x for x in err2.read_text().splitlines() if "SIGTERM" in x]
+    assert len(said) == 1 and f"`mart resume {folder.name} --runs-dir {runs}` re-attaches" in said[0], said
+    assert not _gone(pid)  # the same trial, still running: nothing was launched twice
     out = subprocess.run([sys.executable, "-m", "mart.graph.cli", "stop", folder.name, "--runs-dir", str(runs)],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
