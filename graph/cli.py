@@ -558,7 +558,7 @@ def stop(
         return
     for trial_id, what in results:
         typer.echo(one_line(f"{trial_id}: {what}"))
-    if any(what.startswith("pid ") and "still runs" in what for _, what in results):
+    if any("still runs" in what or "left alone" in what for _, what in results):  # not everything stopped
         raise typer.Exit(1)
 
 
