@@ -134,3 +134,28 @@ def test_only_a_process_carrying_the_launch_token_is_proven():
         victim.kill()
         mine.wait()
         victim.wait()
+
+
+def test_mart_stop_leaves_a_planted_pid_alone(tmp_path):
+    """A run folder's ledger naming another process (pid and start time are public) never gets it signalled."""
+    from mart.state.ledger import Ledger
+    from tests.support.cli import cli, paused_toy_run
+
+    runs = tmp_path / "runs"
+    run = paused_toy_run(str(runs))["run_id"]
+    victim = _session_sleeper({k: v for k, v in os.environ.items() if k != LAUNCH_TOKEN_ENV})
+    try:
+        ledger = Ledger(runs / run / "mart.sqlite")
+        trial_id = ledger.trials()[0]["trial_id"]
+        ledger.set_trial_fields(trial_id, status="running", launch_token="0123456789abcdef",
+                                handle={"trial_id": trial_id, "backend": "local", "trial_dir": str(runs / run),
+                                        "pid": victim.pid, "pid_create_time": create_time(victim.pid)})
+        ledger.close()
+        out = cli("stop", run, "--runs-dir", str(runs))
+        assert out.exit_code == 1 and f"{trial_id}: pid {victim.pid} does not carry the trial's launch token" in \
+            out.output, out.output
+        time.sleep(0.5)
+        assert victim.poll() is None  # alive
+    finally:
+        victim.kill()
+        victim.wait()
