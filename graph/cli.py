@@ -522,6 +522,7 @@ def watch(
 
 def _interrupted(run: str | None, runs_dir: str | Path, interrupts) -> None:
     """A signal stopped a command driving ``run``: say what runs on (``mart.graph.stop.after_interrupt``), exit."""
+    interrupts.stopping = True  # from now on a second Ctrl-C is counted (it stops the trials), not raised
     from mart.graph.stop import after_interrupt
 
     if run is None:

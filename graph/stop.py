@@ -130,21 +130,22 @@ def describe(trials: list[tuple[InFlight, bool]]) -> str:
 
 
 class Interrupts:
-    """The signals that end a CLI command which drives a run: the first SIGINT raises ``KeyboardInterrupt`` (the
-    tuner stops, the run is saved), SIGTERM/SIGHUP raise ``Terminated``; any later one is only counted, so the
-    command that is stopping can tell a second Ctrl-C (stop the trials too) from none."""
+    """The signals that end a CLI command which drives a run: SIGINT raises ``KeyboardInterrupt`` (the tuner stops,
+    the run is saved), SIGTERM/SIGHUP raise ``Terminated``; once the command is saying what runs on
+    (``stopping``), a later one is only counted, so it can tell a second Ctrl-C (stop the trials too) from none."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.count = 0
         self.first: int | None = None
+        self.stopping = False
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.count += 1
-        if self.count > 1:
+        if self.stopping:
             return
-        self.first = signum
+        self.first = self.first or signum
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(signum)
@@ -179,6 +180,7 @@ def after_interrupt(run: str, runs_dir: str | Path, interrupts: Interrupts, echo
     from mart.state.run_store import RunError
     from mart.state.text import one_line
 
+    interrupts.stopping = True
     signum = signum or interrupts.first or signal.SIGINT
     code = 128 + signum
     what = "interrupted" if signum == signal.SIGINT else f"{signal.Signals(signum).name} received"
