@@ -81,7 +81,7 @@ def proven_group(trial: InFlight) -> tuple[Any, str]:
         return None, "ended"
     if not trial.token:
         return None, f"pid {trial.pid}: no launch token recorded, so mart cannot prove it started it; left alone"
-    for proc in group.members() or ([] if not group.leader_alive() else [psutil.Process(trial.pid)]):
+    for proc in group.members():  # the leader while it runs, and the rest of its group
         try:
             if proc.environ().get(LAUNCH_TOKEN_ENV) == trial.token:
                 return group, ""
