@@ -13,12 +13,10 @@ import time
 from collections.abc import Collection, Mapping
 from contextlib import closing, nullcontext
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-from langgraph.types import Command
 from rich.markup import escape
 
-from mart.graph.builder import compile_graph
 from mart.graph.eta import SessionEta
 from mart.graph.reviewers import Reviewer, make_reviewer
 
@@ -28,6 +26,7 @@ from mart.graph.run_status import (  # noqa: F401
     StudioRun,
     checkpoint_fingerprint,
     graph_config,
+    recorded_snapshot,
     refuse_studio_run,
     review_request,
     run_status,
@@ -35,7 +34,6 @@ from mart.graph.run_status import (  # noqa: F401
     status_snapshot,
     studio_thread,
 )
-from mart.graph.services import backend_options, build_services
 from mart.nodes.progress import (
     CritiqueDone,
     HealthNotice,
@@ -52,14 +50,33 @@ from mart.nodes.progress import (
     TrialStopped,
     parse_event,
 )
-from mart.nodes.runtime import Services
 from mart.state.graph_state import running_trials
 from mart.state.models import ReviewDecision
-from mart.state.options import TuneOptions
+from mart.state.options import TuneOptions, backend_options
 from mart.state.run_store import RunError, RunStore
 from mart.state.units import fmt_gb
-from mart.tools.watch import WatchDuringReview, watchable
 from mart.trial_runner.registry import check_backend_options
+
+if TYPE_CHECKING:
+    from langgraph.types import Command
+
+    from mart.nodes.runtime import Services
+
+# LangGraph, the services and the tool nodes are imported where a graph runs (``_drive``, a review watched, a resume
+# answer): importing them costs seconds (LangChain, LangSmith), which the refusals before a run (`mart tune --set
+# lr=abc`, `mart review --edit micro_batch=abc`) need not pay (tests/graph/test_light_commands.py)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "compile_graph":  # re-exported for the Slack server
+        from mart.graph.builder import compile_graph
+
+        return compile_graph
+    if name == "build_services":
+        from mart.graph.services import build_services
+
+        return build_services
+    raise AttributeError(name)
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
 #: summary keys present only when they apply (their stage ran, the session failed, several slots): the default
@@ -79,6 +96,8 @@ class UntrustedRun(RunError):
 
 def resume_command(interrupt_id: str, decision: ReviewDecision) -> Command:
     """The answer to one review, addressed to its interrupt: a stale answer is refused by LangGraph itself."""
+    from langgraph.types import Command
+
     return Command(resume={interrupt_id: decision.model_dump(mode="json")})
 
 
@@ -235,6 +254,10 @@ def _tee(progress: ConsoleProgress, reviewer: Reviewer) -> Callable[[ProgressEve
 
 def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,
            api_key: str | None, progress: ConsoleProgress) -> dict[str, Any]:
+    from mart.graph.builder import compile_graph
+    from mart.graph.services import build_services
+    from mart.tools.watch import watchable
+
     reviewer.bind(store)
     services: Services = build_services(options, store, api_key=api_key)
     services.progress = _tee(progress, reviewer)
@@ -270,11 +293,11 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
-                                           f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
+                                           f"answer with `mart review {escape(store.ref)}` (or from Slack/Studio)")
                     flying = watchable(running_trials(snap.values or {}))
                     if flying:
                         progress.console.print(f"{len(flying)} trial(s) in flight run on meanwhile: `mart watch "
-                                               f"{escape(store.run_id)}` keeps the health monitor on them")
+                                               f"{escape(store.ref)}` keeps the health monitor on them")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
             inp = resume_command(request["interrupt_id"], decision)
     except KeyboardInterrupt as e:
@@ -296,6 +319,8 @@ def _review_watching(reviewer: Reviewer, request: dict[str, Any], values: Mappin
     running = running_trials(values or {}) if reviewer.waits else []
     if not running:
         return reviewer.review(request)
+    from mart.tools.watch import WatchDuringReview
+
     with services() as side, WatchDuringReview(side, running):
         return reviewer.review(request)
 
@@ -497,6 +522,8 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
     try:
         with store.lock():
             options = load_options(store, allowed=allowed, trust=trust, **option_overrides)
+            if decision is not None:
+                check_edit_values(store, options, decision)
             status = (store.ledger.run(store.run_id) or {}).get("status")
             row = store.ledger.run(store.run_id) or {}
             if status == "completed" or (status == "failed" and (row.get("summary") or {}).get("status") == "failed"):
@@ -520,6 +547,8 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 reviewer.bind(store)
                 request = review_request(snap)
                 # no session services yet (``_drive`` builds them): the watch, if any, gets its own
+                from mart.graph.services import build_services
+
                 answer = _review_watching(reviewer, request, snap.values,
                                           lambda: closing(build_services(options, store, api_key=api_key)))
                 if answer is None:
@@ -548,7 +577,7 @@ def check_graph_version(store: RunStore, snap) -> None:
     if snap.values and version != GRAPH_VERSION:
         raise RunError(f"run {store.run_id} was started by an older mart (graph version {version or 1}, this one "
                        f"is {GRAPH_VERSION}): it cannot be continued here; its trials and results stay readable with "
-                       f"`mart trials`, `mart report` and `mart export`")
+                       f"`mart trials {store.ref}`, `mart report {store.ref}` and `mart export {store.ref}`")
 
 
 def validate_decision(store: RunStore, options: TuneOptions, snap, decision: ReviewDecision) -> None:
@@ -579,5 +608,26 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
 
 
 def pending_review(store: RunStore) -> dict[str, Any] | None:
-    """The pending review request of a run (with its ``interrupt_id``), or None."""
+    """The pending review request of a run (with its ``interrupt_id``), or None: from the ledger's record of the last
+    stop while it is current and no driver moves the run (no LangGraph import), else from the graph."""
+    refuse_studio_run(store, "read its reviews")
+    recorded = None if store.lock_holder() else recorded_snapshot(store)
+    if recorded is not None:
+        return recorded["pending_review"]
     return review_request(state_snapshot(store))
+
+
+def check_edit_values(store: RunStore, options: TuneOptions, decision: ReviewDecision) -> None:
+    """The edits' keys and values by the knob catalogue (``ConfigError``), before the graph is loaded: a bad value is
+    refused at once. ``validate_decision`` then checks the whole decision against the graph's state (the candidates,
+    the config's constraints) with the same rules."""
+    edits = [d for d in decision.decisions if d.type == "edit" and d.edits]
+    if not edits:
+        return
+    from mart.state.models import knob_stage
+    from mart.trial_runner.registry import load_backend
+
+    stage = (recorded_snapshot(store) or {}).get("stage")
+    space = load_backend(options.backend, **backend_options(options)).search_space()
+    for d in edits:
+        space.validate_overrides(space.resolve_keys(d.edits), stage=knob_stage(stage) if stage else None)

@@ -8,10 +8,10 @@ fails a node.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Annotated, Any, Literal, Union
 
-import langgraph.config
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from mart.state.models import Stage
@@ -181,7 +181,9 @@ def parse_event(data: dict[str, Any]) -> ProgressEvent:
 def emit(services: Any, event: ProgressEvent) -> None:
     """Send ``event`` to LangGraph's custom stream (as JSON) and to the session's sink (typed)."""
     try:
-        langgraph.config.get_stream_writer()(event.model_dump(mode="json"))
+        # imported here: langgraph.config pulls in LangChain (1.5 s), which the CLI's refusals and `mart status`,
+        # which import these event types, need not pay; a node that emits runs in a graph, which loaded it already
+        importlib.import_module("langgraph.config").get_stream_writer()(event.model_dump(mode="json"))
     except Exception:  # outside a streamed run there is no writer; progress is best-effort
         pass
     if services.progress is not None:
