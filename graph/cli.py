@@ -55,7 +55,14 @@ def _os_cause(e: BaseException) -> str:
     return " ".join((f"{where}: {detail}" if where else f"{type(e).__name__}: {detail}").split())
 
 
-def _io_fail(e: BaseException) -> None:
+def _hint_ref(run: str | Path, runs_dir: str | Path) -> str:
+    """How a hint names the run the user addressed as ``run`` in ``runs_dir`` (``RunStore.ref`` before it is open)."""
+    from mart.state.run_store import run_ref
+
+    return run_ref(Path(run) if Path(run).is_dir() else Path(runs_dir) / str(run), runs_dir)
+
+
+def _io_fail(e: BaseException, ref: str = "RUN") -> None:
     """A file-system or database failure (disk full, read-only, run folder deleted) as one line.
 
     The error that ended the session is named, not a later one raised while recording it ("database is
@@ -67,8 +74,8 @@ def _io_fail(e: BaseException) -> None:
     where = getattr(first, "filename", None)
     full = "full" in detail.lower() or "no space" in detail.lower()
     _fail(f"{type(first).__name__}: {detail}" + (f": {where}" if where else "")
-          + ("; the disk is full: free space, then `mart resume RUN`" if full else
-             "; the run keeps its last checkpoint: fix the cause and `mart resume RUN`"), 1)
+          + (f"; the disk is full: free space, then `mart resume {ref}`" if full else
+             f"; the run keeps its last checkpoint: fix the cause and `mart resume {ref}`"), 1)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -97,8 +104,10 @@ def _one_line_errors(command):
             if os.environ.get("MART_DEBUG"):
                 raise
             what = kwargs.get("run") or kwargs.get("script")
+            ref = _hint_ref(kwargs["run"], kwargs.get("runs_dir") or "runs") if kwargs.get("run") else "RUN"
             _fail(f"{f'{what}: ' if what else ''}{_os_cause(e)[:400]} (stored state mart cannot read: a damaged "
-                  "or foreign file? `mart trials` / `mart export` read what they can; MART_DEBUG=1 shows where)", 1)
+                  f"or foreign file? `mart trials {ref}` / `mart export {ref}` read what they can; MART_DEBUG=1 shows "
+                  "where)", 1)
 
     return run_command
 
@@ -253,7 +262,7 @@ def _plain_tree(value):
     return value
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: dict, ref: str | None = None) -> None:
     from rich.table import Table
 
     summary = _plain_tree(summary)
@@ -261,11 +270,11 @@ def _print_summary(summary: dict) -> None:
     if summary.get("status") == "paused":
         from mart.graph.reviewers.base import format_request
 
-        run = summary["run_id"]
+        run = ref or summary["run_id"]
         if summary.get("pending_review"):  # what waits: the next candidate(s), so a reviewer sees what comes next
             console.print(format_request(summary["pending_review"]))
         console.print(f"run {run} is paused at a review: answer with `mart review {run}` (on this terminal), or "
-                      f"`mart review {run} --approve | --reject TEXT | --edit KEY=VALUE`")
+                      f"`mart review {run} --approve | --reject TEXT | --edit KEY=VALUE`", soft_wrap=True)  # copyable
         return
     from mart.graph.figures import stage_figures
     from mart.state.units import fmt_gb
@@ -307,14 +316,14 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 200, markup=False, highlight=False)
 
 
-def _finish(summary: dict, as_json: bool) -> None:
+def _finish(summary: dict, as_json: bool, runs_dir: str | Path = "runs") -> None:
     from mart.graph.session import OPTIONAL_SUMMARY_KEYS, SUMMARY_KEYS
 
     if as_json:
         keys = [*SUMMARY_KEYS, *(k for k in OPTIONAL_SUMMARY_KEYS if summary.get(k) is not None)]
         _print_json(summary if summary.get("status") == "paused" else {k: summary.get(k) for k in keys})
     else:
-        _print_summary(summary)
+        _print_summary(summary, _hint_ref(summary["run_id"], runs_dir) if summary.get("run_id") else None)
     if summary.get("status") == "failed":
         from mart.state.text import one_line
 
@@ -400,15 +409,18 @@ def tune(
             reviewer.check()
         except SlackConfigError as e:
             _fail(str(e))
-    try:
-        summary = run_tune(options, api_key=api_key, reviewer=reviewer)
-    except (RunError, ValueError) as e:
-        _fail(str(e))
-    except KeyboardInterrupt as e:
-        _fail(f"interrupted; the run is saved: continue with `mart resume {getattr(e, 'run_id', 'RUN')}`", 130)
-    except (OSError, sqlite3.Error) as e:
-        _io_fail(e)
-    _finish(summary, as_json)
+    from mart.graph.stop import Interrupts
+
+    with Interrupts().installed() as interrupts:  # until the end of the interrupted path: a second Ctrl-C counts
+        try:
+            summary = run_tune(options, api_key=api_key, reviewer=reviewer)
+        except (RunError, ValueError) as e:
+            _fail(str(e))
+        except KeyboardInterrupt as e:
+            _interrupted(getattr(e, "run_id", None), options.runs_dir, interrupts)
+        except (OSError, sqlite3.Error) as e:
+            _io_fail(e, _hint_ref("RUN", options.runs_dir))
+    _finish(summary, as_json, options.runs_dir)
     if reviewer is not None and reviewer.failed:
         _fail(f"{reviewer.failed}; the run is paused", 1)
 
@@ -438,17 +450,20 @@ def resume(
 
     if approve is None and not detach and not as_json and sys.stdin.isatty() and _stored_approve(run, runs_dir) == "none":
         approve = "tty"  # a detached run resumed at a terminal: its pending review is asked here
-    try:
-        summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file), approve="none" if detach else approve,
-                             quiet=quiet or None, allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address),
-                             trust=trust_run)
-    except (RunError, ValueError) as e:
-        _fail(str(e))
-    except KeyboardInterrupt as e:
-        _fail(f"interrupted; continue with `mart resume {getattr(e, 'run_id', run)}`", 130)
-    except (OSError, sqlite3.Error) as e:
-        _io_fail(e)
-    _finish(summary, as_json)
+    from mart.graph.stop import Interrupts
+
+    with Interrupts().installed() as interrupts:  # until the end of the interrupted path: a second Ctrl-C counts
+        try:
+            summary = run_resume(run, runs_dir, api_key=_api_key(llm_api_key_file),
+                                 approve="none" if detach else approve, quiet=quiet or None,
+                                 allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address), trust=trust_run)
+        except (RunError, ValueError) as e:
+            _fail(str(e))
+        except KeyboardInterrupt:
+            _interrupted(run, runs_dir, interrupts)
+        except (OSError, sqlite3.Error) as e:
+            _io_fail(e, _hint_ref(run, runs_dir))
+    _finish(summary, as_json, runs_dir)
 
 
 @app.command()
@@ -485,15 +500,20 @@ def watch(
         if not quiet:
             typer.echo(one_line(f"{trial_id}: {'ended' if what == 'ended' else 'stopped, ' + what}"))
 
+    from mart.graph.stop import Interrupts
+
+    interrupts = Interrupts()
     try:
-        out = watch_paused(run, runs_dir, interval_s=interval, trust=trust_run, told=told, started=started,
-                           allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address))
+        with interrupts.installed():
+            out = watch_paused(run, runs_dir, interval_s=interval, trust=trust_run, told=told, started=started,
+                               allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address))
     except (RunError, ValueError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
-        _fail("stopped watching; the trials in flight run on (the tuner watches them when the run continues)", 130)
+        _fail("stopped watching; the trials in flight run on (the tuner watches them when the run continues; "
+              f"`mart stop {_hint_ref(run, runs_dir)}` stops them)", 128 + (interrupts.first or 2))
     except (OSError, sqlite3.Error) as e:
-        _io_fail(e)
+        _io_fail(e, _hint_ref(run, runs_dir))
     if as_json:
         _print_json(out)
     elif not quiet:
@@ -501,6 +521,49 @@ def watch(
                     "every trial ended": "every trial watched has ended; the run takes them in when it continues",
                     "the run moved on": "the run is being continued: its tuner watches the trials now"}.get(
                         out["why"], "stopped watching"))
+
+
+def _interrupted(run: str | None, runs_dir: str | Path, interrupts) -> None:
+    """A signal stopped a command driving ``run``: say what runs on (``mart.graph.stop.after_interrupt``), exit."""
+    interrupts.stopping = True  # from now on a second Ctrl-C is counted (it stops the trials), not raised
+    from mart.graph.stop import after_interrupt
+
+    if run is None:
+        _fail("interrupted before the run was created; nothing was saved", 128 + (interrupts.first or 2))
+    with interrupts.installed():  # (again, where the command's block has ended): a second Ctrl-C is counted
+        code = after_interrupt(run, runs_dir, interrupts, lambda line: typer.echo(line, err=True))
+    raise typer.Exit(code)
+
+
+@app.command()
+@_one_line_errors
+def stop(
+    run: str = typer.Argument(..., help="Run id (in --runs-dir) or a run directory's path."),
+    runs_dir: Path = RUNS_DIR,
+    grace: float = typer.Option(5.0, "--grace", min=0.0, help="Seconds between SIGTERM and SIGKILL."),
+) -> None:
+    """Stop a run's trials in flight (after a Ctrl-C, a killed tuner, or while the run waits at a review).
+
+    Only processes mart can prove it started are signalled (their launch token); the run stays as it is: `mart
+    resume` continues it and reads each stopped trial's end from its folder.
+    """
+    from mart.graph.stop import stop_run
+    from mart.state.run_store import RunError, RunLocked
+    from mart.state.text import one_line
+
+    try:
+        store, results = stop_run(run, runs_dir, grace)
+    except RunLocked as e:
+        _fail(f"{e} Stop its tuner first (Ctrl-C; a second Ctrl-C stops its trials too)")
+    except RunError as e:
+        _fail(str(e))
+    if not results:
+        typer.echo(one_line(f"run {store.run_id}: no trial in flight, nothing to stop"))
+        return
+    for trial_id, what in results:
+        typer.echo(one_line(f"{trial_id}: {what}"))
+    if any("still runs" in what or "left alone" in what for _, what in results):  # not everything stopped
+        raise typer.Exit(1)
 
 
 def _stored_approve(run: str, runs_dir: Path) -> str | None:
@@ -562,6 +625,7 @@ def review(
     from mart.graph.reviewers.base import TTYReviewer, format_request
     from mart.graph.session import pending_review
     from mart.graph.session import resume as run_resume
+    from mart.graph.stop import Interrupts
     from mart.state.config_values import parse_assignments
     from mart.state.models import CandidateDecision, ReviewDecision
     from mart.state.run_store import RunError, RunStore
@@ -575,7 +639,7 @@ def review(
     if others is not None and candidate is None:
         _fail("--others goes with --candidate ID")
     who = reviewer or getpass.getuser()
-    decision, channel = None, None
+    decision, channel, interrupts = None, None, Interrupts()
     out = sys.stderr if as_json else sys.stdout  # keep --json output clean
     try:
         store = RunStore.open(run, runs_dir, readonly=True)
@@ -585,7 +649,7 @@ def review(
         finally:
             store.close()
         if request is None:
-            _fail(f"run {store.run_id} ({state}) has no pending review (see `mart status {store.run_id}`)")
+            _fail(f"run {store.run_id} ({state}) has no pending review (see `mart status {store.ref}`)")
         if review_no is not None and request.get("review_no") != review_no:
             _fail(f"run {store.run_id}: the pending review is #{request.get('review_no')}, not #{review_no}; "
                   "nothing changed")
@@ -624,21 +688,23 @@ def review(
             tty = TTYReviewer(stdout=out)
             decision = tty.review(request)
             if decision is None:
-                _finish({"run_id": store.run_id, "status": "paused", "pending_review": request}, as_json)
+                _finish({"run_id": store.run_id, "status": "paused", "pending_review": request}, as_json, runs_dir)
                 return
             if reviewer:
                 decision = decision.model_copy(update={"reviewer": reviewer})
             channel = None if detach else tty
-        summary = run_resume(run, runs_dir, decision=decision, interrupt_id=interrupt_id, reviewer=channel,
-                             approve="none" if detach else None, quiet=quiet or None,
-                             allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address), trust=trust_run)
+        with interrupts.installed():
+            summary = run_resume(run, runs_dir, decision=decision, interrupt_id=interrupt_id, reviewer=channel,
+                                 approve="none" if detach else None, quiet=quiet or None,
+                                 allowed=_allowed(backend, verl_entrypoint, llm_base_url, ray_address),
+                                 trust=trust_run)
     except (RunError, ConfigError, ValueError) as e:
         _fail(str(e))
-    except KeyboardInterrupt as e:
-        _fail(f"interrupted; continue with `mart resume {getattr(e, 'run_id', run)}`", 130)
+    except KeyboardInterrupt:
+        _interrupted(run, runs_dir, interrupts)
     except (OSError, sqlite3.Error) as e:
-        _io_fail(e)
-    _finish(summary, as_json)
+        _io_fail(e, _hint_ref(run, runs_dir))
+    _finish(summary, as_json, runs_dir)
 
 
 def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
@@ -646,7 +712,7 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
 
     from mart.graph.run_status import run_status
     from mart.state.ledger import DB_FILE
-    from mart.state.run_store import RunError, RunStore
+    from mart.state.run_store import RunError, RunStore, run_ref
     from mart.state.text import one_line
 
     if runs_dir.exists() and not runs_dir.is_dir():
@@ -677,7 +743,7 @@ def _list_runs(runs_dir: Path, pending_only: bool, as_json: bool) -> None:
         cells = (i["run_id"], i["status"] + (f" ({i['waiting_for']})" if i["waiting_for"] else ""),
                  i["stage"] or "-", str(sum((i["trials_done"] or {}).values())),
                  _review_cell(req) if req else "-",
-                 f"mart review {i['run_id']}" if req else
+                 f"mart review {run_ref(i['run_dir'], runs_dir)}" if req else
                  f"LangGraph Studio (thread {i['thread_id']})" if i.get("driver") == "studio" and i["status"] == "paused"
                  else "")
         table.add_row(*map(one_line, cells))  # run folders are foreign: no terminal controls
@@ -742,7 +808,8 @@ def status(
     if not info.get("driver_pid") and any(not (t.get("on_disk") or {}).get("ended") for t in running):
         typer.echo(one_line(f"the trials in flight are watched by `mart watch` (pid {info['watcher_pid']})"
                             if info.get("watcher_pid") else f"no tuner watches the trials in flight: "
-                            f"`mart watch {info['run_id']}` keeps the health monitor on them"))
+                            f"`mart watch {store.ref}` keeps the health monitor on them, `mart stop {store.ref}` "
+                            "stops them"))
     if info["pending_review"]:
         typer.echo("pending review:\n" + format_request(info["pending_review"]))
     if info["error"]:
@@ -750,7 +817,7 @@ def status(
     lost = store.untracked_trials()
     if lost:  # the ledger is behind its trial folders: what status shows is older than what ran
         typer.echo(one_line(f"warning: trial folders the ledger does not know: {', '.join(lost)} (mart.sqlite-wal "
-                            "lost after a kill?); `mart resume` refuses this run until that is resolved"))
+                            f"lost after a kill?); `mart resume {store.ref}` refuses this run until that is resolved"))
     report = store.run_dir / "report.html"
     if report.is_file():
         typer.echo(one_line(f"report: {report}"))
@@ -864,9 +931,24 @@ def knobs(
                      for p in params])
         return
     per_agent = any(knob_agent(p.key) is not None for p in params)
+    console = _console()
+    key_w = max((len(p.key) for p in params), default=3)
+    short_w = max((len(space.edit_name(p.key)) for p in params), default=5)
+    if console.width < key_w + short_w + 70:  # too narrow for a table whose keys stay whole: one block per knob
+        for p in params:
+            agent = knob_agent(p.key)
+            console.print(p.key + (f"  ({space.edit_name(p.key)})" if space.edit_name(p.key) != p.key else ""),
+                          soft_wrap=True, style="bold")
+            console.print(f"  {'shared, ' if per_agent and agent is None else f'agent {agent}, ' if per_agent else ''}"
+                          f"{p.stage} stage, {p.range_text()}, default {p.default!r}, phase {p.phase}")
+            console.print(f"  {p.description}")
+        return
     table = Table(title=f"{space.backend} knobs" + (f" ({stage} stage)" if stage else ""), show_lines=False)
     for col in ("agent",) * per_agent + ("key", "short", "stage", "range", "default", "phase", "why"):
-        table.add_column(col, overflow="fold")
+        if col in ("key", "short"):  # whole, never wrapped: a reviewer copies them into --edit; the others give way
+            table.add_column(col, no_wrap=True, min_width=max(key_w if col == "key" else short_w, len(col)))
+        else:
+            table.add_column(col, overflow="fold")
     for i, p in enumerate(params):
         agent = knob_agent(p.key)
         if per_agent and i and agent != knob_agent(params[i - 1].key):
@@ -874,7 +956,7 @@ def knobs(
         first = ("shared" if agent is None else str(agent),) * per_agent
         table.add_row(*first, p.key, space.edit_name(p.key), p.stage, p.range_text(), repr(p.default), p.phase,
                       p.description)
-    _console().print(table, markup=False)
+    console.print(table, markup=False)
 
 
 @app.command()

@@ -74,13 +74,22 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
     sys_ = summary.get("system") or {}
     if "system" in ran and sys_:
         kept = bool(sys_.get("kept_baseline"))
-        gain = sys_.get("throughput_gain_pct")
-        base = _num(sys_.get("baseline_throughput"), ",.0f")
-        steps = sys_.get("baseline_steps")
-        if sys_.get("baseline_cut") and steps:  # cut at its look: it and the gain are over the steps it ran
-            base += f" ({fmt_steps(*steps)})"
+        # the gain and the two figures it compares, from one computation (a summary stored before it: its keys)
+        cmp_ = sys_.get("comparison") or {"steps": sys_.get("baseline_steps"), "baseline": sys_.get(
+            "baseline_throughput"), "best": sys_.get("best_throughput"), "gain_pct": sys_.get("throughput_gain_pct")}
+        gain = cmp_.get("gain_pct")
+        base, best = _num(cmp_.get("baseline"), ",.0f"), _num(cmp_.get("best"), ",.0f")
+        steps = cmp_.get("steps")
+        if sys_.get("baseline_cut") and steps:
+            # cut at its look: both figures and the gain are over the steps it ran; the best's own figure beside
+            where = fmt_steps(*steps)
+            base += f" ({where})"
+            if cmp_.get("best") is not None and sys_.get("best_throughput") is not None:
+                own = sys_.get("best_steps")
+                best += (f" ({where}; {_num(sys_.get('best_throughput'), ',.0f')} over "
+                         f"{fmt_steps(*own) if own else 'its own steps'})")
         out.append(StageFigure(
-            "system", "tok/s/GPU", base, _num(sys_.get("best_throughput"), ",.0f"),
+            "system", "tok/s/GPU", base, best,
             KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config"))))
     learn = summary.get("learning") or {}
     if "learning" in ran and learn:

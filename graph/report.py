@@ -137,10 +137,11 @@ def _objective(trial: dict[str, Any]) -> float | None:
 
 #: the rule the learning stage's best-so-far plot draws, said under it
 LEARNING_PLOT_RULE = (
-    "Learning stage: the line is the best mean score of the configs run on two seeds (confirmed); the points are "
-    "single runs (hollow: never confirmed). Stage 2 never picks a config from one run: a change replaces the "
-    "baseline only when its mean over two seeds beats the baseline's by more than 2 standard errors of the "
-    "difference, with no collapse signal. The dashed line is the baseline as the summary reports it.")
+    "Learning stage: the points are single runs (hollow: never re-run) and the runs of configs re-run on a second "
+    "seed (filled). Stage 2 never picks a config from one run: a change replaces the baseline only when its mean "
+    "over two seeds beats the baseline's by more than 2 standard errors of the difference, with no collapse signal. "
+    "The solid line is the change the stage took (its mean over its runs, from the trial its last run ended), drawn "
+    "only when it took one; the dashed line is the baseline as the summary reports it.")
 
 
 @dataclass
@@ -148,14 +149,15 @@ class LearningBest:
     """What the learning stage's best-so-far plot draws (x: the trial's number in the stage)."""
 
     xs: list[int]
-    line: list[float]  # the best mean so far over configs run on two seeds (NaN before the first)
+    line: list[float]  # the mean of the change the stage's verdict took, from its last run on (NaN elsewhere)
     single: list[tuple[int, float]]  # runs of configs run once (unconfirmed)
     reran: list[tuple[int, float]]  # runs of configs run on two seeds
+    taken: str | None = None  # the change the verdict took (None: the baseline was kept, or no verdict yet)
 
 
 def learning_best(data: RunData) -> LearningBest:
-    """Stage 2's best so far by its own evidence rule: a config counts once its re-run on a second seed has ended
-    (the mean of its healthy runs); a config run once is a point, never the line."""
+    """Stage 2's plot by its own evidence rule: each run a point, and a line only for what the stage's verdict took
+    (a re-run config the verdict did not take is points, never a "best" line above the baseline)."""
     trials = data.stage_trials("learning")
     runs: dict[str, list[tuple[int, float]]] = {}  # config (its first trial) -> [(x, score)] of healthy runs
     for i, t in enumerate(trials, 1):
@@ -163,18 +165,22 @@ def learning_best(data: RunData) -> LearningBest:
         if t["status"] == "completed" and v is not None and not t.get("early_stopped"):
             runs.setdefault(t.get("confirms") or t["trial_id"], []).append((i, v))
     confirmed = {k: r for k, r in runs.items() if len(r) >= 2}
-    xs, line, cur = list(range(1, len(trials) + 1)), [], None
-    for x in xs:
-        means = [sum(v for _, v in r) / len(r) for r in confirmed.values() if max(i for i, _ in r) <= x]
-        if means:
-            cur = max(means)
-        line.append(math.nan if cur is None else cur)
+    xs = list(range(1, len(trials) + 1))
+    learn = data.summary.get("learning") or {} if data.summary.get("run_id") else {}
+    row = data.stages.get("learning") or {}
+    taken = row.get("best_trial") if learn and not learn.get("kept_baseline") else None
+    line = [math.nan] * len(xs)
+    if taken in runs and learn.get("best_score") is not None:
+        since = max(i for i, _ in runs[taken])
+        line = [learn["best_score"] if x >= since else math.nan for x in xs]
+    else:
+        taken = None
     return LearningBest(xs, line, [r[0] for k, r in runs.items() if k not in confirmed],
-                        [p for r in confirmed.values() for p in r])
+                        [p for r in confirmed.values() for p in r], taken)
 
 
 def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
-    """Stage 2's best so far by its own evidence rule: confirmed (re-run) means as the line, single runs as points."""
+    """Stage 2's runs as points; the change its verdict took (if any) as the line, the baseline dashed."""
     trials = data.stage_trials("learning")
     if not trials:
         return False
@@ -185,44 +191,79 @@ def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
                 label="single run (unconfirmed)")
     if reran:
         ax.plot([x for x, _ in reran], [y for _, y in reran], "o", color="0.35", ms=4, label="run of a re-run config")
-    if reran:  # drawn half a trial past the last one, so that a rise at the last trial shows
+    if lb.taken is not None:  # drawn half a trial past the last one, so that a rise at the last trial shows
         ax.step([*lb.xs, lb.xs[-1] + 0.5], [*lb.line, lb.line[-1]], where="post", color="C0", lw=2,
-                label="best confirmed mean (2 seeds)")
+                label=f"taken: {lb.taken} (mean of its runs)")
     learn = data.summary.get("learning") or {}
     base = learn.get("baseline_score")
     if base is None:
         base = next((_objective(t) for t in trials if t.get("kind") == "baseline"), None)
     if base is not None:
-        ax.axhline(base, color="C3", ls="--", lw=1, label="baseline")
+        ax.axhline(base, color="C3", ls="--", lw=1,
+                   label="baseline (kept)" if learn.get("kept_baseline") else "baseline")
     ax.set_title(f"learning stage: {label}")
     ax.set_xlabel("trial")
     ax.legend(fontsize=7)
     return bool(single or reran) or base is not None
 
 
-def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
-    if stage == "learning":
-        return _plot_learning_best(data, ax, label)
-    trials = data.stage_trials(stage)
-    limit = data.memory_limit_gb() if stage == "system" else None
+@dataclass
+class SystemBest:
+    """What the system stage's best-so-far plot draws (x: the trial's number in the stage)."""
+
+    xs: list[int]
+    each: list[float]  # each trial's throughput over its window (NaN: none)
+    best: list[float]  # the best eligible throughput so far
+    baseline: float | None  # the baseline's figure as the summary compares it (a cut baseline: over its steps)
+    baseline_x: int | None
+    baseline_steps: list[int] | None  # the steps a cut baseline's figure is over (None: its usual window)
+
+
+def system_best(data: RunData) -> SystemBest:
+    """Stage 1's best so far, and its baseline as the verdict compared it: a baseline cut at its early look has no
+    whole-window throughput, so its point and line are the summary's figure over the steps it ran."""
+    trials = data.stage_trials("system")
+    limit = data.memory_limit_gb()
     xs, best, ys, cur = [], [], [], None
+    base_x, base_v = None, None
     for i, t in enumerate(trials, 1):
         v = _objective(t)
         ok = t["status"] == "completed" and v is not None
-        if ok and stage == "system" and limit is not None and (t["peak_memory_gb"] or 0) > limit:
+        if ok and limit is not None and (t["peak_memory_gb"] or 0) > limit:
             ok = False  # over the margin never counts as best
         if ok:
             cur = v if cur is None else max(cur, v)
+        if t.get("kind") == "baseline" and base_x is None:
+            base_x, base_v = i, v
         xs.append(i)
-        ys.append(v)
-        best.append(cur)
-    if not xs:
+        ys.append(math.nan if v is None else v)
+        best.append(math.nan if cur is None else cur)
+    sys_ = data.summary.get("system") or {}
+    cmp_ = sys_.get("comparison") or {}
+    steps = None
+    if cmp_.get("baseline") is not None:
+        base_v = cmp_["baseline"]
+        steps = cmp_.get("steps") if sys_.get("baseline_cut") else None
+    elif base_v is None and data.stages.get("system", {}).get("baseline_value") is not None:
+        base_v = data.stages["system"]["baseline_value"]
+    return SystemBest(xs, ys, best, base_v, base_x, steps)
+
+
+def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
+    if stage == "learning":
+        return _plot_learning_best(data, ax, label)
+    sb = system_best(data)
+    if not sb.xs:
         return False
-    ax.plot(xs, [y if y is not None else math.nan for y in ys], "o", color="0.6", label="each trial")
-    ax.step(xs, [b if b is not None else math.nan for b in best], where="post", color="C0", lw=2,
-            label="best so far")
-    if ys and ys[0] is not None:
-        ax.axhline(ys[0], color="C3", ls="--", lw=1, label="baseline")
+    ax.plot(sb.xs, sb.each, "o", color="0.6", label="each trial")
+    ax.step(sb.xs, sb.best, where="post", color="C0", lw=2, label="best so far")
+    if sb.baseline is not None:
+        from mart.state.units import fmt_steps
+
+        where = f" ({fmt_steps(*sb.baseline_steps)}, cut there)" if sb.baseline_steps else ""
+        if sb.baseline_x is not None:
+            ax.plot([sb.baseline_x], [sb.baseline], "s", color="C3", ms=6)
+        ax.axhline(sb.baseline, color="C3", ls="--", lw=1, label="baseline" + where)
     ax.set_title(f"{stage} stage: {label}")
     ax.set_xlabel("trial")
     ax.legend(fontsize=8)
@@ -263,6 +304,8 @@ def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
     """Best-so-far against wall clock: the stage's best eligible objective as its trials end."""
     limit = data.memory_limit_gb() if stage == "system" else None
     rows = sorted((t for t in _timeline(data) if t["stage"] == stage), key=lambda t: t["t_end"])
+    if stage == "learning":
+        return _plot_learning_vs_time(data, ax, rows, label)
     xs, ys, cur = [], [], None
     for t in rows:
         v = _objective(t)
@@ -279,6 +322,27 @@ def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
     ax.plot(xs, [y if y is not None else math.nan for y in ys], "o", color="C0", ms=3)
     ax.set_title(f"{stage} stage: best {label}")  # the section says "against wall clock"; two panels share a row
     ax.set_xlabel("seconds since the first trial started")
+    return True
+
+
+def _plot_learning_vs_time(data: RunData, ax: Any, rows: list[dict[str, Any]], label: str) -> bool:
+    """Stage 2 against wall clock by its own rule: each run's score when it ended, and the change the verdict took
+    (its mean) from when its last run ended; a single run's score is never drawn as the stage's best."""
+    pts = [(t["t_end"], _objective(t)) for t in rows if t["status"] == "completed" and not t.get("early_stopped")
+           and _objective(t) is not None]
+    if not pts:
+        return False
+    ax.plot([x for x, _ in pts], [y for _, y in pts], "o", color="0.5", ms=3, label="a run ends")
+    lb = learning_best(data)
+    if lb.taken is not None:
+        since = max(t["t_end"] for t in rows if lb.taken in (t["trial_id"], t.get("confirms")))
+        ax.hlines(lb.line[-1], since, max(x for x, _ in pts), color="C0", lw=2, label=f"taken: {lb.taken}")
+    base = (data.summary.get("learning") or {}).get("baseline_score")
+    if base is not None:
+        ax.axhline(base, color="C3", ls="--", lw=1, label="baseline")
+    ax.set_title(f"learning stage: {label}")
+    ax.set_xlabel("seconds since the first trial started")
+    ax.legend(fontsize=7)
     return True
 
 
@@ -568,19 +632,53 @@ def headline(data: RunData) -> list[tuple[str, str]]:
             text = f"{_fmt(b)} → {_fmt(v)} {unit}{gain}"
         rows.append((f"{stage} stage", f"{text}; best {s.get('best_trial') or '—'}"
                      + (f"; note: {s['note']}" if s.get("note") else "")))
+        verdict = stage_verdict(data.summary, stage) if f is not None else None
+        if verdict:
+            rows.append((f"{stage} verdict", verdict))
     return rows
+
+
+def stage_verdict(summary: dict[str, Any], stage: str) -> str | None:
+    """The numbers behind a stage's verdict, as the session decided it: stage 1's gain from the two figures it
+    compares (and over which steps), stage 2's lead, bar, standard error and rule."""
+    part = summary.get(stage) or {}
+    if stage == "system":
+        c = part.get("comparison") or {}
+        if c.get("baseline") is None or c.get("best") is None or c.get("gain_pct") is None:
+            return None
+        from mart.state.units import fmt_steps
+
+        where = f" over {fmt_steps(*c['steps'])}" if c.get("steps") else ""
+        return (f"gain {c['gain_pct']:+.1f}% = {c['best']:,.0f} / {c['baseline']:,.0f} - 1, both{where}; "
+                + ("the baseline stayed the best" if part.get("kept_baseline") else "the highest throughput within "
+                   "the memory margin is taken"))
+    if stage == "learning":
+        return part.get("verdict")
+    return None
+
+
+def trial_origin(t: dict[str, Any], trials: list[dict[str, Any]]) -> str:
+    """Where a trial comes from, as the terminal's launch line says it: the reviewed candidate it runs, or the trial
+    it runs again (a confirmation on another seed, the baseline once more)."""
+    if t.get("kind") == "confirm" and t.get("confirms"):
+        return f"re-run of {t['confirms']}" + (f" on another seed ({t['seed']})" if t.get("seed") is not None else "")
+    if t.get("kind") == "baseline":
+        first = next((o["trial_id"] for o in trials if o["stage"] == t["stage"] and o.get("kind") == "baseline"), None)
+        return f"re-run of {first}" if first and first != t["trial_id"] and t["stage"] != "schedule" else "baseline"
+    return f"candidate {t['candidate_id']}" if t.get("candidate_id") else t.get("kind") or ""
 
 
 def trial_rows(data: RunData) -> list[list[str]]:
     out = []
     for t in data.trials:
-        out.append([t["trial_id"], t["stage"], t["status"] + (f" ({t['reason']})" if t.get("reason") else ""),
+        out.append([t["trial_id"], trial_origin(t, data.trials), t["stage"],
+                    t["status"] + (f" ({t['reason']})" if t.get("reason") else ""),
                     _diff(t), _fmt(t["throughput"]), _fmt(t["peak_memory_gb"], 3), _fmt(t["score"], 3),
                     _fmt(t.get("steps_done"))])
     return out
 
 
-TRIAL_HEADER = ["trial", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
+TRIAL_HEADER = ["trial", "from", "stage", "status", "change", "tok/s/GPU", "peak GB", "score", "steps"]
 SCHEDULE_HEADER = ["steps", "changes at the segment's start", "overrides (against the base config)", "trial"]
 
 

@@ -118,6 +118,18 @@ def status_snapshot(store: RunStore, snap: Any) -> dict[str, Any]:
             "pending_review": review_request(snap)}
 
 
+def recorded_snapshot(store: RunStore, row: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What the ledger's run row recorded of the graph at the driver's last stop (``status_snapshot``) while that is
+    still the graph's last checkpoint; None when the graph moved since (read it then). Callers that do not hold the
+    run's lock check first that no driver is moving it."""
+    if row is None:
+        row = store.ledger.run(store.run_id) or {}
+    recorded = row.get("snapshot") if isinstance(row.get("snapshot"), dict) else None
+    if recorded is None or recorded.get("fingerprint") != checkpoint_fingerprint(store):
+        return None
+    return recorded
+
+
 def run_status(store: RunStore, *, from_graph: bool = False) -> dict[str, Any]:
     """Where a run stands: running / paused / completed / failed, the running trial, pending review.
 
@@ -131,8 +143,8 @@ def run_status(store: RunStore, *, from_graph: bool = False) -> dict[str, Any]:
     if store.readonly and not _has_checkpoints(store):  # killed before its first checkpoint
         return {**_ledger_status(store, row), "status": "paused" if status != "failed" else status,
                 "waiting_for": "resume", "driver_pid": holder}
-    recorded = row.get("snapshot") if isinstance(row.get("snapshot"), dict) else None
-    if from_graph or holder or recorded is None or recorded.get("fingerprint") != checkpoint_fingerprint(store):
+    recorded = None if from_graph or holder else recorded_snapshot(store, row)
+    if recorded is None:
         recorded = status_snapshot(store, state_snapshot(store))
     waiting_for = None
     if holder:

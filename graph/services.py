@@ -9,17 +9,11 @@ from __future__ import annotations
 
 from mart.nodes.agents.registry import make_critic, make_proposer
 from mart.nodes.runtime import Services, register_services_factory
-from mart.state.options import TuneOptions
+from mart.state.options import TuneOptions, backend_options
 from mart.state.run_store import RunStore
 from mart.trial_runner.registry import ALLOW_ENV, allowed_from_env, load_backend, untrusted_parts
 
-
-def backend_options(options: TuneOptions) -> dict:
-    """The keyword options the session's backend factory is called with."""
-    out = dict(options.backend_options)
-    if options.memory_capacity_gb is not None:
-        out.setdefault("memory_capacity_gb", options.memory_capacity_gb)
-    return out
+__all__ = ["backend_options", "build_services"]  # backend_options: mart.state.options's, kept importable here
 
 
 def build_services(options: TuneOptions, store: RunStore, api_key: str | None = None) -> Services:

@@ -13,12 +13,11 @@ import time
 from collections.abc import Collection, Mapping
 from contextlib import closing, nullcontext
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
-from langgraph.types import Command
 from rich.markup import escape
 
-from mart.graph.builder import compile_graph
+from mart.graph.eta import SessionEta
 from mart.graph.reviewers import Reviewer, make_reviewer
 
 # a run's status, read from the ledger when it can (``mart status`` stays light): re-exported here
@@ -27,6 +26,7 @@ from mart.graph.run_status import (  # noqa: F401
     StudioRun,
     checkpoint_fingerprint,
     graph_config,
+    recorded_snapshot,
     refuse_studio_run,
     review_request,
     run_status,
@@ -34,7 +34,6 @@ from mart.graph.run_status import (  # noqa: F401
     status_snapshot,
     studio_thread,
 )
-from mart.graph.services import backend_options, build_services
 from mart.nodes.progress import (
     CritiqueDone,
     HealthNotice,
@@ -51,14 +50,33 @@ from mart.nodes.progress import (
     TrialStopped,
     parse_event,
 )
-from mart.nodes.runtime import Services
 from mart.state.graph_state import running_trials
 from mart.state.models import ReviewDecision
-from mart.state.options import TuneOptions
+from mart.state.options import TuneOptions, backend_options
 from mart.state.run_store import RunError, RunStore
 from mart.state.units import fmt_gb
-from mart.tools.watch import WatchDuringReview, watchable
 from mart.trial_runner.registry import check_backend_options
+
+if TYPE_CHECKING:
+    from langgraph.types import Command
+
+    from mart.nodes.runtime import Services
+
+# LangGraph, the services and the tool nodes are imported where a graph runs (``_drive``, a review watched, a resume
+# answer): importing them costs seconds (LangChain, LangSmith), which the refusals before a run (`mart tune --set
+# lr=abc`, `mart review --edit micro_batch=abc`) need not pay (tests/graph/test_light_commands.py)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "compile_graph":  # re-exported for the Slack server
+        from mart.graph.builder import compile_graph
+
+        return compile_graph
+    if name == "build_services":
+        from mart.graph.services import build_services
+
+        return build_services
+    raise AttributeError(name)
 
 SUMMARY_KEYS = ("run_id", "status", "system", "learning", "trials", "notes", "agents")
 #: summary keys present only when they apply (their stage ran, the session failed, several slots): the default
@@ -78,13 +96,14 @@ class UntrustedRun(RunError):
 
 def resume_command(interrupt_id: str, decision: ReviewDecision) -> Command:
     """The answer to one review, addressed to its interrupt: a stale answer is refused by LangGraph itself."""
+    from langgraph.types import Command
+
     return Command(resume={interrupt_id: decision.model_dump(mode="json")})
 
 
 def _fmt_launched(e: TrialLaunched) -> tuple[str, str | None]:
-    what = ", ".join(e.changes) if e.changes else e.kind
     slot = f", slot {e.slot + 1}/{e.slots}" if e.slots > 1 else ""
-    return f"[bold]▶ {e.trial_id}[/]: {what} ({e.stage} stage, {e.horizon} steps{slot})", None
+    return f"[bold]▶ {e.trial_id}[/]: {e.what()} ({e.stage} stage, {e.horizon} steps{slot})", None
 
 
 def _fmt_reattached(e: TrialReattached) -> tuple[str, str | None]:
@@ -122,11 +141,12 @@ def _fmt_stopped(e: TrialStopped) -> tuple[str, str | None]:
 
 def _fmt_done(e: TrialDone) -> tuple[str, str | None]:
     if e.score is not None:
-        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs {e.compared_to})"
-                                                 if e.best_before is not None else "")
+        # a difference is printed with the figure it is taken from
+        result = f", val score {e.score:.4f}" + (f" ({e.score - e.best_before:+.4f} vs {e.compared_to} "
+                                                 f"{e.best_before:.4f})" if e.best_before is not None else "")
     elif e.throughput is not None:
-        result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs best)"
-                                                    if e.best_before else "")
+        result = f", {e.throughput:,.0f} tok/s" + (f" ({(e.throughput / e.best_before - 1) * 100:+.1f}% vs "
+                                                    f"{e.compared_to} {e.best_before:,.0f})" if e.best_before else "")
     else:
         result = ""
     return (f"  ✓ {e.trial_id}: {e.status}{result}"
@@ -175,9 +195,10 @@ def format_event(event: ProgressEvent | dict[str, Any]) -> tuple[str, str | None
 class ConsoleProgress:
     """Human-readable progress lines (rich) with each running trial's ETA; silent when quiet."""
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, eta: SessionEta | None = None) -> None:
         self.quiet = quiet
         self._running: dict[str, tuple[float, int]] = {}  # trial -> (launch time, horizon)
+        self.eta = eta  # the session's overall ETA, printed after each trial's launch and end
         if not quiet:
             import sys
 
@@ -195,6 +216,22 @@ class ConsoleProgress:
         elif isinstance(event, TrialStep) and event.trial_id in self._running:
             text += self._eta(event.trial_id, event.step)
         self.console.print(text, style=style)
+        self._follow(event)
+
+    def _follow(self, event: ProgressEvent) -> None:
+        """The session's overall ETA: updated by every trial event, printed after a launch and an end."""
+        if self.eta is None:
+            return
+        if isinstance(event, TrialLaunched):
+            self.eta.launched_trial(event.trial_id, event.stage, event.kind, event.horizon, event.slots)
+        elif isinstance(event, TrialStep):
+            self.eta.step(event.trial_id, event.step)
+        elif isinstance(event, (TrialDone, TrialFailed)):
+            self.eta.ended(event.trial_id)
+        if isinstance(event, (TrialLaunched, TrialDone)):
+            text = self.eta.text()
+            if text:
+                self.console.print(f"  {text}", style="cyan", markup=False)
 
     def _eta(self, trial_id: str, step: int) -> str:
         started, horizon = self._running[trial_id]
@@ -217,6 +254,10 @@ def _tee(progress: ConsoleProgress, reviewer: Reviewer) -> Callable[[ProgressEve
 
 def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Reviewer,
            api_key: str | None, progress: ConsoleProgress) -> dict[str, Any]:
+    from mart.graph.builder import compile_graph
+    from mart.graph.services import build_services
+    from mart.tools.watch import watchable
+
     reviewer.bind(store)
     services: Services = build_services(options, store, api_key=api_key)
     services.progress = _tee(progress, reviewer)
@@ -252,11 +293,11 @@ def _drive(store: RunStore, options: TuneOptions, first_input: Any, reviewer: Re
                 ledger.upsert_run(store.run_id, status="paused", pid=None, snapshot=status_snapshot(store, snap))
                 if not options.quiet:
                     progress.console.print(f"[yellow]paused at review #{request.get('review_no')}[/]: "
-                                           f"answer with `mart review {escape(store.run_id)}` (or from Slack/Studio)")
+                                           f"answer with `mart review {escape(store.ref)}` (or from Slack/Studio)")
                     flying = watchable(running_trials(snap.values or {}))
                     if flying:
                         progress.console.print(f"{len(flying)} trial(s) in flight run on meanwhile: `mart watch "
-                                               f"{escape(store.run_id)}` keeps the health monitor on them")
+                                               f"{escape(store.ref)}` keeps the health monitor on them")
                 return {"run_id": store.run_id, "status": "paused", "pending_review": request}
             inp = resume_command(request["interrupt_id"], decision)
     except KeyboardInterrupt as e:
@@ -278,6 +319,8 @@ def _review_watching(reviewer: Reviewer, request: dict[str, Any], values: Mappin
     running = running_trials(values or {}) if reviewer.waits else []
     if not running:
         return reviewer.review(request)
+    from mart.tools.watch import WatchDuringReview
+
     with services() as side, WatchDuringReview(side, running):
         return reviewer.review(request)
 
@@ -340,7 +383,7 @@ def tune(options: TuneOptions, api_key: str | None = None, reviewer: Reviewer | 
     started = False
     try:
         with store.lock():
-            progress = ConsoleProgress(options.quiet)
+            progress = ConsoleProgress(options.quiet, SessionEta.for_session(options))
             if not options.quiet:
                 progress.console.print(f"[bold]mart[/] run {store.run_id} in {escape(str(store.run_dir))}")
             first = {"options": options.model_dump(mode="json"), "run_id": store.run_id, "run_dir": str(store.run_dir)}
@@ -479,6 +522,8 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
     try:
         with store.lock():
             options = load_options(store, allowed=allowed, trust=trust, **option_overrides)
+            if decision is not None:
+                check_edit_values(store, options, decision)
             status = (store.ledger.run(store.run_id) or {}).get("status")
             row = store.ledger.run(store.run_id) or {}
             if status == "completed" or (status == "failed" and (row.get("summary") or {}).get("status") == "failed"):
@@ -487,7 +532,7 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 row = store.ledger.run(store.run_id) or {}
                 return row.get("summary") or {"run_id": store.run_id, "status": "completed"}
             reviewer = reviewer or make_reviewer(options.approve, auto_policy=options.auto_policy)
-            progress = ConsoleProgress(options.quiet)
+            progress = ConsoleProgress(options.quiet, SessionEta.for_session(options, store.ledger.trials()))
             snap = state_snapshot(store)
             check_graph_version(store, snap)
             if interrupt_id is not None and (not snap.interrupts or snap.interrupts[0].id != interrupt_id):
@@ -502,6 +547,8 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, api_key: str | Non
                 reviewer.bind(store)
                 request = review_request(snap)
                 # no session services yet (``_drive`` builds them): the watch, if any, gets its own
+                from mart.graph.services import build_services
+
                 answer = _review_watching(reviewer, request, snap.values,
                                           lambda: closing(build_services(options, store, api_key=api_key)))
                 if answer is None:
@@ -530,7 +577,7 @@ def check_graph_version(store: RunStore, snap) -> None:
     if snap.values and version != GRAPH_VERSION:
         raise RunError(f"run {store.run_id} was started by an older mart (graph version {version or 1}, this one "
                        f"is {GRAPH_VERSION}): it cannot be continued here; its trials and results stay readable with "
-                       f"`mart trials`, `mart report` and `mart export`")
+                       f"`mart trials {store.ref}`, `mart report {store.ref}` and `mart export {store.ref}`")
 
 
 def validate_decision(store: RunStore, options: TuneOptions, snap, decision: ReviewDecision) -> None:
@@ -561,5 +608,26 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
 
 
 def pending_review(store: RunStore) -> dict[str, Any] | None:
-    """The pending review request of a run (with its ``interrupt_id``), or None."""
+    """The pending review request of a run (with its ``interrupt_id``), or None: from the ledger's record of the last
+    stop while it is current and no driver moves the run (no LangGraph import), else from the graph."""
+    refuse_studio_run(store, "read its reviews")
+    recorded = None if store.lock_holder() else recorded_snapshot(store)
+    if recorded is not None:
+        return recorded["pending_review"]
     return review_request(state_snapshot(store))
+
+
+def check_edit_values(store: RunStore, options: TuneOptions, decision: ReviewDecision) -> None:
+    """The edits' keys and values by the knob catalogue (``ConfigError``), before the graph is loaded: a bad value is
+    refused at once. ``validate_decision`` then checks the whole decision against the graph's state (the candidates,
+    the config's constraints) with the same rules."""
+    edits = [d for d in decision.decisions if d.type == "edit" and d.edits]
+    if not edits:
+        return
+    from mart.state.models import knob_stage
+    from mart.trial_runner.registry import load_backend
+
+    stage = (recorded_snapshot(store) or {}).get("stage")
+    space = load_backend(options.backend, **backend_options(options)).search_space()
+    for d in edits:
+        space.validate_overrides(space.resolve_keys(d.edits), stage=knob_stage(stage) if stage else None)

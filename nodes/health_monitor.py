@@ -34,10 +34,15 @@ def assess(services: Any, record: TrialRecord, *, final: bool = False) -> str | 
     is never stopped)."""
     records = services.ledger.metric_records(record.trial_id)
     events = evaluate(record.stage, record.trial_id, records, health_config(services, record))
-    known = {(e.scoped_rule, e.step, e.severity) for e in services.ledger.health_events(record.trial_id)}
+    before = services.ledger.health_events(record.trial_id)
+    known = {(e.scoped_rule, e.step, e.severity) for e in before}
+    # a rule that holds at every step (stagnation) is announced once per trial and severity, not once per step; the
+    # ledger keeps each step's event
+    announced = {(e.scoped_rule, e.severity) for e in before}
     services.ledger.add_health_events(events)
     for ev in events:
-        if (ev.scoped_rule, ev.step, ev.severity) not in known:
+        if (ev.scoped_rule, ev.step, ev.severity) not in known and (ev.scoped_rule, ev.severity) not in announced:
+            announced.add((ev.scoped_rule, ev.severity))
             emit(services, HealthNotice(trial_id=ev.trial_id, rule=ev.rule, severity=ev.severity, message=ev.message))
     stops: list[HealthEvent] = [e for e in events if e.severity == "stop"]
     if final or not stops or record.kind == "baseline":

@@ -8,10 +8,10 @@ fails a node.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Annotated, Any, Literal, Union
 
-import langgraph.config
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from mart.state.models import Stage
@@ -28,7 +28,7 @@ class TrialLaunched(_Event):
     trial_id: str
     stage: Stage
     kind: str
-    """``baseline`` or ``candidate``."""
+    """``baseline``, ``candidate`` or ``confirm`` (a re-run on another seed)."""
     horizon: int
     changes: list[str] = []
     """What the trial changes against the stage's current best, e.g. ``micro_batch 16→32``."""
@@ -36,6 +36,21 @@ class TrialLaunched(_Event):
     """The trial slot it runs in (0 .. slots-1)."""
     slots: int = 1
     """How many trials the session runs at once."""
+    candidate_id: str | None = None
+    """The reviewed candidate it runs (the id the proposer, the critic and the review named)."""
+    rerun_of: str | None = None
+    """A re-run: the trial whose config it runs again (a confirmation on another seed, the baseline once more)."""
+    seed: int | None = None
+    """A re-run's seed (None: the session's)."""
+
+    def what(self) -> str:
+        """What the trial runs, as every channel says it: the candidate the critic picked and the review approved
+        with its changes, or the trial it runs again (a re-run is not a change against the current best)."""
+        if self.rerun_of:
+            return (f"re-run of {self.rerun_of}" + (f" on another seed ({self.seed})" if self.seed is not None else "")
+                    + (", to confirm it" if self.kind == "confirm" else ""))
+        what = ", ".join(self.changes) if self.changes else self.kind
+        return f"candidate {self.candidate_id}: {what}" if self.candidate_id else what
 
 
 class TrialReattached(_Event):
@@ -166,7 +181,9 @@ def parse_event(data: dict[str, Any]) -> ProgressEvent:
 def emit(services: Any, event: ProgressEvent) -> None:
     """Send ``event`` to LangGraph's custom stream (as JSON) and to the session's sink (typed)."""
     try:
-        langgraph.config.get_stream_writer()(event.model_dump(mode="json"))
+        # imported here: langgraph.config pulls in LangChain (1.5 s), which the CLI's refusals and `mart status`,
+        # which import these event types, need not pay; a node that emits runs in a graph, which loaded it already
+        importlib.import_module("langgraph.config").get_stream_writer()(event.model_dump(mode="json"))
     except Exception:  # outside a streamed run there is no writer; progress is best-effort
         pass
     if services.progress is not None:

@@ -253,6 +253,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP17", "graph/paused_watch.py", "keep_going=still_paused, told=told)", "told=told)",
            "`mart watch` never notices that the review was answered elsewhere",
            ("tests/graph/test_paused_watch.py",)),
+    Mutant("MF1", "nodes/stages/system.py", '"best": _clean(same), "gain_pct": _clean(gain)}',
+           '"best": _clean(t_thr), "gain_pct": _clean(gain)}', "a gain over a cut baseline's steps is printed "
+           "beside the best's whole-window figure, which it does not compare (issue 47: +77.4% beside 618 -> 1,217)",
+           ("tests/graph/test_figures_add_up.py",)),
+    Mutant("MF2", "tools/launch.py", "        return record.confirms\n", "        return None\n",
+           "a re-run on a second seed is announced as changes against the current best (issue 47: `lea-07-baseline-s2: n 16→8`)",
+           ("tests/graph/test_progress_events.py",)),
 )
 
 

@@ -20,6 +20,7 @@ backends' ``--base-config`` files. The rules are verl's own (docs/configs.md has
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 import re
@@ -28,10 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from mart.state.files import InputFileError, read_text_capped
 from mart.state.search_space import ConfigError
@@ -66,10 +63,11 @@ def check_key(key: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _parser():
-    # imported lazily: Hydra's ANTLR parser costs ~0.3 s to import, which `mart --help` need not pay
-
-    return OverridesParser.create()
+def _hydra() -> tuple[Any, type[Exception]]:
+    """Hydra's override parser and its error type, imported when a KEY=VALUE is first parsed: Hydra and OmegaConf
+    cost 0.5 s and more to import, which `mart status`, `--help` and every command that parses none need not pay."""
+    parser = importlib.import_module("hydra.core.override_parser.overrides_parser").OverridesParser.create()
+    return parser, importlib.import_module("hydra.errors").HydraException
 
 
 def parse_assignment(item: str) -> tuple[str, Any]:
@@ -84,9 +82,10 @@ def parse_assignment(item: str) -> tuple[str, Any]:
         raise ConfigError(f"{item!r}: deletions (~KEY) are not supported; set KEY=VALUE instead.")
     if "=" not in text:
         raise ConfigError(f"expected KEY=VALUE, but got {item!r}.")
+    parser, hydra_error = _hydra()
     try:
-        ov = _parser().parse_override(text)
-    except HydraException as e:
+        ov = parser.parse_override(text)
+    except hydra_error as e:
         reason = str(e).splitlines()[0]
         raise ConfigError(f"{item!r} is not a valid KEY=VALUE in Hydra's override grammar ({reason}); "
                           "quote a value that holds = , or spaces: KEY='a=b'.") from None
@@ -225,9 +224,10 @@ def _load_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: invalid YAML ({e}).") from None
     if shape is None or not isinstance(shape, (dict, list)):
         return shape
+    omegaconf = importlib.import_module("omegaconf")  # where it is used: see _hydra
     try:
-        return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:
+        return omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.create(text), resolve=False)
+    except (yaml.YAMLError, omegaconf.errors.OmegaConfBaseException, ValueError) as e:
         raise ConfigError(f"{source}: invalid YAML ({e}).") from None
 
 

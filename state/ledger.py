@@ -6,19 +6,37 @@ deterministic primary keys and upserts, so a node that re-runs after a crash doe
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote
 
-import sqlite_utils
 from pydantic import BaseModel, ConfigDict
 
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, Critique, HealthEvent, ReviewDecision, TrialRecord
+
+
+def _import_sqlite_utils() -> Any:
+    """sqlite_utils without pandas: it imports pandas at its top (0.7-0.9 s) only to map ``pandas.Timestamp``
+    columns, which the ledger never writes, and every command pays for it (``mart status``, each refusal). A pandas
+    imported before is kept (its mapping too)."""
+    if "sqlite_utils.db" in sys.modules or "pandas" in sys.modules:
+        return importlib.import_module("sqlite_utils")
+    sys.modules["pandas"] = None  # type: ignore[assignment]  # meanwhile `import pandas` raises ImportError
+    try:
+        return importlib.import_module("sqlite_utils")
+    finally:
+        if "pandas" in sys.modules and sys.modules["pandas"] is None:
+            del sys.modules["pandas"]
+
+
+sqlite_utils = _import_sqlite_utils()
 
 DB_FILE = "mart.sqlite"
 

@@ -304,8 +304,12 @@ def learning_choice(contenders: list[Contender], noise: float, z: float = 2.0,
             continue
         if winner is base or _beats(c, winner, noise, Z_LARGER_MOVE, dof):
             what = "the defaults" if winner is base else f"{winner.key} (a smaller or safer move)"
+            # the verdict's numbers, as a kept baseline's (``baseline_verdict``) gives them: lead, bar, SE, rule
+            bar, zt, se = _bar(c, winner, noise, z if winner is base else Z_LARGER_MOVE, dof)
             why = (f"{c.key} beats {what} by {c.mean - winner.mean:.4g} over {len(c.scores)} vs "
-                   f"{len(winner.scores)} runs (noise {noise:.3g}, z {z:g})")
+                   f"{len(winner.scores)} runs (mean {c.mean:.4f} vs {winner.mean:.4f}), above the bar {bar:.4f} = "
+                   f"{zt:.3g} x the standard error of the difference {se:.3g} (noise {noise:.3g}; rule: "
+                   f"{EVIDENCE_RULE})")
             winner = c
     return winner, why
 

@@ -176,3 +176,11 @@ class TuneOptions(BaseModel):
 
     def critic_strategy(self) -> str:
         return self.critic or self.agents
+
+
+def backend_options(options: TuneOptions) -> dict:
+    """The keyword options the session's backend factory is called with."""
+    out = dict(options.backend_options)
+    if options.memory_capacity_gb is not None:
+        out.setdefault("memory_capacity_gb", options.memory_capacity_gb)
+    return out

@@ -10,9 +10,11 @@ Layout::
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import os
 import secrets
+import shlex
 import shutil
 import sqlite3
 import stat
@@ -74,6 +76,17 @@ def _damage_report(db: Path) -> str | None:
     return "; ".join(problems) if problems else None
 
 
+def run_ref(run_dir: str | Path, runs_dir: str | Path = "runs") -> str:
+    """How a command line names a run again: its folder's name, plus ``--runs-dir`` (as the user spelled it) unless
+    the run lies in ./runs, the default. A hint without it would address another run of the same name."""
+    home = Path(run_dir).resolve().parent
+    name = shlex.quote(Path(run_dir).name)
+    if home == Path("runs").resolve():
+        return name
+    spelled = str(runs_dir) if Path(runs_dir).resolve() == home else str(home)
+    return f"{name} --runs-dir {shlex.quote(spelled)}"
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -81,10 +94,13 @@ def new_run_id() -> str:
 class RunStore:
     """Paths and connections of one run. ``open`` validates that the directory really is a mart run."""
 
-    def __init__(self, run_dir: Path, run_id: str, *, readonly: bool = False) -> None:
+    def __init__(self, run_dir: Path, run_id: str, *, readonly: bool = False,
+                 runs_dir: str | Path | None = None) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.readonly = readonly
+        #: how a command line names this run again (hints print it): see ``run_ref``
+        self.ref = run_ref(run_dir, run_dir.parent if runs_dir is None else runs_dir)
         self.db_path = run_dir / DB_FILE
         self._lock_fd: int | None = None
         self._ledger: Ledger | None = None
@@ -120,7 +136,7 @@ class RunStore:
             if isinstance(e, OSError) and run_dir.exists():
                 raise RunError(f"run directory {run_dir} already exists") from None
             raise RunError(f"cannot write the run's database in {root}: {e}") from None
-        return cls(run_dir, run_id)
+        return cls(run_dir, run_id, runs_dir=runs_dir)
 
     @classmethod
     def open(cls, ref: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False,
@@ -143,9 +159,11 @@ class RunStore:
         candidates = [Path(runs_dir) / ref] if bare else [Path(ref), Path(runs_dir) / str(ref)]
         run_dir = next((p for p in candidates if p.is_dir()), None)
         if run_dir is None:
-            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists())[-5:] \
-                if root.is_dir() else []
-            hint = f" Known runs in {runs_dir}: {', '.join(known)}." if known else f" No runs in {runs_dir}."
+            known = sorted(p.name for p in Path(runs_dir).glob("*") if (p / DB_FILE).exists()) if root.is_dir() else []
+            # a mistyped id: the nearest one (run ids share their date, so only the closest is named)
+            near = difflib.get_close_matches(str(ref), known, n=1, cutoff=0.6)
+            hint = (f" Did you mean {near[0]}?" if near else
+                    f" Newest runs in {runs_dir}: {', '.join(known[-5:])}." if known else f" No runs in {runs_dir}.")
             where = f"looked in {runs_dir}/; a run folder elsewhere: give its path, e.g. ./{ref}" if bare else \
                 f"looked in {runs_dir}/ and as a path"
             raise RunNotFound(f"no run {str(ref)!r} ({where}).{hint}")
@@ -174,7 +192,7 @@ class RunStore:
             ids = ", ".join(repr(str(r[0]))[:40] for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
             raise NotAMartRun(f"{db} holds {len(rows)} rows in its runs table ({ids or 'none'}); a mart run holds "
                               "exactly one, so which run this folder is cannot be told")
-        store = cls(run_dir, rows[0][0], readonly=readonly)
+        store = cls(run_dir, rows[0][0], readonly=readonly, runs_dir=runs_dir)
         if not readonly:
             store._check_writable(db)
         return store
@@ -186,8 +204,8 @@ class RunStore:
         if damage:
             raise DamagedLedger(
                 f"{db} is damaged (SQLite's integrity check: {' '.join(damage.split())[:300]}); mart does not "
-                f"write into a damaged ledger. What it still holds can be read: `mart trials {run_id}`, "
-                f"`mart export {run_id}` and `mart status {run_id}` open it read-only; keep a copy of "
+                f"write into a damaged ledger. What it still holds can be read: `mart trials {self.ref}`, "
+                f"`mart export {self.ref}` and `mart status {self.ref}` open it read-only; keep a copy of "
                 "the folder, and `sqlite3 mart.sqlite .recover` rebuilds what SQLite can save")
         lost = self.untracked_trials()
         if lost:

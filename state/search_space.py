@@ -36,8 +36,10 @@ class KnobEffect:
             for switches; None when it does not speed anything up.
         memory_elasticity: peak memory ~ value ** elasticity (numbers).
         memory_factor_on: the peak memory factor of turning a switch on.
-        note: why, in a few words (shown in the agents' rationales).
+        note: why a move in the ``faster`` direction helps, in a few words (shown in the agents' rationales).
         phase: the step phase it speeds up; None (the default) = the knob's own phase (``ParamSpec.phase``).
+        note_against: the same for a move the other way (what it costs or buys); empty: no note, since ``note``
+            would say the opposite of what the move does (a smaller micro batch is not "fewer, larger passes").
     """
 
     faster: Any = None
@@ -45,6 +47,11 @@ class KnobEffect:
     memory_factor_on: float = 1.0
     note: str = ""
     phase: str | None = None
+    note_against: str = ""
+
+    def note_for(self, faster: bool | None) -> str:
+        """The note of a move: ``note`` toward ``faster`` (or a knob with no known direction), else ``note_against``."""
+        return self.note_against if faster is False else self.note
 
 
 #: the effect of a knob nothing is known about: acts on the whole step, in no known direction

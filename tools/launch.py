@@ -39,6 +39,18 @@ def _changes(view: StageView, record: TrialRecord) -> list[str]:
             for k, v in sorted(record.config.items()) if k in current and current[k] != v]
 
 
+def _rerun_of(view: StageView, record: TrialRecord) -> str | None:
+    """The trial whose config ``record`` runs again: a confirmation's original, or the stage's earlier baseline (its
+    re-run after a kill or a cut); None for a trial that runs a config of its own. A re-run is announced as such,
+    not as changes against the stage's current best."""
+    if record.kind == "confirm":
+        return record.confirms
+    if record.kind == "baseline" and record.stage != "schedule":
+        return next((r["trial_id"] for r in view.ledger.trials(record.stage)
+                     if r["kind"] == "baseline" and r["trial_id"] != record.trial_id), None)
+    return None
+
+
 def _spec(services: Services, record: TrialRecord, horizon: int, trial_dir: str, token: str | None,
           slot: int = 0) -> TrialSpec:
     return TrialSpec(
@@ -112,6 +124,9 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
         emit(services, TrialFailed(trial_id=record.trial_id, reason=str(e)))
         return RunningTrial(record=record, handle=None, slot=slot, finished=True)
     ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
+    rerun_of = _rerun_of(view, record)
     emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon,
-                                 changes=_changes(view, record), slot=slot, slots=services.trial_slots()))
+                                 changes=[] if rerun_of else _changes(view, record), slot=slot,
+                                 slots=services.trial_slots(), candidate_id=record.candidate_id, rerun_of=rerun_of,
+                                 seed=record.seed if rerun_of else None))
     return RunningTrial(record=record, handle=handle, slot=slot, look_at=look_at)

@@ -334,7 +334,7 @@ class LiveProgress:
 
         urgent = False
         if isinstance(event, TrialLaunched):
-            self.running[event.trial_id] = {"stage": event.stage, "changes": list(event.changes) or [event.kind],
+            self.running[event.trial_id] = {"stage": event.stage, "changes": [event.what()],
                                             "horizon": event.horizon, "step": 0, "figures": ""}
             urgent = True
         elif isinstance(event, TrialReattached):
@@ -542,8 +542,14 @@ class SlackReviewer(Reviewer):
             detail = _api_error(e)
             self.failed = f"could not post review #{request.get('review_no')} to Slack ({detail})"
             print(f"mart: could not post review #{request.get('review_no')} to Slack ({type(e).__name__}: {detail}); "
-                  f"the run is paused: answer with `mart review {request.get('run_id')}`", file=sys.stderr)
+                  f"the run is paused: answer with `mart review {_ref(self, request)}`", file=sys.stderr)
             return
         if ledger is not None and request.get("interrupt_id"):
             record_message(ledger, request, resp["channel"], resp["ts"])
         return
+
+
+def _ref(reviewer, request: dict) -> str:
+    """The run as a command line names it again (with its --runs-dir): the bound store's, else the request's id."""
+    store = getattr(reviewer, "store", None)
+    return store.ref if store is not None else str(request.get("run_id"))

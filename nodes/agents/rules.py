@@ -252,8 +252,9 @@ class RulesProposer(Proposer):
         elif headroom is not None:
             mem_txt = f"; memory headroom {fmt_gb(headroom)}"
         verb = "speeds up" if faster else "may speed up" if faster is None else "trades speed for memory in"
+        note = eff.note_for(faster)  # the note of this move's direction: a smaller micro batch is not "larger"
         why = (f"{spec.key}: {old!r} -> {new!r}. {phase_txt}; this {verb} that phase"
-               f"{' (' + eff.note + ')' if eff.note else ''}{mem_txt}.")
+               f"{' (' + note + ')' if note else ''}{mem_txt}.")
         if m > 0:
             why += " Moving it this way already paid off."
         return max(score, 0.0), why

@@ -283,6 +283,8 @@ class LearningStage(StagePolicy):
             "score_noise": _clean(sel.get("noise")),
             "reevaluated": sel.get("reevaluated", []),
             "contenders": sel.get("contenders", []),
+            # the verdict in numbers (lead, bar, standard error, rule), taken or kept: the report shows it
+            "verdict": sel.get("verdict") or sel.get("why"),
         }
         notes = baseline_notes("learning", base, best, (state.get("exhausted") or {}).get("learning"), services,
                                why=sel.get("verdict"))

@@ -201,7 +201,7 @@ class SystemStage(StagePolicy):
         t_thr = best.throughput if best else None
         kept = base is not None and best is not None and best.trial_id == base.trial_id
         gain = 0.0 if kept and t_thr else (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
-        steps = list(throughput_window(self.horizon(services.options)))
+        steps = window = list(throughput_window(self.horizon(services.options)))
         cut = base_cut(base)
         if cut and base is not None and best is not None:
             # cut at its look: the baseline and the best compared over the steps the baseline ran (both carry the
@@ -210,12 +210,19 @@ class SystemStage(StagePolicy):
             b_thr = _clean(mean_over_steps(services.ledger.metric_records(base.trial_id), THROUGHPUT_KEY, *steps))
             same = _clean(mean_over_steps(services.ledger.metric_records(best.trial_id), THROUGHPUT_KEY, *steps))
             gain = (same / b_thr - 1) * 100 if b_thr and same else None
+        else:
+            same = t_thr
         part = {
             "baseline_throughput": _clean(b_thr),
             "baseline_steps": steps if b_thr is not None else None,
             "baseline_cut": cut,
             "best_throughput": _clean(t_thr),
             "throughput_gain_pct": _clean(gain),
+            "best_steps": window if t_thr is not None else None,  # the steps `best_throughput` is over
+            # the two figures the gain compares, over one step window (a cut baseline's steps: the best's figure
+            # there is not its whole-window `best_throughput`); every channel prints these beside the gain
+            "comparison": {"steps": steps if b_thr is not None else None, "baseline": _clean(b_thr),
+                           "best": _clean(same), "gain_pct": _clean(gain)},
             "kept_baseline": kept,
             "best_config": overrides,
             "best_config_by_agent": config_by_agent(overrides),

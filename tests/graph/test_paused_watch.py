@@ -115,7 +115,8 @@ def test_a_run_driven_now_or_with_nothing_in_flight_is_not_watched(tmp_path, mon
 
     run, _, store = _paused_with_a_sick_trial_in_flight(tmp_path)
     status = CliRunner().invoke(app, ["status", run, "--runs-dir", str(tmp_path)])
-    assert f"no tuner watches the trials in flight: `mart watch {run}`" in status.stdout
+    assert (f"no tuner watches the trials in flight: `mart watch {run} --runs-dir {tmp_path}` keeps the health "
+            f"monitor on them, `mart stop {run} --runs-dir {tmp_path}` stops them") in status.stdout
     with RunStore.open(run, tmp_path).lock():
         out = CliRunner().invoke(app, ["watch", run, "--runs-dir", str(tmp_path), "--trust-run"])
         assert out.exit_code == 2 and "is being driven" in out.stderr

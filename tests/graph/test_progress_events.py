@@ -75,9 +75,9 @@ def test_lines_say_what_happened() -> None:
                            changes=["dynamic_bsz False→True", "micro_batch 16→32"])
     assert format_event(change)[0] == "[bold]▶ sys-03[/]: dynamic_bsz False→True, micro_batch 16→32 (system stage, 6 steps)"
     faster = TrialDone(trial_id="sys-03", status="completed", throughput=3134.0, best_before=2912.0, eligible=True)
-    assert format_event(faster)[0] == "  ✓ sys-03: completed, 3,134 tok/s (+7.6% vs best)"
+    assert format_event(faster)[0] == "  ✓ sys-03: completed, 3,134 tok/s (+7.6% vs best 2,912)"
     scored = TrialDone(trial_id="lea-02", status="completed", score=0.4466, best_before=0.4361, eligible=True)
-    assert format_event(scored)[0] == "  ✓ lea-02: completed, val score 0.4466 (+0.0105 vs best)"
+    assert format_event(scored)[0] == "  ✓ lea-02: completed, val score 0.4466 (+0.0105 vs best 0.4361)"
 
 
 def test_bad_events_are_refused() -> None:
@@ -125,3 +125,58 @@ def test_console_prints_each_kind_and_is_silent_when_quiet() -> None:
     quiet = ConsoleProgress(quiet=True)
     quiet(SAMPLES[0])  # prints nothing and needs no console
     assert not hasattr(quiet, "console")
+
+
+def test_a_launch_line_names_its_candidate_and_a_re_run_says_what_it_runs_again() -> None:
+    picked = TrialLaunched(trial_id="lea-10-8976d0", stage="learning", kind="candidate", horizon=30,
+                           candidate_id="lea-03-r0-c0", changes=["lr 1e-06→2e-06"])
+    assert format_event(picked)[0] == ("[bold]▶ lea-10-8976d0[/]: candidate lea-03-r0-c0: lr 1e-06→2e-06 "
+                                       "(learning stage, 30 steps)")
+    confirm = TrialLaunched(trial_id="lea-07-baseline-s2", stage="learning", kind="confirm", horizon=30,
+                            rerun_of="lea-07-baseline", seed=1)
+    assert format_event(confirm)[0] == ("[bold]▶ lea-07-baseline-s2[/]: re-run of lea-07-baseline on another seed (1), "
+                                        "to confirm it (learning stage, 30 steps)")
+    again = TrialLaunched(trial_id="sys-03-baseline-retry", stage="system", kind="baseline", horizon=6,
+                          rerun_of="sys-01-baseline")
+    assert format_event(again)[0] == "[bold]▶ sys-03-baseline-retry[/]: re-run of sys-01-baseline (system stage, 6 steps)"
+
+
+def test_a_session_announces_each_pick_at_its_launch_and_each_re_run_as_one(tmp_path) -> None:
+    import re
+
+    from mart.graph.session import tune
+    from tests.support.cli import sim_stage2_options
+
+    events: list = []
+    original = ConsoleProgress.__call__
+
+    def record(self, event):  # what the console prints, as the session emits it
+        events.append(event)
+        return original(self, event)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ConsoleProgress, "__call__", record)
+        summary = tune(sim_stage2_options(tmp_path, seed=0))
+    lines = [format_event(e)[0] for e in events]
+    picks = [p for e in events if isinstance(e, CritiqueDone) for p in (e.picks or [e.pick]) if p]
+    launched = [e for e in events if isinstance(e, TrialLaunched)]
+    assert picks and summary["learning"]["reevaluated"], "precondition: picks and re-runs on a second seed"
+    for pick in picks:  # the id the critic picked meets the trial that runs it
+        assert any(f"candidate {pick}:" in line for line in lines if line.startswith("[bold]▶")), pick
+    reruns = [e for e in launched if e.kind == "confirm"]
+    assert {e.rerun_of for e in reruns} == set(summary["learning"]["reevaluated"])
+    for e in reruns:
+        line = format_event(e)[0]
+        assert f"re-run of {e.rerun_of} on another seed" in line and "→" not in line, line
+        assert not re.search(r"\w \S+→\S+", line)
+    # the report's trial table names the same origins
+    from mart.graph.report import write_report
+
+    page = write_report(tmp_path / summary["run_id"], "md").read_text().replace("\\", "")
+    for e in launched:
+        row = next(x for x in page.splitlines() if x.startswith(f"| {e.trial_id} |"))
+        origin = row.split("|")[2].strip()
+        if e.rerun_of:
+            assert origin.startswith(f"re-run of {e.rerun_of}"), row
+        elif e.candidate_id:
+            assert origin == f"candidate {e.candidate_id}", row

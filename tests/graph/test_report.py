@@ -85,7 +85,7 @@ def test_markdown_format_via_the_cli(finished_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     md = out.read_text()
     assert md.startswith(f"# mart run {run_dir.name}")
-    assert "| trial | stage | status |" in md and "![best_so_far](report/best_so_far.png)" in md
+    assert "| trial | from | stage | status |" in md and "![best_so_far](report/best_so_far.png)" in md
     bad = subprocess.run([sys.executable, "-m", "mart.graph.cli", "report", str(run_dir), "--format", "pdf"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode != 0 and "html or md" in (bad.stdout + bad.stderr)

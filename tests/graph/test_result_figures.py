@@ -104,26 +104,47 @@ def test_terminal_json_and_report_show_the_same_stage2_figures(sim_run):
         assert KEPT in row and KEPT in head and "-0.0000" not in row + head
 
 
-def test_the_learning_plot_draws_confirmed_means_as_the_line_and_single_runs_as_points(sim_run):
+def test_the_learning_plot_draws_only_what_the_verdict_took_and_single_runs_as_points(sim_run):
     from mart.graph.report import LEARNING_PLOT_RULE, learning_best, load_run
 
     tmp_path, run = sim_run
-    rows = Ledger.open(tmp_path / run).trials("learning")
+    ledger = Ledger.open(tmp_path / run)
+    rows = ledger.trials("learning")
+    result = {r["stage"]: r for r in ledger.table_rows("stage_results")}["learning"]
     number = {r["trial_id"]: i for i, r in enumerate(rows, 1)}
     ok = [r for r in rows if r["status"] == "completed" and not r["early_stopped"]]
     reran = {r["confirms"] for r in ok if r.get("confirms")}
-    means = {k: _means(Ledger.open(tmp_path / run), k) for k in reran}
     drawn = learning_best(load_run(tmp_path / run))
     assert reran, "precondition: some config was re-run"
-    # the line: the best confirmed mean, from the trial where the second run ended; never a single run's score
-    done_at = {k: max(number[r["trial_id"]] for r in ok if k in (r["trial_id"], r.get("confirms"))) for k in reran}
-    for x, y in zip(drawn.xs, drawn.line):
-        seen = [means[k] for k in reran if done_at[k] <= x]
-        assert (y != y and not seen) or y == pytest.approx(max(seen)), (x, y)
+    taken = None if result["best_trial"] == result["baseline_trial"] else result["best_trial"]
+    assert drawn.taken == taken
+    if taken is None:  # the baseline was kept: no line above it for a re-run config the verdict did not take
+        assert all(y != y for y in drawn.line), drawn.line
+    else:  # the taken change's mean over its runs, from the trial its last run ended
+        done_at = max(number[r["trial_id"]] for r in ok if taken in (r["trial_id"], r.get("confirms")))
+        for x, y in zip(drawn.xs, drawn.line):
+            assert (y != y) if x < done_at else y == pytest.approx(_means(ledger, taken)), (x, y)
     singles = {(number[r["trial_id"]], r["score"]) for r in ok if not r.get("confirms") and r["trial_id"] not in reran}
     assert set(drawn.single) == singles and singles  # unconfirmed runs are points
     page = (tmp_path / run / "report.html").read_text()
     assert LEARNING_PLOT_RULE.split(":")[0] in page and "two seeds" in page
+    # the verdict's numbers are on the page: lead, bar, standard error, the rule
+    assert "learning verdict" in page and "the bar" in page and "standard error of the difference" in page
+    assert "rule: a change replaces the baseline only when it ran on two seeds" in page
+
+
+def test_a_kept_baseline_gets_no_taken_line_even_when_a_re_run_change_led_it(tmp_path):
+    from mart.graph.report import learning_best, load_run
+
+    # seed 1 of this scenario keeps the baseline although a change re-run on two seeds led it (the case)
+    seed = 1
+    run = tune(sim_stage2_options(tmp_path / str(seed), seed=seed, report=False))
+    assert run["learning"]["kept_baseline"] and any(
+        c["runs"] >= 2 and c["mean"] > run["learning"]["baseline_score"] for c in run["learning"]["contenders"]), \
+        "precondition: a re-run change led the kept baseline"
+    drawn = learning_best(load_run(tmp_path / str(seed) / run["run_id"]))
+    assert drawn.taken is None and all(y != y for y in drawn.line) and drawn.reran
+    assert run["learning"]["verdict"].startswith("lea-") and "the bar" in run["learning"]["verdict"]
 
 
 def test_a_multi_agent_report_has_a_panel_only_for_the_curves_it_logged(tmp_path):

@@ -34,5 +34,8 @@ def test_soak_with_two_trials_at_once_and_kills_in_the_launch_window(capsys, loc
     report = json.loads(capsys.readouterr().out)
     assert code == 0, json.dumps(report)
     assert report["kills"] == 4 and report["kills_in_the_launch_window"] >= 1 and report["problems"] == []
-    assert report["most_trainers_per_trial"] == 1  # never two processes of one trial
+    # never two processes of one trial: the sampler's count (0 when, under load, none of its samples fell while a
+    # trainer ran: it proves nothing then), beside the logs' count of trainer starts per trial, which `problems`
+    # holds ("the trainer started N times") and which needs no luck
+    assert report["most_trainers_per_trial"] <= 1
     assert report["trials"] == report["runs"] * 5

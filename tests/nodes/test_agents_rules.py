@@ -143,3 +143,33 @@ def test_rejection_summary_states_each_reason_once_with_its_candidates():
     text = rejection_summary(crits)
     assert text.count(over) == 1 and f"{over} (c0, c2)" in text and "tried before (c1)" in text
     assert not text.startswith("critic")  # the node and the console add "critic" once
+
+
+def test_a_rationale_says_what_its_own_direction_does():
+    # issue 47: a smaller micro batch was explained as "fewer, larger backward passes" (the note of a larger one)
+    from mart.nodes.agents.feedback import parse_feedback as fb
+    from mart.nodes.agents.knob_effects import effect_of
+    from mart.trial_runner.registry import load_backend
+
+    space = load_backend("verl").search_space()
+    c = AgentContext(stage="system", objective="x", search_space=space, base_config=space.defaults(),
+                     best_overrides={}, profile=profile("update_actor"), history=[], feedback=[], memory_limit_gb=70.0,
+                     predict_memory=lambda cfg: None, num_candidates=3)
+    mb = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    _, down = RulesProposer()._system_score(c, space[mb], "down", 16, 8, fb([], space))
+    _, up = RulesProposer()._system_score(c, space[mb], "up", 16, 32, fb([], space))
+    assert "fewer, larger backward passes" in up and "larger" not in down, down
+    assert "more, smaller backward passes" in down
+    # every knob with a note: a move against its faster direction never prints the faster direction's note
+    checked = 0
+    for spec in space.stage_params("system"):
+        eff = effect_of(spec)
+        if not eff.note or spec.kind == "bool" or eff.faster not in ("up", "down"):
+            continue
+        against = "down" if eff.faster == "up" else "up"
+        old = spec.default
+        new = old // 2 if against == "down" else old * 2
+        _, why = RulesProposer()._system_score(c, spec, against, old, new, fb([], space))
+        assert eff.note not in why and (not eff.note_against or eff.note_against in why), (spec.key, why)
+        checked += 1
+    assert checked >= 5

@@ -11,9 +11,9 @@ from typing import Any
 README_SUMMARY = {
     "run_id": None,
     "status": None,
-    "system": {"baseline_throughput", "baseline_steps", "baseline_cut", "best_throughput", "throughput_gain_pct",
-               "best_config", "memory_limit_gb", "best_peak_memory_gb"},
-    "learning": {"baseline_score", "best_score", "score_gain", "best_config"},
+    "system": {"baseline_throughput", "baseline_steps", "baseline_cut", "best_throughput", "best_steps",
+               "throughput_gain_pct", "comparison", "best_config", "memory_limit_gb", "best_peak_memory_gb"},
+    "learning": {"baseline_score", "best_score", "score_gain", "best_config", "verdict"},
     "trials": {"total", "early_stopped", "failed"},
 }
 

@@ -9,8 +9,11 @@ baseline step ~= 0.04 wall seconds, so a stage-1 trial takes a fraction of a sec
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
+from mart.state.config_values import load_config_file
 from mart.state.job import Hardware, JobDescription, ModelShape, Workload, known_gpu
 from mart.state.search_space import SearchSpace
 from mart.trial_runner.base import Backend
@@ -47,6 +50,9 @@ class SimBackend(Backend):
         clock: ``wall`` (default) or ``poll`` (each poll advances ``steps_per_poll`` metric lines).
         steps_per_poll: cap on the metric lines one poll may reveal (default 1 with the poll clock).
         ray_address: accepted for CLI symmetry and ignored.
+        base_config: the user's base config (YAML/JSON of verl keys, e.g. from ``mart import-verl``): its keys replace
+            the scenario's baseline values (catalogue knobs checked by the catalogue), so an imported job can be tried
+            on the simulator; the cluster, the model and the workload's shape stay the scenario's.
 
     Example:
         >>> from mart.trial_runner.registry import load_backend
@@ -61,7 +67,7 @@ class SimBackend(Backend):
     def __init__(self, scenario: str | Scenario | None = None, seed: int = 0, time_scale: float | None = None,
                  memory_capacity_gb: float | None = None, ray_address: str | None = None, clock: str = "wall",
                  steps_per_poll: int | None = None, scenario_file: str | None = None,
-                 perturb: int | str | None = None) -> None:
+                 perturb: int | str | None = None, base_config: str | None = None) -> None:
         if perturb is not None and str(perturb).strip().lower() not in ("", "none", "null"):
             try:
                 perturb = int(perturb)
@@ -71,6 +77,8 @@ class SimBackend(Backend):
             perturb = None
         spec = scenario_file or scenario or "qwen3-8b-1x8"
         self.scenario = load_scenario(spec, perturb)
+        if base_config:
+            self.scenario = _with_base_config(self.scenario, Path(base_config))
         self.perturb = perturb
         self.seed = int(seed)
         self._capacity = float(memory_capacity_gb) if memory_capacity_gb is not None else None
@@ -123,6 +131,25 @@ class SimBackend(Backend):
     def ground_truth(self, margin: float = 0.1, horizon: int = 6) -> dict[str, Any]:
         """The simulator's best stage-1 config for this scenario (see ``model.ground_truth``)."""
         return model.ground_truth(self.scenario, margin, horizon, self._capacity)
+
+
+def _with_base_config(sc: Scenario, path: Path) -> Scenario:
+    """``sc`` with the keys of the user's base config file on top of its own (``ValueError`` naming the file and the
+    key: a catalogue knob out of its range, a baseline that breaks verl's rules)."""
+    values = load_config_file(path)  # ConfigError is a ValueError
+    space = model.search_space(sc)
+    errors = []
+    for key, value in values.items():
+        if key in space:
+            try:
+                values[key] = space[key].validate(value)
+            except ValueError as e:
+                errors.append(str(e))
+    merged = dataclasses.replace(sc, base_overrides=tuple(sorted({**dict(sc.base_overrides), **values}.items())))
+    errors += space.check_constraints(model.base_config(merged))
+    if errors:
+        raise ValueError(f"base config {path}: " + " ".join(errors))
+    return merged
 
 
 __all__ = ["SCENARIOS", "SimBackend", "nominal_step_seconds"]
