@@ -66,12 +66,10 @@ def in_flight(store: RunStore) -> list[InFlight]:
 def proven_group(trial: InFlight) -> tuple[Any, str]:
     """(the trial's ``ProcessGroup``, "") when mart can prove it started it, else (None, why not).
 
-    Proof: the group is alive and one of its live processes carries the trial's launch token in its environment
-    (readable only for processes of this user). The pid and create time alone come from a file anyone who can write
-    the run folder could have edited."""
-    import psutil
-
-    from mart.trial_runner.process import LAUNCH_TOKEN_ENV, ProcessGroup
+    Proof (``unproven_launch``): the group is alive and its leader carries the trial's launch token in its
+    environment (readable only for processes of this user), or every process left in it does. The pid and create
+    time alone come from a file anyone who can write the run folder could have edited."""
+    from mart.trial_runner.process import ProcessGroup, unproven_launch
 
     if trial.pid is None:
         return None, ("a Ray job: stop it with `ray job stop " + trial.job_id + "`" if trial.job_id
@@ -81,14 +79,12 @@ def proven_group(trial: InFlight) -> tuple[Any, str]:
         return None, "ended"
     if not trial.token:
         return None, f"pid {trial.pid}: no launch token recorded, so mart cannot prove it started it; left alone"
-    for proc in group.members():  # the leader while it runs, and the rest of its group
-        try:
-            if proc.environ().get(LAUNCH_TOKEN_ENV) == trial.token:
-                return group, ""
-        except (psutil.Error, OSError):
-            continue
-    return None, (f"pid {trial.pid} does not carry the trial's launch token: not a process mart started for it; "
-                  "left alone")
+    # one proof for every path that signals a stored handle (the launch step's re-attach, verl's launch.json,
+    # this): the token in the leader's environment, or in every process left when the leader is gone
+    why = unproven_launch(trial.pid, trial.created, trial.token)
+    if why:
+        return None, f"{why}; left alone"
+    return group, ""
 
 
 def running_on(store: RunStore) -> list[tuple[InFlight, bool]]:

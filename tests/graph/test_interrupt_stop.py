@@ -152,8 +152,8 @@ def test_mart_stop_leaves_a_planted_pid_alone(tmp_path):
                                         "pid": victim.pid, "pid_create_time": create_time(victim.pid)})
         ledger.close()
         out = cli("stop", run, "--runs-dir", str(runs))
-        assert out.exit_code == 1 and f"{trial_id}: pid {victim.pid} does not carry the trial's launch token" in \
-            out.output, out.output
+        assert out.exit_code == 1 and f"{trial_id}: pid {victim.pid} (" in out.output \
+            and "does not carry the row's launch token; left alone" in out.output, out.output
         time.sleep(0.5)
         assert victim.poll() is None  # alive
     finally:
