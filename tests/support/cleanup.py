@@ -60,7 +60,7 @@ def started_in(root: Path, since: float, pids: set[int]) -> list[ProcessGroup]:
     """Of ``pids`` (the processes that appeared during the test), those started at or after ``since`` whose command
     line names ``root`` (this process and its parents excluded), as the groups they lead, else themselves."""
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    needle = str(root)
+    needle = str(root)  # whole: the folder test_x1 is no prefix match of a sibling test's test_x10
     out = []
     for pid in sorted(pids - mine):
         try:
@@ -68,7 +68,7 @@ def started_in(root: Path, since: float, pids: set[int]) -> list[ProcessGroup]:
             created = proc.create_time()
             if created < since or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if any(needle in arg for arg in proc.cmdline()):
+            if any(arg == needle or arg.endswith("=" + needle) or needle + os.sep in arg for arg in proc.cmdline()):
                 out.append(ProcessGroup(pid, created))
         except (psutil.Error, OSError):
             continue
