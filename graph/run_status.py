@@ -47,7 +47,7 @@ def _has_checkpoints(store: RunStore) -> bool:
 
 #: LangGraph's strict resume mode (langgraph >= 1.2.20; the SDK's ``strict_resume``): a resume naming an interrupt
 #: that is no longer pending is refused with ``UnknownInterruptError`` before anything is written. The key is
-#: private in LangGraph; tests/graph/test_review_protocol.py proves it against the installed version.
+#: private in LangGraph; tests/graph/test_promises_review.py proves it against the installed version.
 STRICT_RESUME = "__pregel_strict_resume"
 
 

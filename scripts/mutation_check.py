@@ -67,6 +67,10 @@ NO_FOLLOW = "tests/graph/test_no_follow_writes.py"
 DAMAGED = "tests/graph/test_damaged_ledger.py"
 IMPORT_VERL = "tests/trial_runner/test_import_verl.py"
 LLM_HARDENING = "tests/nodes/test_llm_hardening.py"
+Q_TRIALS = "tests/graph/test_promises_trials.py"
+Q_REVIEW = "tests/graph/test_promises_review.py"
+Q_DECISIONS = "tests/nodes/test_promises_decisions.py"
+WATCHDOG_RULE = "tests/graph/test_watchdog.py::test_the_stall_limit_is_five_times_the_median_step_not_the_slowest_step"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the bugs issue 18 planted (each survived the suite before it) --------------------------------
@@ -78,7 +82,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "an over-margin trial can become the best", (MEMORY,)),
     Mutant("M04", "state/objectives.py", "return max(vals) if vals else math.nan",
            "return vals[-1] if vals else math.nan", "peak memory = the last reading, not the max", (MEMORY, STATE)),
-    Mutant("M05", "nodes/agents/rules.py", "if pred > limit and changes_memory:", "if pred > 1.1 * limit and changes_memory:",
+    Mutant("M05", "nodes/agents/rules.py", "if pred > limit:  # never", "if pred > 1.1 * limit:  # never",
            "the critic tolerates 10% over the limit", (CRITIC,)),
     Mutant("M06", "tools/launch.py", 'if existing and existing.get("handle"):', "if False:",
            "launch_trial's re-attach branch deleted (a resumed launch starts a second process)", (LAUNCH,)),
@@ -260,6 +264,61 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MF2", "tools/launch.py", "        return record.confirms\n", "        return None\n",
            "a re-run on a second seed is announced as changes against the current best (issue 47: `lea-07-baseline-s2: n 16→8`)",
            ("tests/graph/test_progress_events.py",)),
+    # -- issue 46: the promises of parallel trials, the watch and the review (ids MQ*) ---------------------------
+    Mutant("MQ1", "nodes/agents/batch.py", "    taken: list[dict[str, Any]] = list(anchors)",
+           "    taken: list[dict[str, Any]] = []", "a batch can hold a config still running",
+           (f"{Q_DECISIONS}::test_a_batch_never_holds_the_same_config_twice_nor_a_config_still_running",)),
+    Mutant("MQ2", "nodes/agents/batch.py", "    return 1.0 - math.exp(-(distance / SPREAD) ** 2)",
+           "    return max(0.5, 1.0 - math.exp(-(distance / SPREAD) ** 2))",
+           "a copy of a config already in the batch keeps half its score: a batch can hold one config twice",
+           (f"{Q_DECISIONS}::test_a_batch_never_holds_the_same_config_twice_nor_a_config_still_running",)),
+    Mutant("MQ3", "tools/launch.py", '    if existing and token and existing.get("status") == TrialStatus.RUNNING.value:',
+           "    if False:", "a trial started just before a kill -9 of the tuner is launched again on resume, not adopted",
+           (f"{Q_TRIALS}::test_a_trial_started_just_before_a_kill_is_adopted_on_resume_not_launched_again",)),
+    Mutant("MQ4", "tools/collect.py", '        fields["throughput"] = fields["score"] = None',
+           '        fields["score"] = None', "a stopped or cut trial keeps its partial throughput as a result",
+           (f"{Q_TRIALS}::test_a_stopped_or_cut_trial_never_keeps_a_partial_throughput_as_a_result",)),
+    Mutant("MQ5", "nodes/stages/system.py", "                if within(records):", "                if True:",
+           "the early-look cut measures a trial against a running one over the memory margin",
+           (f"{Q_DECISIONS}::test_the_early_look_cut_never_measures_a_trial_against_one_over_the_memory_margin",)),
+    Mutant("MQ6", "nodes/stages/system.py",
+           '                    limit is None or row.get("peak_memory_gb") is None or row["peak_memory_gb"] <= limit):',
+           "                    True):", "the early-look cut measures a trial against a finished one over the margin",
+           (f"{Q_DECISIONS}::test_the_early_look_cut_never_measures_a_trial_against_one_over_the_memory_margin",)),
+    Mutant("MQ7", "nodes/stages/schedule.py",
+           "        if len(plan.launch) <= left and plan.propose <= max(0, left):", "        if True:",
+           "the schedule budget is no hard cap (a root killed from outside runs again past it)",
+           (f"{Q_TRIALS}::test_the_schedule_budget_counts_the_re_run_of_a_root_killed_from_outside",
+            f"{Q_TRIALS}::test_the_schedule_budget_caps_the_segment_trials_over_budgets_and_seeds")),
+    Mutant("MQ8", "nodes/agents/rules.py",
+           "changes_memory = stage_base is None or pred > stage_base + ADDED_MEMORY_SHARE * limit",
+           "changes_memory = stage_base is None or pred > stage_base + max(0.5, ADDED_MEMORY_SHARE * limit)",
+           "stage 2's memory hold has an absolute 0.5 GB floor: issue 43's n=16 candidate over the limit is admitted",
+           (Q_DECISIONS,)),
+    Mutant("MQ9", "nodes/agents/rules.py", '                    risk = "high"\n                    if changes_memory:',
+           "                    if changes_memory:",
+           "a candidate predicted over the limit (as its stage's base is) is admitted as 'risk low'", (Q_DECISIONS,)),
+    Mutant("MQ10", "graph/run_status.py", '{"configurable": {"thread_id": run_id, STRICT_RESUME: True}',
+           '{"configurable": {"thread_id": run_id, STRICT_RESUME: False}',
+           "LangGraph's strict resume is off for every run mart drives", (Q_REVIEW,)),
+    Mutant("MQ11", "graph/session.py", "    config = graph_config(store.run_id)\n    ledger = store.ledger",
+           '    config = {"configurable": {"thread_id": store.run_id}, "recursion_limit": 100_000}\n'
+           "    ledger = store.ledger", "the CLI's and the Slack server's runs resume without LangGraph's strict mode",
+           (Q_REVIEW,)),
+    Mutant("MQ12", "graph/api.py", "self.config: dict[str, Any] = graph_config(store.run_id)",
+           'self.config: dict[str, Any] = {"configurable": {"thread_id": store.run_id}, "recursion_limit": 100_000}',
+           "the Python API's runs resume without LangGraph's strict mode", (Q_REVIEW,)),
+    Mutant("MQ13", "state/models.py",
+           "        unknown = sorted({d.candidate_id for d in named if d.candidate_id} - set(candidate_ids))",
+           "        unknown = []", "a decision naming a candidate not in the batch is accepted (the rest applied)",
+           (Q_REVIEW,)),
+    Mutant("MQ14", "graph/export.py", "    args = [shlex.quote(_override(k, v)) for k, v in sorted(config.items())]",
+           "    args = [_override(k, v) for k, v in sorted(config.items())]",
+           "`mart export --format sh` of the final config without shell quoting",
+           (f"{Q_TRIALS}::test_export_sh_shell_quotes_every_override_of_the_final_config",)),
+    Mutant("MQ15", "trial_runner/watchdog.py", "            expected = sorted(self.step_times)[len(self.step_times) // 2]",
+           "            expected = max(self.step_times)", "the watchdog's stall limit comes from the slowest step, not "
+           "five times the median", (WATCHDOG_RULE,)),
 )
 
 

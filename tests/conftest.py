@@ -20,6 +20,25 @@ def _allow_toy_backend(monkeypatch):
     monkeypatch.setenv("MART_ALLOWED_BACKENDS", TOY_BACKEND)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(request):
+    """A test that fails (or forgets) leaves no process running: what it started in its ``tmp_path`` (the trials
+    its runs recorded, the tuners and trials naming the folder) is ended after it (``tests/support/cleanup.py``)."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    import time
+
+    import psutil
+
+    root = request.getfixturevalue("tmp_path")
+    since, before = time.time() - 2.0, set(psutil.pids())  # 2 s: the clock of /proc's start times is coarser
+    yield
+    from tests.support.cleanup import reap
+
+    reap(root, since, before)
+
+
 @pytest.fixture(scope="session")
 def _local_cache_root(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("mart-cache"))

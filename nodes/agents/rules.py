@@ -589,6 +589,11 @@ def _greater(a: Any, b: Any) -> bool | None:
         return None
 
 
+#: stages 2 and 3: the memory a candidate must add over the stage's base config (a share of the limit) before its
+#: predicted peak is held against it; below it, the prediction's difference is the model's noise, not the candidate's
+ADDED_MEMORY_SHARE = 0.01
+
+
 class RulesCritic(Critic):
     name = "rules"
 
@@ -625,10 +630,13 @@ class RulesCritic(Critic):
             risk = "medium" if pred is None and ctx.stage == "system" else "low"
             p_over = 0.0
             if pred is not None and limit:
-                # stage 2 fixes the system config: only memory the candidate adds can be held against it
-                changes_memory = stage_base is None or pred > stage_base + max(0.5, 0.01 * limit)
-                if pred > limit and changes_memory:
-                    reasons.append(f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}")
+                # stage 2 fixes the system config: only memory the candidate adds can be held against it (a
+                # tolerance relative to the limit: an absolute one dwarfed a small job's whole limit, issue 43)
+                changes_memory = stage_base is None or pred > stage_base + ADDED_MEMORY_SHARE * limit
+                if pred > limit:  # never "risk low"; refused when the candidate adds the memory that crosses it
+                    risk = "high"
+                    if changes_memory:
+                        reasons.append(f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}")
                 elif model_pred is not None and changes_memory:
                     sigma = max(model_pred.gap_gb / 2, 1e-6)
                     p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
@@ -228,6 +229,18 @@ class ScheduleStage(StagePolicy):
 
     # -- decisions --------------------------------------------------------------------------------
     def plan(self, view: StageView, free: int) -> Plan:
+        """``_plan`` held to the budget: a hard cap on the segment-trials started or decided, whichever path
+        decides (the baseline's re-run after a kill from outside included)."""
+        plan = self._plan(view, free)
+        left = view.options.schedule_trial_budget() - view.launched(STAGE)
+        if len(plan.launch) <= left and plan.propose <= max(0, left):
+            return plan
+        capped = replace(plan, launch=plan.launch[:max(0, left)], propose=min(plan.propose, max(0, left)))
+        if capped.waits and not view.running(STAGE):
+            capped.done = True  # nothing in flight and no room left: the stage concludes
+        return capped
+
+    def _plan(self, view: StageView, free: int) -> Plan:
         """The next branch, the next expansion, the static path's completion, a re-evaluation, or the end."""
         first = self.baseline_plan(view)
         if first is not None:

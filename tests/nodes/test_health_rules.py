@@ -138,3 +138,11 @@ def test_a_rising_reward_is_no_collapse_from_its_later_best():
     # the same start, then a real fall below half the best: a collapse
     fall = {**HEALTHY, "reward": lambda s: 0.2 if s <= 3 else 0.55 if s <= 8 else 0.1}
     assert "reward_collapse" in rules(evaluate("learning", "t", stream(12, **fall), cfg), "stop")
+
+
+def test_a_reward_that_falls_to_zero_is_a_collapse_measured_against_its_best():
+    # every answer wrong from step 6 on: the recent level is 0, the best so far 0.5 (the rule's reference)
+    cfg = HealthConfig(window=3)
+    zero = {**HEALTHY, "reward": lambda s: 0.5 if s <= 5 else 0.0}
+    [event] = [e for e in evaluate("learning", "t", stream(10, **zero), cfg) if e.rule == "reward_collapse"]
+    assert event.severity == "stop" and "best 0.5" in event.message, event.message

@@ -93,6 +93,7 @@ def simulate(config: dict, steps: int, stream: bool = False, memory_spike_gb: fl
 
 
 PLAN_FILE = "toy_plan.json"
+TOKEN_FILE = "launch_token"
 START_LINE = "toy: start"
 QUEUED = "waiting for toy resources"
 
@@ -115,6 +116,8 @@ class ToyRunner(TrialRunner):
         with open(path / "trial.log", "a") as log:
             log.write(f"{START_LINE} {spec.trial_id} steps={spec.steps}\n")
         (path / "config.json").write_text(json.dumps(spec.config))
+        if spec.launch_token:  # what ``adopt`` finds the trial by, as the local runner's environment marker
+            (path / TOKEN_FILE).write_text(spec.launch_token)
         if self.stream:  # step 0 now (once out of its queue), the rest one per poll
             shown = 0 if self.queued_s else 1
             (path / PLAN_FILE).write_text(json.dumps({"rows": rows, "status": status, "shown": shown,
@@ -126,6 +129,13 @@ class ToyRunner(TrialRunner):
         if not self.stream:
             write_status(path, status, None if status == "completed" else "toy OOM", len(rows) - 1)
         return TrialHandle(trial_id=spec.trial_id, backend="toy", trial_dir=spec.trial_dir)
+
+    def adopt(self, spec: TrialSpec) -> TrialHandle | None:
+        """The trial an earlier tuner launched with ``spec.launch_token`` (its token file), if it did."""
+        token = Path(spec.trial_dir) / TOKEN_FILE
+        if not spec.launch_token or not token.exists() or token.read_text() != spec.launch_token:
+            return None
+        return TrialHandle(trial_id=spec.trial_id, backend="toy", trial_dir=spec.trial_dir, extra={"adopted": True})
 
     def poll(self, handle: TrialHandle) -> TrialPoll:
         done = read_status(handle.trial_dir)
