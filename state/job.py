@@ -28,6 +28,11 @@ class ModelShape(BaseModel):
     params: float | None = Field(None, gt=0, description="total parameters; None = counted from the shape")
     gated_mlp: bool = Field(True, description="SwiGLU-style MLP (3 matrices) as in Llama/Qwen; False = GPT-2 MLP")
     tie_word_embeddings: bool = False
+    model_type: str | None = Field(None, description="config.json's model_type (qwen3, qwen2, llama, qwen3_moe): "
+                                   "lets the memory probe build the real module; None = the textbook count only")
+    num_experts: int | None = Field(None, gt=0, description="MoE: routed experts per MoE layer (None = dense)")
+    num_experts_per_tok: int | None = Field(None, gt=0, description="MoE: experts each token is routed to")
+    moe_intermediate_size: int | None = Field(None, gt=0, description="MoE: one expert's FFN width")
 
     @property
     def kv_heads(self) -> int:
@@ -45,11 +50,36 @@ class ModelShape(BaseModel):
     def n_params(self) -> float:
         if self.params:
             return float(self.params)
+        return self._count(self.num_experts or 0)
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token passes through (= ``n_params`` for a dense model; the routed experts' share of an
+        MoE's): what its FLOPs scale with, while its memory holds every expert."""
+        if not self.num_experts:
+            return self.n_params
+        share = self._count(self.num_experts_per_tok or 1) / self._count(self.num_experts)
+        return self.n_params * share
+
+    def _count(self, experts: int) -> float:
         h, f, L, v = self.hidden_size, self.ffn, self.num_hidden_layers, self.vocab_size
         attn = h * self.num_attention_heads * self.dhead * 2 + h * self.kv_heads * self.dhead * 2
-        mlp = (3 if self.gated_mlp else 2) * h * f
+        mats = 3 if self.gated_mlp else 2
+        if self.num_experts:  # experts of moe_intermediate_size plus the router
+            mlp = experts * mats * h * (self.moe_intermediate_size or f) + h * self.num_experts
+        else:
+            mlp = mats * h * f
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return float(L * (attn + mlp + 2 * h) + emb)
+
+    def arch(self) -> dict[str, Any]:
+        """The config.json fields the memory probe builds the module from (``model_type`` None: not buildable)."""
+        out = {k: getattr(self, k) for k in ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
+                                              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                                              "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+                                              "moe_intermediate_size") if getattr(self, k) is not None}
+        out["hidden_act"] = "silu" if self.gated_mlp else "gelu"
+        return out
 
     @classmethod
     def from_hf_config(cls, data: dict[str, Any]) -> "ModelShape":

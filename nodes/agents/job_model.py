@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from mart.nodes.agents.memory_source import MemorySource, resolve
 from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
 from mart.state.job import JobDescription
 from mart.state.search_space import ParamSpec
@@ -239,8 +240,10 @@ class JobModel:
     """Per-phase time and memory of a GRPO step on one job (see the module docstring)."""
 
     def __init__(self, job: JobDescription, base_config: dict[str, Any] | None = None,
-                 calibration: Calibration | None = None) -> None:
+                 calibration: Calibration | None = None, memory: MemorySource | None = None) -> None:
         self.job = job
+        #: torch's accounting of the architecture (the probe), or the textbook count where it cannot run
+        self.memory = memory if memory is not None else resolve(job)
         self.base_config = dict(base_config or {})
         self.cal = calibration or Calibration()
         m, hw = job.model, job.hardware
@@ -498,7 +501,7 @@ class JobModel:
 
         t_old, act_old, lg_old, sv_old = forward(k["lp_micro"], k["param_off"], float(4 * self.P / self.N / GIB))
         base_mem = res["optim"] + res["ref"] + gathered + kept_kv + self.ctx_gb
-        m_old = res["params"] + base_mem + act_old
+        m_old = res["params_all"] + base_mem + act_old  # verl reloads offloaded parameters for the log-prob pass
         if w.uses_ref:
             t_ref, act_ref, lg_ref, sv_ref = forward(k["ref_micro"], k["ref_off"], float(2 * self.P / self.N / GIB))
             m_ref = res["params"] + res["optim"] + 2 * self.P / self.N / GIB + gathered + kept_kv + self.ctx_gb + act_ref
@@ -528,10 +531,53 @@ class JobModel:
                   "ent_ckpt": peak_tok / sp * 2.0 * self.V * k["ent_ckpt"] / GIB * frag,
                   "ent_chunk": peak_tok / sp * self.V * k["ent_chunk"] / GIB * frag}
         m_upd = res["params_all"] + res["grads"] + res["optim_all"] + res["ref"] + gathered + kept_kv + act_upd + self.ctx_gb
+        if self.memory.coef is not None:
+            probed = self._probed_training(k, w, res, seqs_gpu, sp, n_mini, peak_tok, frag, kept_kv, act_full)
+            (m_old, act_old, lg_old, m_ref, act_ref, lg_ref, m_upd, act_upd, lg_upd) = probed
         saves = {f"sv:{kn}:update_actor": v for kn, v in sv_upd.items()}
         saves.update({"sv:ent_chunk:old_log_prob": sv_old, "sv:ent_chunk:ref": sv_ref})
         return {**saves, "t_old": t_old, "t_ref": t_ref, "t_upd": t_upd, "m_old": m_old, "m_ref": m_ref, "m_upd": m_upd,
                 "u_old": act_old, "u_ref": act_ref, "u_upd": act_upd, "l_old": lg_old, "l_ref": lg_ref, "l_upd": lg_upd}
+
+    def _probed_training(self, k: dict, w: Workload, res: dict, seqs_gpu: float, sp: np.ndarray, n_mini: float,
+                         peak_upd: np.ndarray, frag: np.ndarray, kept_kv: np.ndarray, act_full: np.ndarray) -> tuple:
+        """The training phases' memory from torch's accounting (``self.memory.coef``: full-depth peak = a + b x
+        tokens of the largest micro batch; parameters, gathered units, the gradients and Adam state present at
+        the peak included), with the job's other residents on top. Knobs the probe does not vary act as the
+        formula's deltas: FSDP1's fragmentation, activation offload, entropy chunking/checkpointing."""
+        coef = self.memory.coef
+        shard = self.P / self.N / GIB
+        fsdp1 = 1.0 / frag  # the probe measured FSDP2
+        others = res["params_all"] - 4 * shard  # a team's other policies on the device
+        ckpt = k["ckpt"] > 0
+
+        def logprob(micro: np.ndarray) -> tuple:
+            tok = self._micro(k, w, seqs_gpu, micro, k["tok_cap"])[2] / sp
+            a, b = coef.fits["logprob"][False]["total"]
+            dyn = b * tok / GIB * fsdp1 - tok * 4.0 * self.V * k["ent_chunk"] / GIB
+            logits = np.minimum(tok * np.where(k["ent_chunk"] > 0, 3.0, 7.0) * self.V / GIB, dyn)
+            return a / GIB, dyn, logits
+
+        a_old, act_old, lg_old = logprob(k["lp_micro"])
+        # verl reloads offloaded actor parameters for compute_log_prob: the probe's fp32 shard is always there
+        m_old = a_old + act_old + res["optim"] + res["ref"] + others + kept_kv + self.ctx_gb
+        if w.uses_ref:
+            a_ref, act_ref, lg_ref = logprob(k["ref_micro"])
+            # the reference holds a bf16 shard where the probe's actor held its fp32 one
+            m_ref = a_ref - 2 * shard + act_ref + res["params"] + res["optim"] + others + kept_kv + self.ctx_gb
+        else:
+            act_ref = lg_ref = m_ref = np.zeros_like(m_old)
+        tok = peak_upd / sp
+        a = np.where(ckpt, coef.fits["update"][True]["total"][0], coef.fits["update"][False]["total"][0]) / GIB
+        b = np.where(ckpt, coef.slope("update", True), coef.slope("update", False))
+        logits_f = self.V * 8.0 * tok / GIB  # the probe's non-fused log-prob path; savers below trim it
+        dyn = b * tok / GIB
+        dyn = dyn - 0.75 * k["act_off"] * np.maximum(dyn - logits_f, 0.0)
+        dyn = (dyn - tok * self.V * (2.0 * k["ent_ckpt"] + k["ent_chunk"]) / GIB) * fsdp1
+        lg_upd = np.minimum(tok * (self.V * np.where(k["ent_ckpt"] > 0, 6.0, 8.0) - self.V * k["ent_chunk"]) / GIB,
+                            dyn)
+        m_upd = a + dyn + res["ref"] + others + kept_kv + self.ctx_gb
+        return m_old, act_old, lg_old, m_ref, act_ref, lg_ref, m_upd, dyn, lg_upd
 
     def _other(self, k: dict, w: Workload) -> dict[str, np.ndarray]:
         tp = np.maximum(k["tp"], 1)
