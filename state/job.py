@@ -9,6 +9,7 @@ Face ``config.json``, the GPU's datasheet, the Hydra config; nothing here is a t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,14 @@ class JobDescription(BaseModel):
 
 #: Datasheet figures of common accelerators (dense bf16 FLOP/s, HBM bytes/s, host link PCIe generation), for jobs
 #: that name the GPU only. Sources: NVIDIA H100/H200/A100/H20/L40S datasheets (Hopper: PCIe Gen5 x16; A100 and
-#: L40S: Gen4 x16).
+#: L40S: Gen4 x16); NVIDIA's DGX B200 / HGX B200 datasheet (B200: 2.25 PFLOP/s dense FP16/BF16, i.e. half the 4.5
+#: sparse figure; 8 TB/s HBM3e; 180 GB in the DGX B200's 1,440 GB); NVIDIA L4 datasheet (121 TFLOP/s dense BF16 = half
+#: of 242 with sparsity, 300 GB/s, 24 GB, PCIe Gen4 x16); NVIDIA A10 datasheet for AWS's A10G, its cloud variant
+#: (125 TFLOP/s dense BF16 = half of 250, 600 GB/s, 24 GB, Gen4 x16; AWS publishes no tensor figure of its own).
 KNOWN_GPUS: dict[str, tuple[float, float, int]] = {
+    "B200": (2250e12, 8.0e12, 5),
+    "L4": (121e12, 0.3e12, 4),
+    "A10G": (125e12, 0.6e12, 4),
     "H100": (989e12, 3.35e12, 5),
     "H200": (989e12, 4.8e12, 5),
     "H800": (989e12, 3.35e12, 5),
@@ -187,10 +194,27 @@ KNOWN_GPUS: dict[str, tuple[float, float, int]] = {
 }
 
 
+#: datasheet memory per device, GB (the same sources); A100 by the name's "40GB"/"80GB"
+GPU_MEMORY_GB: dict[str, float] = {"B200": 180.0, "H100": 80.0, "H200": 141.0, "H800": 80.0, "H20": 96.0,
+                                   "A100": 80.0, "A800": 80.0, "L40S": 48.0, "L4": 24.0, "A10G": 24.0}
+
+
+def gpu_memory(name: str) -> float | None:
+    """Datasheet memory (GB) of a GPU named like ``H100-80GB`` or ``A100-40GB`` (None if unknown): a size in the
+    name wins over the table."""
+    size = re.search(r"(\d+)\s*GB", name.upper())
+    if size:
+        return float(size.group(1))
+    for key, gb in sorted(GPU_MEMORY_GB.items(), key=lambda kv: -len(kv[0])):  # L40S before L4
+        if key in name.upper().replace("-", " ").split() or name.upper().startswith(key):
+            return gb
+    return None
+
+
 def known_gpu(name: str) -> tuple[float, float, int] | None:
     """The datasheet row of a GPU named like ``NVIDIA H100 80GB HBM3`` or ``A100-40GB`` (None if unknown)."""
     upper = name.upper()
-    for key, row in KNOWN_GPUS.items():
+    for key, row in sorted(KNOWN_GPUS.items(), key=lambda kv: -len(kv[0])):  # L40S before L4
         if key in upper.replace("-", " ").split() or upper.startswith(key) or f" {key}" in upper:
             return row
     return None
@@ -205,4 +229,4 @@ def hardware_from_name(name: str, memory_gb: float) -> Hardware:
     return Hardware(name=name, memory_gb=memory_gb, bf16_flops=flops, hbm_bandwidth=bw, pcie_gen=gen)
 
 
-__all__ = ["Hardware", "JobDescription", "KNOWN_GPUS", "ModelShape", "Workload", "hardware_from_name", "known_gpu"]
+__all__ = ["GPU_MEMORY_GB", "Hardware", "JobDescription", "KNOWN_GPUS", "gpu_memory", "ModelShape", "Workload", "hardware_from_name", "known_gpu"]

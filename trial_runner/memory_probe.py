@@ -12,7 +12,7 @@ allocator fragmentation, no CUDA context.
 The setup follows verl's FSDP2 actor: fp32 master parameters, bf16 compute (``MixedPrecisionPolicy``: bf16
 parameters, fp32 gradient reduction), one FSDP unit per decoder layer (and the input embedding when it is not
 tied), non-reentrant gradient checkpointing, a packed micro batch (one row of ``tokens`` tokens, as verl's
-``use_remove_padding`` feeds it), AdamW with the foreach implementation a GPU uses. The log-prob path is verl's
+``use_remove_padding`` feeds it), attention with flash-attention 2's memory, AdamW with the foreach implementation a GPU uses. The log-prob path is verl's
 non-fused one (``logits`` -> fp32 -> ``log_softmax`` -> gather) or, for a fused/flash cross-entropy that never
 materialises the logits (``logits="fused"``), the last position's logits only.
 
@@ -45,7 +45,7 @@ ARCH_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_s
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral", "qwen3_moe")
 PROBE_TOKENS = (2048, 8192)
 PROBE_LAYERS = (1, 2)
-VERSION = 1  # bump when the measured setup changes: old cache entries are then ignored
+VERSION = 2  # bump when the measured setup changes: old cache entries are then ignored
 
 
 @dataclass(frozen=True)
@@ -82,16 +82,43 @@ def available(arch: dict[str, Any]) -> str | None:
 
 
 # -- the measurement (child process) -----------------------------------------------------------------
-def _build(arch: dict[str, Any], layers: int):
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _flash_like_attention():
+    """An attention with flash-attention 2's memory (what verl runs): it keeps q, k, v (K/V at the KV heads, not
+    repeated), the output and the fp32 log-sum-exp for the backward, which returns dq, dk, dv - no tokens^2
+    scores. Under fake tensors only the shapes matter, so the arithmetic is left out; the CPU's own attention
+    kernels would materialise the scores."""
+    import torch
 
+    class FlashLike(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):  # (batch, heads, tokens, head_dim)
+            out = q.new_empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+            lse = q.new_empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            q.new_empty(q.shape, dtype=torch.float32)  # flash-attn 2's fp32 dq accumulator (a temporary)
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        return FlashLike.apply(query, key, value), None
+
+    return attention
+
+
+def _build(arch: dict[str, Any], layers: int):
+    from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+
+    AttentionInterface.register("mart_probe_attention", _flash_like_attention())
     fields = {k: v for k, v in arch.items() if k != "model_type"}
     fields["num_hidden_layers"] = layers
     if "mlp_only_layers" in fields:
         fields["mlp_only_layers"] = [i for i in fields["mlp_only_layers"] if i < layers]
     cfg = AutoConfig.for_model(arch["model_type"], **fields)
-    cfg._attn_implementation = "sdpa"  # flash-style on the CPU: saves the output and log-sum-exp, no tokens^2
-    return AutoModelForCausalLM.from_config(cfg, torch_dtype="float32")
+    return AutoModelForCausalLM.from_config(cfg, dtype="float32", attn_implementation="mart_probe_attention")
 
 
 def measure(arch: dict[str, Any], world: int, points: list[Point]) -> list[dict[str, float]]:

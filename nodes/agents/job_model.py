@@ -536,7 +536,9 @@ class JobModel:
             (m_old, act_old, lg_old, m_ref, act_ref, lg_ref, m_upd, act_upd, lg_upd) = probed
         saves = {f"sv:{kn}:update_actor": v for kn, v in sv_upd.items()}
         saves.update({"sv:ent_chunk:old_log_prob": sv_old, "sv:ent_chunk:ref": sv_ref})
-        return {**saves, "t_old": t_old, "t_ref": t_ref, "t_upd": t_upd, "m_old": m_old, "m_ref": m_ref, "m_upd": m_upd,
+        tok_old = self._micro(k, w, seqs_gpu, k["lp_micro"], k["tok_cap"])[2] / sp
+        tok_ref = self._micro(k, w, seqs_gpu, k["ref_micro"], k["tok_cap"])[2] / sp
+        return {**saves, "tok_upd": peak_tok / sp, "tok_old": tok_old, "tok_ref": tok_ref, "t_old": t_old, "t_ref": t_ref, "t_upd": t_upd, "m_old": m_old, "m_ref": m_ref, "m_upd": m_upd,
                 "u_old": act_old, "u_ref": act_ref, "u_upd": act_upd, "l_old": lg_old, "l_ref": lg_ref, "l_upd": lg_upd}
 
     def _probed_training(self, k: dict, w: Workload, res: dict, seqs_gpu: float, sp: np.ndarray, n_mini: float,
