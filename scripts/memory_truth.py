@@ -2,6 +2,7 @@
 
     python scripts/memory_truth.py probe   # small-instance probe points -> trial_runner/memory_data/probe_cache.json
     python scripts/memory_truth.py full    # full-depth truth (the test's reference) -> .../full_depth.json
+    python scripts/memory_truth.py probe-sim  # the same for the scenarios' models and cluster sizes
     python scripts/memory_truth.py sim     # the simulator's per-architecture memory -> trial_runner/sim/memory_truth.json
 
 Each run measures only what its file lacks (delete an entry to re-measure it); CPU only, minutes per model.
@@ -55,6 +56,51 @@ def full() -> None:
                     print(f"{key}: {res['total'] / mp.GIB:.2f} GiB ({time.time() - t0:.0f} s)", flush=True)
 
 
+#: the scenarios' architectures (shipped and example scenarios), by the scenario's model name
+SIM_MODELS = ("Qwen3-8B", "Qwen3-0.6B-Base", "Llama-3.1-8B-Instruct", "Qwen2.5-1.5B-Instruct", "Qwen2.5-32B-Instruct",
+              "Qwen2.5-7B-Instruct", "Qwen3-1.7B", "DeepSeek-R1-Distill-Qwen-7B")
+#: FSDP world sizes the shipped probe cache holds per model (the scenarios' clusters), beyond the truth grid's 8
+SIM_WORLDS = {"Qwen3-8B": (8, 16), "Qwen3-0.6B-Base": (8, 16), "Llama-3.1-8B-Instruct": (8, 16),
+              "Qwen2.5-1.5B-Instruct": (8,), "Qwen2.5-32B-Instruct": (8, 32), "Qwen2.5-7B-Instruct": (8,),
+              "Qwen3-1.7B": (8, 16), "DeepSeek-R1-Distill-Qwen-7B": (8, 16)}
+SHARDED = ("sharded_param", "sharded_grad", "opt")
+
+
+def sim() -> None:
+    """Per scenario architecture: torch's full-depth peak as a + b x tokens, split into the FSDP-sharded share
+    and the rest, extrapolated (in this script, not in the simulator) from the probe's 1- and 2-layer points."""
+    out = {"_about": "torch's accounting (FSDPMemTracker under fake tensors, FSDP2 over a fake process group) of "
+           "each scenario model, extrapolated to full depth; bytes per rank at world ranks: a + b x tokens; "
+           "written by scripts/memory_truth.py sim", "world": WORLD, "models": {}}
+    l1, l2 = mp.PROBE_LAYERS
+    t1, t2 = mp.PROBE_TOKENS
+    for name in SIM_MODELS:
+        cfg = MODELS[name]["config"]
+        arch = mp.arch_of(cfg)
+        depth = int(arch["num_hidden_layers"])
+        pts = [mp.Point(ph, lay, tok, ck) for ph in ("update", "logprob") for ck in (False, True)
+               for lay in mp.PROBE_LAYERS for tok in mp.PROBE_TOKENS]
+        res = dict(zip(pts, mp.probe(arch, WORLD, pts)))
+        entry = {"hf_path": MODELS[name]["hf_path"], "layers": depth, "hidden": int(arch["hidden_size"])}
+        for ph in ("update", "logprob"):
+            entry[ph] = {}
+            for ck in (False, True):
+                parts = {}
+                for part in ("sharded", "rest"):
+                    def size(r, part=part):
+                        shard = sum(r.get(c, 0.0) for c in SHARDED)
+                        return shard if part == "sharded" else r["total"] - shard
+                    full = {}
+                    for tok in mp.PROBE_TOKENS:
+                        p1, p2 = size(res[mp.Point(ph, l1, tok, ck)]), size(res[mp.Point(ph, l2, tok, ck)])
+                        full[tok] = p1 + (depth - l1) * (p2 - p1) / (l2 - l1)
+                    b = (full[t2] - full[t1]) / (t2 - t1)
+                    parts[part] = [round(full[t1] - b * t1), round(b, 3)]
+                entry[ph][str(int(ck))] = parts
+        out["models"][name] = entry
+    _save(ROOT / "trial_runner" / "sim" / "memory_truth.json", out)
+
+
 def probe(worlds: dict[str, tuple[int, ...]]) -> None:
     for name, ws in worlds.items():
         for w in ws:
@@ -70,5 +116,9 @@ if __name__ == "__main__":
         full()
     elif what == "probe":
         probe({name: (8,) for name in TRUTH_MODELS})
+    elif what == "probe-sim":
+        probe(SIM_WORLDS)
+    elif what == "sim":
+        sim()
     else:
         raise SystemExit(__doc__)

@@ -149,6 +149,8 @@ class JobDescription(BaseModel):
     gpus_per_node: int = Field(1, gt=0)
     workload: Workload
     engine: str = Field("vllm", description="rollout engine: vllm (memory-share semantics) or hf (plain generate)")
+    vllm_version: str | None = Field(None, description="the vLLM release the job runs (e.g. 0.21.0): since 0.21 "
+                                     "its CUDA graphs sit inside gpu_memory_utilization; None = before that")
     agents: int = Field(1, gt=0, description="trained policies of the job: 1, or a multi-agent team (MARTI-style)")
     agents_per_device: int | None = Field(
         None, gt=0, description="policy copies resident on each device, each with its own weights, gradients, "

@@ -120,6 +120,19 @@ KV_HEADROOM = 1.5  # KV cache for 1.5x the running sequences: response lengths g
 CPU_FLOPS = 2e10  # an emulated device on one CPU core: tens of GFLOP/s; calibration sets the real scale
 
 
+def _version_at_least(version: str | None, floor: tuple[int, ...]) -> bool:
+    """``"0.21.1" >= (0, 21)``; None or an unreadable version counts as old."""
+    if not version:
+        return False
+    parts = []
+    for piece in str(version).split(".")[: len(floor)]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return tuple(parts) >= floor
+
+
 def _num(v: Any, default: Any) -> float:
     if v is None:
         v = default
@@ -250,6 +263,10 @@ class JobModel:
         self.P = m.n_params
         self.L, self.h, self.f, self.V = m.num_hidden_layers, m.hidden_size, m.ffn, m.vocab_size
         self.kv_bytes = 2 * self.L * m.kv_heads * m.dhead * 2  # K and V, every layer, bf16
+        self.kv_heads = m.kv_heads
+        self.P_active = m.active_params  # what a token's FLOPs pass through (an MoE routes to a few experts)
+        # vLLM >= 0.21 counts its CUDA graphs inside gpu_memory_utilization (they take KV cache), before on top
+        self.graphs_inside = _version_at_least(job.vllm_version, (0, 21))
         self.kv_dim = m.kv_heads * m.dhead
         self.gated = m.gated_mlp
         self.C = hw.memory_gb
@@ -358,8 +375,9 @@ class JobModel:
         engines = self.N / tp
         per_engine = w.seqs / engines
         budget = k["util"] * self.C
-        kv_pool = budget - self._vllm_fixed_gb(k)
-        kv_tokens = np.maximum(kv_pool, 0) * GIB * tp / self.kv_bytes
+        graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
+        kv_pool = budget - self._vllm_fixed_gb(k) - (graphs if self.graphs_inside else 0.0)
+        kv_tokens = np.maximum(kv_pool, 0) * GIB / self._kv_rank_bytes(tp)
         kv_fail = kv_tokens < w.max_len
         ctx = self._decode_context(w)
         want = self._wanted_concurrency(k, w)
@@ -371,11 +389,10 @@ class JobModel:
         c_sync = c
         c = np.where(tasks > 0, np.minimum(c, in_flight), c)
         preempt = np.clip(1 - c_kv / want, 0, 1)
-        graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
-        mem = budget + resident + graphs + self.ctx_gb
+        mem = budget + resident + (0.0 if self.graphs_inside else graphs) + self.ctx_gb
         # prefill: FLOP bound; prefix caching shares a prompt's prefill across its n samples
         prefill_tok = per_engine * w.prompt_mean / np.where(k["prefix"] > 0, w.n, 1)
-        t_prefill = prefill_tok * 2 * self.P / tp / (self.flops * GEMM_EFF) * np.where(k["chunked"] > 0, 1.0, 1.1)
+        t_prefill = prefill_tok * 2 * self.P_active / tp / (self.flops * GEMM_EFF) * np.where(k["chunked"] > 0, 1.0, 1.1)
         # decode: engine steps x (fixed + weight read) + tokens x (KV read), compute once the batch is large
         eager_like = np.maximum(k["eager"], (c > GRAPH_MAX_BATCH).astype(float))
         fixed = STEP_OVERHEAD_S * cal.step_overhead_mult + eager_like * self.L * LAUNCH_PER_LAYER_S
@@ -383,9 +400,9 @@ class JobModel:
         # every engine step reads the weight shard once; every generated token reads its own context's KV
         # cache (and all-reduces its activations under TP); GEMMs become compute bound at large batches
         weights_s = W / tp / self.hbm
-        kv_tok = ctx * self.kv_bytes / tp / self.hbm
+        kv_tok = ctx * self._kv_rank_bytes(tp) / self.hbm
         comm_tok = (tp > 1) * self.L * 2 * self.h * 2 * 2 * (tp - 1) / tp / (self.intra_bw * cal.comm_mult)
-        compute_tok = 2 * self.P / tp / (self.flops * DECODE_EFF)
+        compute_tok = 2 * self.P_active / tp / (self.flops * DECODE_EFF)
         # steps: the queue drains at concurrency c, then the longest response finishes alone (long tail)
         iters = np.maximum(per_engine * w.resp_mean / c + (w.resp_max - w.resp_mean), w.resp_max)
         tokens = per_engine * w.resp_mean
@@ -403,6 +420,11 @@ class JobModel:
         t_gen = (t_prefill + t_decode) * straggler
         return {"t_gen": t_gen, "m_gen": mem, "kv_fail": kv_fail, "concurrency": c, "kv_pool_gb": kv_pool,
                 "u_gen": graphs}
+
+    def _kv_rank_bytes(self, tp: np.ndarray) -> np.ndarray:
+        """KV bytes per token on one TP rank: vLLM gives each rank max(1, kv_heads // TP) heads."""
+        heads = np.maximum(1, self.kv_heads // np.maximum(np.asarray(tp, dtype=int), 1))
+        return self.kv_bytes * heads / self.kv_heads
 
     def _vllm_fixed_gb(self, k: dict) -> np.ndarray:
         """vLLM's budget outside the KV cache per GPU: the weight shard, the activations of its
@@ -427,7 +449,9 @@ class JobModel:
         k = {name: np.asarray(v, dtype=float) for name, v in k.items()}
         tp = np.maximum(k["tp"], 1)
         tokens = np.maximum(headroom * self._wanted_concurrency(k, w) * self._decode_context(w), w.max_len)
-        return (tokens * self.kv_bytes / tp / GIB + self._vllm_fixed_gb(k)) / self.C
+        graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
+        inside = graphs if self.graphs_inside else 0.0
+        return (tokens * self._kv_rank_bytes(tp) / GIB + self._vllm_fixed_gb(k) + inside) / self.C
 
     def _micro(self, k: dict, w: Workload, seqs_gpu: float, micro: np.ndarray, cap: np.ndarray) -> tuple:
         """(micro batches, mean tokens per micro batch, tokens of the largest one)."""
@@ -478,7 +502,7 @@ class JobModel:
         dp = self.N / sp
         seqs_gpu = w.seqs / dp
         W = 2 * self.P
-        flops_tok = 2 * self.P + 4 * self.L * self.h * w.seq_mean / 2  # matmuls + causal attention
+        flops_tok = 2 * self.P_active + 4 * self.L * self.h * w.seq_mean / 2  # matmuls + causal attention
         ag = W * (self.N - 1) / self.N / (self.coll_bw * self.cal.comm_mult) if self.N > 1 else 0.0
         frag = np.where(k["fsdp2"] > 0, 0.93, 1.0)  # FSDP2: -7% memory (verl's FSDP2 notes)
         speed = np.where(k["fsdp2"] > 0, 0.985, 1.0)

@@ -18,6 +18,17 @@ import numpy as np
 GIB = 1024**3
 
 
+def version_at_least(version: str, floor: tuple[int, ...]) -> bool:
+    """``"0.21.1" >= (0, 21)``; an unreadable version counts as old."""
+    parts = []
+    for piece in str(version).split(".")[: len(floor)]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return tuple(parts) >= floor
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator and its links (per-GPU effective figures, not datasheet peaks)."""
@@ -64,6 +75,25 @@ class ModelSpec:
     head_dim: int
     vocab: int
     heads: int = 0
+    model_type: str = ""  # config.json's (qwen3, qwen2, llama, qwen3_moe); "" = not given
+    tie_word_embeddings: bool = False
+    experts: int = 0  # MoE: routed experts per layer (0 = dense)
+    experts_per_tok: int = 0
+    moe_intermediate: int = 0
+
+    @property
+    def active_params(self) -> float:
+        """Parameters a token passes through: all of a dense model's, the routed experts' share of an MoE's."""
+        if not self.experts:
+            return self.params
+        mlp_all = self.layers * self.experts * 3 * self.hidden * self.moe_intermediate
+        return self.params - mlp_all * (1 - max(self.experts_per_tok, 1) / self.experts)
+
+    def kv_bytes_per_rank_token(self, tp: Any) -> Any:
+        """KV bytes per token on one TP rank: vLLM gives each rank max(1, kv_heads // TP) heads (a head is
+        replicated on every rank when TP exceeds the KV heads)."""
+        heads = np.maximum(1, self.kv_heads // np.maximum(np.asarray(tp, dtype=int), 1))
+        return 2 * self.layers * heads * self.head_dim * 2
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -173,6 +203,13 @@ class Scenario:
     consts: SimConstants = field(default_factory=SimConstants)
     perturb_seed: int | None = None
     rollout_engine: str = "vllm-v1"  # vllm-v0: the pre-2025 engine, ~3x the CPU cost per engine step
+    verl_version: str = "0.9.1"  # whose defaults and rules the job runs under
+    vllm_version: str = "0.11.0"  # since 0.21 vLLM counts its CUDA graphs inside gpu_memory_utilization
+
+    @property
+    def graphs_inside_util(self) -> bool:
+        """vLLM >= 0.21 profiles the CUDA-graph capture memory inside ``gpu_memory_utilization`` (before: on top)."""
+        return version_at_least(self.vllm_version, (0, 21))
 
     @property
     def n_gpus(self) -> int:
@@ -204,7 +241,11 @@ class Scenario:
             "name": self.name,
             "model": {"name": m.name, "num_parameters": m.params, "num_hidden_layers": m.layers,
                       "hidden_size": m.hidden, "intermediate_size": m.intermediate, "num_attention_heads": m.heads,
-                      "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab},
+                      "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab,
+                      "model_type": m.model_type or None, "tie_word_embeddings": m.tie_word_embeddings,
+                      **({"num_experts": m.experts, "num_experts_per_tok": m.experts_per_tok,
+                          "moe_intermediate_size": m.moe_intermediate} if m.experts else {})},
+            "versions": {"verl": self.verl_version, "vllm": self.vllm_version},
             "cluster": {"gpu": g.name, "memory_gb": g.memory_gb, "hbm_tb_s": round(g.hbm_bw / 0.75 / 1e12, 3),
                         "bf16_tflops": g.bf16_flops / 1e12, "interconnect": g.interconnect,
                         "nodes": self.nnodes, "gpus_per_node": self.gpus_per_node},
