@@ -34,12 +34,11 @@ def _save(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def full() -> None:
-    path = DATA / "full_depth.json"
+def full(models: tuple[str, ...] = TRUTH_MODELS, path: Path = DATA / "full_depth.json") -> None:
     data = _load(path) or {"_about": "torch's accounting (FSDPMemTracker, fake tensors, fake process group) of the "
                            "full-depth model: peak bytes per rank; written by scripts/memory_truth.py full",
                            "world": WORLD, "points": {}}
-    for name in TRUTH_MODELS:
+    for name in models:
         arch = mp.arch_of(MODELS[name]["config"])
         for phase in ("update", "logprob"):
             # checkpointing acts only where gradients are kept: the no-grad log-prob pass is measured once
@@ -112,12 +111,16 @@ def probe(worlds: dict[str, tuple[int, ...]]) -> None:
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "probe"
-    if what == "full":
-        full()
+    if what == "full":  # full [OUT.json MODEL ...]: a part of the grid into another file (merged by hand)
+        if len(sys.argv) > 3:
+            full(tuple(sys.argv[3:]), Path(sys.argv[2]))
+        else:
+            full()
     elif what == "probe":
         probe({name: (8,) for name in TRUTH_MODELS})
-    elif what == "probe-sim":
-        probe(SIM_WORLDS)
+    elif what == "probe-sim":  # world 8 of every model first (the simulator's data), then the larger clusters
+        probe({name: (8,) for name in SIM_MODELS})
+        probe({name: tuple(w for w in ws if w != 8) for name, ws in SIM_WORLDS.items()})
     elif what == "sim":
         sim()
     else:

@@ -83,12 +83,14 @@ def test_json_output_names_phases_parts_fit_and_source(tmp_path):
 
 
 def test_without_the_probe_the_formula_answers_and_says_so(tmp_path, monkeypatch):
+    path = _config(tmp_path, "Qwen3-8B", False, 16384)
+    probe = run(path, [], "H100-80GB", 1, 8)
     monkeypatch.setenv("MART_MEMORY_PROBE", "0")
-    got = run(_config(tmp_path, "Qwen3-8B", True, 4096), [], "H100-80GB", 1, 8)
-    assert got["source"] == "formula" and "MART_MEMORY_PROBE" in got["why_formula"]
-    probe = run(_config(tmp_path, "Qwen3-8B", False, 16384), [], "H100-80GB", 1, 8)
-    formula = run(_config(tmp_path, "Qwen3-8B", False, 16384), [], "H100-80GB", 1, 8)
-    assert probe["source"] == formula["source"] == "formula"
+    formula = run(path, [], "H100-80GB", 1, 8)
+    assert probe["source"] == "probe"
+    assert formula["source"] == "formula" and "MART_MEMORY_PROBE" in formula["why_formula"]
+    # without checkpointing the textbook count misses the real modules' fp32 norm copies, wide queries and RoPE
+    assert formula["phases"]["update_actor"]["peak_gb"] < 0.9 * probe["phases"]["update_actor"]["peak_gb"]
 
 
 def test_an_unknown_model_is_refused_with_the_way_out(tmp_path):
