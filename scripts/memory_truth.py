@@ -3,6 +3,7 @@
     python scripts/memory_truth.py probe   # small-instance probe points -> trial_runner/memory_data/probe_cache.json
     python scripts/memory_truth.py full    # full-depth truth (the test's reference) -> .../full_depth.json
     python scripts/memory_truth.py probe-sim  # the same for the scenarios' models and cluster sizes
+    python scripts/memory_truth.py report     # the truth table of docs/memory.md
     python scripts/memory_truth.py sim     # the simulator's per-architecture memory -> trial_runner/sim/memory_truth.json
 
 Each run measures only what its file lacks (delete an entry to re-measure it); CPU only, minutes per model.
@@ -100,6 +101,49 @@ def sim() -> None:
     _save(ROOT / "trial_runner" / "sim" / "memory_truth.json", out)
 
 
+def report() -> None:
+    """The truth table for docs/memory.md: mart memory's prediction vs torch's full-depth accounting."""
+    import os
+    import tempfile
+
+    from mart.graph.memory_cmd import run
+    from mart.nodes.agents.job_model import CUDA_CONTEXT_GB
+
+    os.environ["MART_MEMORY_PROBE"] = "cached"
+    truth = _load(DATA / "full_depth.json")["points"]
+    print("| model | tokens | checkpointing | update: torch / mart (GiB) | error | log-prob: torch / mart | error |")
+    print("|---|---|---|---|---|---|---|")
+    worst = {"update": 0.0, "logprob": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in TRUTH_MODELS:
+            for tok in TRUTH_TOKENS:
+                for ckpt in (False, True):
+                    cfg = {"actor_rollout_ref.model.path": MODELS[name]["hf_path"],
+                           "actor_rollout_ref.actor.strategy": "fsdp2", "actor_rollout_ref.actor.use_dynamic_bsz": True,
+                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": tok,
+                           "actor_rollout_ref.model.enable_gradient_checkpointing": ckpt,
+                           "data.train_batch_size": 64, "data.max_prompt_length": 1024,
+                           "data.max_response_length": tok - 1024}
+                    path = Path(tmp) / "c.json"
+                    path.write_text(json.dumps(cfg))
+                    got = run(path, [], "H100-80GB", 1, WORLD)["phases"]
+                    row = [name, str(tok), "on" if ckpt else "off"]
+                    for phase, verl in (("update", "update_actor"), ("logprob", "old_log_prob")):
+                        key = f"{name}|{phase}|ckpt={int(ckpt and phase == 'update')}|{tok}"
+                        if key not in truth:
+                            row += ["-", "-"]
+                            continue
+                        t = truth[key]["total"] / mp.GIB
+                        p = got[verl]["peak_gb"] - CUDA_CONTEXT_GB
+                        if phase == "logprob":  # torch's no-grad pass held no optimizer; verl keeps Adam resident
+                            p -= got[verl]["parts"]["optimizer_state"]
+                        err = p / t - 1
+                        worst[phase] = max(worst[phase], abs(err))
+                        row += [f"{t:.2f} / {p:.2f}", f"{100 * err:+.1f}%"]
+                    print("| " + " | ".join(row) + " |")
+    print(f"\nlargest error: update {100 * worst['update']:.1f}%, log-prob {100 * worst['logprob']:.1f}%")
+
+
 def probe(worlds: dict[str, tuple[int, ...]]) -> None:
     for name, ws in worlds.items():
         for w in ws:
@@ -123,5 +167,7 @@ if __name__ == "__main__":
         probe({name: tuple(w for w in ws if w != 8) for name, ws in SIM_WORLDS.items()})
     elif what == "sim":
         sim()
+    elif what == "report":
+        report()
     else:
         raise SystemExit(__doc__)

@@ -56,6 +56,13 @@ GPUS: dict[str, GPU] = {
         GPU("A100-80GB", 80.0, 0.75 * 2.039e12, 312e12, 100e9, 11e9, 6e9, 0.62, "NVLink 3 (600 GB/s), 200 Gb/s IB"),
         GPU("A100-40GB", 40.0, 0.75 * 1.555e12, 312e12, 100e9, 11e9, 6e9, 0.62, "NVLink 3 (600 GB/s), 200 Gb/s IB"),
         GPU("L40S", 48.0, 0.75 * 0.864e12, 362e12, 12e9, 11e9, 6e9, 0.50, "PCIe Gen4 only (no NVLink), 200 Gb/s"),
+        # DGX B200 datasheet: 180 GB HBM3e and 8 TB/s per GPU, 2.25 PFLOP/s dense BF16, NVLink 5 (1.8 TB/s), 400 Gb/s
+        GPU("B200", 180.0, 0.75 * 8.0e12, 2250e12, 300e9, 22e9, 12e9, 0.50, "NVLink 5 (1.8 TB/s), 400 Gb/s IB"),
+        # L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOP/s dense BF16, PCIe Gen4 x16, no NVLink
+        GPU("L4", 24.0, 0.75 * 0.3e12, 121e12, 12e9, 11e9, 6e9, 0.50, "PCIe Gen4 only (no NVLink), 200 Gb/s"),
+        # AWS's A10G (the A10's cloud variant; A10 datasheet: 24 GB, 600 GB/s, 125 TFLOP/s dense BF16, Gen4 x16);
+        # g5.48xlarge: 8 GPUs share 100 Gb/s of networking
+        GPU("A10G", 24.0, 0.75 * 0.6e12, 125e12, 12e9, 1.2e9, 6e9, 0.58, "PCIe Gen4 only (no NVLink), 100 Gb/s per node"),
     )
 }
 H100_80G = GPUS["H100-80GB"]
