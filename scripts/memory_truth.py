@@ -67,36 +67,27 @@ SHARDED = ("sharded_param", "sharded_grad", "opt")
 
 
 def sim() -> None:
-    """Per scenario architecture: torch's full-depth peak as a + b x tokens, split into the FSDP-sharded share
-    and the rest, extrapolated (in this script, not in the simulator) from the probe's 1- and 2-layer points."""
+    """Per scenario architecture: torch's full-depth peak, one line a + b x tokens per moment of the step (the
+    highest is the peak), each split into the FSDP-sharded share and the rest, extrapolated (in this script, not
+    in the simulator) from the probe's 1- and 2-layer points."""
     out = {"_about": "torch's accounting (FSDPMemTracker under fake tensors, FSDP2 over a fake process group) of "
-           "each scenario model, extrapolated to full depth; bytes per rank at world ranks: a + b x tokens; "
-           "written by scripts/memory_truth.py sim", "world": WORLD, "models": {}}
-    l1, l2 = mp.PROBE_LAYERS
-    t1, t2 = mp.PROBE_TOKENS
+           "each scenario model, extrapolated to full depth; bytes per rank at `world` ranks, per moment of the "
+           "step a + b x tokens (the highest is the peak); written by scripts/memory_truth.py sim",
+           "world": WORLD, "models": {}}
+    groups = {"sharded": SHARDED, "rest": ("unsharded_param", "buffer", "all_gather", "unsharded_grad",
+                                           "reduce_scatter", "act", "temp", "inp")}
     for name in SIM_MODELS:
-        cfg = MODELS[name]["config"]
-        arch = mp.arch_of(cfg)
+        arch = mp.arch_of(MODELS[name]["config"])
         depth = int(arch["num_hidden_layers"])
         pts = [mp.Point(ph, lay, tok, ck) for ph in ("update", "logprob") for ck in (False, True)
                for lay in mp.PROBE_LAYERS for tok in mp.PROBE_TOKENS]
         res = dict(zip(pts, mp.probe(arch, WORLD, pts)))
         entry = {"hf_path": MODELS[name]["hf_path"], "layers": depth, "hidden": int(arch["hidden_size"])}
         for ph in ("update", "logprob"):
-            entry[ph] = {}
-            for ck in (False, True):
-                parts = {}
-                for part in ("sharded", "rest"):
-                    def size(r, part=part):
-                        shard = sum(r.get(c, 0.0) for c in SHARDED)
-                        return shard if part == "sharded" else r["total"] - shard
-                    full = {}
-                    for tok in mp.PROBE_TOKENS:
-                        p1, p2 = size(res[mp.Point(ph, l1, tok, ck)]), size(res[mp.Point(ph, l2, tok, ck)])
-                        full[tok] = p1 + (depth - l1) * (p2 - p1) / (l2 - l1)
-                    b = (full[t2] - full[t1]) / (t2 - t1)
-                    parts[part] = [round(full[t1] - b * t1), round(b, 3)]
-                entry[ph][str(int(ck))] = parts
+            entry[ph] = {str(int(ck)): [{part: [round(a), round(b, 3)] for part, (a, b) in line.items()
+                                         if part != "total"}
+                                        for line in mp.extrapolate(res, depth, ph, ck, groups=groups)]
+                         for ck in (False, True)}
         out["models"][name] = entry
     _save(ROOT / "trial_runner" / "sim" / "memory_truth.json", out)
 

@@ -16,9 +16,10 @@ tied), non-reentrant gradient checkpointing, a packed micro batch (one row of ``
 non-fused one (``logits`` -> fp32 -> ``log_softmax`` -> gather) or, for a fused/flash cross-entropy that never
 materialises the logits (``logits="fused"``), the last position's logits only.
 
-A small instance (1 and 2 decoder layers) is measured at two token counts and extrapolated: linearly in the
-layers to the full depth, linearly in the tokens (flash-style attention keeps no tokens^2 term):
-``coefficients()`` returns the full-depth peak as ``a + b x tokens`` per phase and checkpointing. Results are
+A small instance (1 and 2 decoder layers) is measured at two token counts and extrapolated linearly in the
+layers to the full depth; within a moment of the step the activations grow in proportion to the tokens
+(flash-style attention keeps no tokens^2 term): ``coefficients()`` returns the full-depth peak per phase and
+checkpointing as the highest of one line ``a + b x tokens`` per measured moment. Results are
 cached per key (in memory and as JSON under ``$MART_CACHE_DIR`` or ``~/.cache/mart``), and measured in a child
 process (the fake process group is process-global). torch and transformers are imported only here, only when a
 measurement runs (``pip install mart[memory]``).
@@ -270,17 +271,22 @@ def probe(arch: dict[str, Any], world: int, points: list[Point], timeout_s: floa
 PARTS = {"parameters": ("sharded_param", "unsharded_param", "buffer", "all_gather"),
          "gradients": ("sharded_grad", "unsharded_grad", "reduce_scatter"),
          "optimizer_state": ("opt",), "activations": ("act", "temp", "inp")}
+#: the categories that grow with the micro batch's tokens (in proportion, at a given moment of the step)
+PER_TOKEN = PARTS["activations"]
 
 
 @dataclass(frozen=True)
 class Coefficients:
-    """Full-depth per-rank peak (bytes) of each phase = ``a + b x tokens`` of the micro batch, by checkpointing,
-    and each part of it at the peak's moment (``PARTS``).
+    """Full-depth per-rank peak (bytes) of each phase for a micro batch of ``tokens``, by checkpointing.
 
-    ``fits[phase][ckpt][part]`` is an (a, b) pair, ``part`` one of ``PARTS`` or "total"; the intercept holds the
-    sharded fp32 parameters, the gradients and Adam state present at the peak, and the gathered bf16 units."""
+    A step peaks at one of a few moments (the backward's start, where every saved activation and the logits'
+    gradients coexist; the LM head's backward with its unsharded gradient; ...), and the moment a small instance
+    peaks at is not always the full model's. Each measured token count gives one moment: a line ``a + b x
+    tokens`` (``a`` its parameters, gradients and optimizer state, ``b`` its activations and temporaries per
+    token), each extrapolated linearly in the layers; the peak is the highest line.
+    ``lines[phase][ckpt]`` lists, per moment, ``{part: (a, b)}`` for ``PARTS`` and "total"."""
 
-    fits: dict[str, dict[bool, dict[str, tuple[float, float]]]]
+    lines: dict[str, dict[bool, list[dict[str, tuple[float, float]]]]]
     layers: int
     world: int
     logits: str
@@ -289,12 +295,16 @@ class Coefficients:
         return self.part(phase, ckpt, "total", tokens)
 
     def part(self, phase: str, ckpt: bool, part: str, tokens: Any) -> Any:
-        a, b = self.fits[phase][bool(ckpt)][part]
-        return a + b * tokens
+        """``part`` (one of ``PARTS`` or "total") at the peak's moment (numpy arrays of tokens welcome)."""
+        import numpy as np
 
-    def slope(self, phase: str, ckpt: bool) -> float:
-        """Bytes per token of the micro batch (activations, logits and their temporaries)."""
-        return self.fits[phase][bool(ckpt)]["total"][1]
+        rows = self.lines[phase][bool(ckpt)]
+        tok = np.asarray(tokens, dtype=float)
+        totals = np.stack([r["total"][0] + r["total"][1] * tok for r in rows])
+        which = np.argmax(totals, axis=0)
+        vals = np.stack([r[part][0] + r[part][1] * tok for r in rows])
+        out = np.take_along_axis(vals, np.asarray(which)[None, ...], axis=0)[0]
+        return float(out) if np.ndim(out) == 0 else out
 
 
 def _points(arch: dict[str, Any], logits: str) -> list[Point]:
@@ -310,27 +320,42 @@ def is_cached(arch: dict[str, Any], world: int, logits: str = "fp32") -> bool:
     return all(_key(arch, world, pt) in _MEMO for pt in _points(arch, logits))
 
 
+def extrapolate(res: dict[Point, dict[str, float]], depth: int, phase: str, ckpt: bool, logits: str = "fp32",
+                groups: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, tuple[float, float]]]:
+    """One line per measured token count (the moment those instances peaked at, where the 1- and 2-layer ones
+    agree on it), extrapolated to ``depth`` layers: per part (``groups``: name -> tracker categories), its static bytes and its per-token bytes (its
+    ``PER_TOKEN`` categories / the tokens)."""
+    groups = groups or PARTS
+    l1, l2 = PROBE_LAYERS
+    lines = []
+    for i, tok in enumerate(PROBE_TOKENS):
+        r1, r2 = res[Point(phase, l1, tok, ckpt, logits)], res[Point(phase, l2, tok, ckpt, logits)]
+        cats = {c for r in (r1, r2) for c in r if c != "total"}
+        if i < len(PROBE_TOKENS) - 1 and any(r2.get(c, 0.0) < r1.get(c, 0.0) - 1.0 for c in cats):
+            # the two instances peaked at different moments (a layer more cannot hold less of anything at the
+            # same moment): no line through them; the largest token count's line is always kept
+            continue
+        row: dict[str, tuple[float, float]] = {}
+        for part, cats in groups.items():
+            def split(r: dict[str, float], cats: tuple[str, ...] = cats, tok: int = tok) -> tuple[float, float]:
+                dyn = sum(r.get(c, 0.0) for c in cats if c in PER_TOKEN)
+                return sum(r.get(c, 0.0) for c in cats) - dyn, dyn / tok
+
+            (s1, d1), (s2, d2) = split(r1), split(r2)
+            row[part] = (s1 + (depth - l1) * (s2 - s1) / (l2 - l1), d1 + (depth - l1) * (d2 - d1) / (l2 - l1))
+        row["total"] = (sum(a for a, _ in row.values()), sum(b for _, b in row.values()))
+        lines.append(row)
+    return lines
+
+
 def coefficients(arch: dict[str, Any], world: int, logits: str = "fp32") -> Coefficients:
     """Measure a 1- and a 2-layer instance at two token counts and extrapolate to the full depth."""
     arch = arch_of(arch)
     depth = int(arch["num_hidden_layers"])
     pts = _points(arch, logits)
     res = dict(zip(pts, probe(arch, world, pts)))
-    l1, l2 = PROBE_LAYERS
-    t1, t2 = PROBE_TOKENS
-    fits: dict[str, dict[bool, dict[str, tuple[float, float]]]] = {"update": {}, "logprob": {}}
-    for ph, by_ckpt in fits.items():
-        for ck in (False, True):
-            by_ckpt[ck] = {}
-            for part, cats in (*PARTS.items(), ("total", ("total",))):
-                full = {}
-                for tok in PROBE_TOKENS:
-                    p1 = sum(res[Point(ph, l1, tok, ck, logits)].get(c, 0.0) for c in cats)
-                    p2 = sum(res[Point(ph, l2, tok, ck, logits)].get(c, 0.0) for c in cats)
-                    full[tok] = p1 + (depth - l1) * (p2 - p1) / (l2 - l1)
-                b = (full[t2] - full[t1]) / (t2 - t1)
-                by_ckpt[ck][part] = (full[t1] - b * t1, b)
-    return Coefficients(fits=fits, layers=depth, world=world, logits=logits)
+    lines = {ph: {ck: extrapolate(res, depth, ph, ck, logits) for ck in (False, True)} for ph in ("update", "logprob")}
+    return Coefficients(lines=lines, layers=depth, world=world, logits=logits)
 
 
 def _main() -> None:

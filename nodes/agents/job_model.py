@@ -577,12 +577,21 @@ class JobModel:
         others = res["params_all"] - 4 * shard  # a team's other policies on the device
         ckpt = k["ckpt"] > 0
 
+        def split(phase: str, on: Any, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(static, per-token share x tokens) in GiB at the peak's moment (by checkpointing where ``on``)."""
+            def one(c: bool) -> tuple[np.ndarray, np.ndarray]:
+                total = coef.part(phase, c, "total", tok)
+                act = coef.part(phase, c, "activations", tok)
+                return np.asarray(total - act) / GIB, np.asarray(act) / GIB
+            (s0, d0), (s1, d1) = one(False), one(True)
+            return np.where(on, s1, s0), np.where(on, d1, d0)
+
         def logprob(micro: np.ndarray) -> tuple:
             tok = self._micro(k, w, seqs_gpu, micro, k["tok_cap"])[2] / sp
-            a, b = coef.fits["logprob"][False]["total"]
-            dyn = b * tok / GIB * fsdp1 - tok * 4.0 * self.V * k["ent_chunk"] / GIB
+            a, dyn = split("logprob", False, tok)
+            dyn = dyn * fsdp1 - tok * 4.0 * self.V * k["ent_chunk"] / GIB
             logits = np.minimum(tok * np.where(k["ent_chunk"] > 0, 3.0, 7.0) * self.V / GIB, dyn)
-            return a / GIB, dyn, logits
+            return a, dyn, logits
 
         a_old, act_old, lg_old = logprob(k["lp_micro"])
         # verl reloads offloaded actor parameters for compute_log_prob: the probe's fp32 shard is always there
@@ -594,10 +603,8 @@ class JobModel:
         else:
             act_ref = lg_ref = m_ref = np.zeros_like(m_old)
         tok = peak_upd / sp
-        a = np.where(ckpt, coef.fits["update"][True]["total"][0], coef.fits["update"][False]["total"][0]) / GIB
-        b = np.where(ckpt, coef.slope("update", True), coef.slope("update", False))
+        a, dyn = split("update", ckpt, tok)
         logits_f = self.V * 8.0 * tok / GIB  # the probe's non-fused log-prob path; savers below trim it
-        dyn = b * tok / GIB
         dyn = dyn - 0.75 * k["act_off"] * np.maximum(dyn - logits_f, 0.0)
         dyn = (dyn - tok * self.V * (2.0 * k["ent_ckpt"] + k["ent_chunk"]) / GIB) * fsdp1
         lg_upd = np.minimum(tok * (self.V * np.where(k["ent_ckpt"] > 0, 6.0, 8.0) - self.V * k["ent_chunk"]) / GIB,
