@@ -171,6 +171,8 @@ def memory(
     model_config: Optional[Path] = typer.Option(None, help="The model's config.json (or its folder)."),
     gpu_memory_gb: Optional[float] = typer.Option(None, help="Memory per GPU in GB (default: the GPU table)."),
     margin: float = typer.Option(0.1, min=0.0, max=0.9, help="Memory margin: fits = peak <= (1 - margin) x memory."),
+    logits: str = typer.Option("fused", help="Log-prob path: fused (flash-attn's cross-entropy, verl's images) or "
+                               "fp32 (verl's non-fused path)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Predicted peak memory of each phase of a verl config (will it OOM?), before any trial."""
@@ -178,7 +180,7 @@ def memory(
 
     try:
         result = run(config, set_, gpu, nnodes, gpus_per_node, model_config_path=model_config,
-                     gpu_memory=gpu_memory_gb, margin=margin)
+                     gpu_memory=gpu_memory_gb, margin=margin, logits=logits)
     except MemoryCommandError as e:
         _fail(str(e))
     if as_json:

@@ -61,7 +61,8 @@ def gpu_memory_gb(name: str, memory_gb: float | None) -> float:
 
 
 def run(config_file: Path, sets: list[str], gpu: str, nnodes: int, gpus_per_node: int, *,
-        model_config_path: Path | None = None, gpu_memory: float | None = None, margin: float = 0.1) -> dict[str, Any]:
+        model_config_path: Path | None = None, gpu_memory: float | None = None, margin: float = 0.1,
+        logits: str = "fused") -> dict[str, Any]:
     from mart.nodes.agents.job_model import JobModel
     from mart.nodes.agents.memory_report import predict_memory
     from mart.state.config_values import ConfigError, load_config_file, parse_assignments
@@ -90,10 +91,13 @@ def run(config_file: Path, sets: list[str], gpu: str, nnodes: int, gpus_per_node
                         response_length_mean=max_r,
                         uses_reference=bool(config.get("actor_rollout_ref.actor.use_kl_loss", False)))
     hardware = hardware_from_name(gpu, gpu_memory_gb(gpu, gpu_memory))
+    if logits not in ("fused", "fp32"):
+        raise MemoryCommandError(f"--logits must be fused or fp32, got {logits!r}")
     job = JobDescription(model=shape, hardware=hardware, nnodes=nnodes, gpus_per_node=gpus_per_node,
-                         workload=workload)
+                         workload=workload, logits_path=logits)
     out = predict_memory(JobModel(job, config), config, margin)
     out["model_config"] = model_source
+    out["logits"] = logits
     out["gpu"] = gpu
     return out
 
