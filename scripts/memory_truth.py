@@ -117,7 +117,7 @@ def report() -> None:
                            "data.max_response_length": tok - 1024}
                     path = Path(tmp) / "c.json"
                     path.write_text(json.dumps(cfg))
-                    got = run(path, [], "H100-80GB", 1, WORLD)["phases"]
+                    got = run(path, [], "H100-80GB", 1, WORLD, logits="fp32")["phases"]
                     row = [name, str(tok), "on" if ckpt else "off"]
                     for phase, verl in (("update", "update_actor"), ("logprob", "old_log_prob")):
                         key = f"{name}|{phase}|ckpt={int(ckpt and phase == 'update')}|{tok}"

@@ -149,6 +149,8 @@ class JobDescription(BaseModel):
     gpus_per_node: int = Field(1, gt=0)
     workload: Workload
     engine: str = Field("vllm", description="rollout engine: vllm (memory-share semantics) or hf (plain generate)")
+    logits_path: str = Field("fused", description="the log-prob pass's logits path: fused (flash-attn's fused "
+                             "cross-entropy, as verl's images run it) or fp32 (verl's non-fused path: fp32 copies)")
     vllm_version: str | None = Field(None, description="the vLLM release the job runs (e.g. 0.21.0): since 0.21 "
                                      "its CUDA graphs sit inside gpu_memory_utilization; None = before that")
     agents: int = Field(1, gt=0, description="trained policies of the job: 1, or a multi-agent team (MARTI-style)")
@@ -169,6 +171,8 @@ class JobDescription(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "JobDescription":
+        if self.logits_path not in ("fused", "fp32"):
+            raise ValueError(f"logits_path must be 'fused' or 'fp32', got {self.logits_path!r}")
         if self.engine not in ("vllm", "hf"):
             raise ValueError(f"engine must be 'vllm' or 'hf', got {self.engine!r}")
         if self.agents_per_device is not None and self.agents_per_device > self.agents:

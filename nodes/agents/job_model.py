@@ -114,6 +114,11 @@ DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 12e9
 PAGEABLE_SHARE = 0.3
 OFFLOAD_SYNC_S = 0.3
 ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
+#: bytes x vocab per token that verl's log-prob path with flash-attn's fused cross-entropy (what verl's images run:
+#: ``logprobs_from_logits`` with ``inplace_backward``) keeps below the non-fused fp32 one the memory probe measures
+#: (bf16 logits, an fp32 copy and its fp32 log-softmax; the backward's fp32 gradients): the forward keeps the bf16
+#: logits and the entropy's bf16 softmax (10 -> 6), the update the bf16 logits and their gradient (12 -> 4)
+FUSED_LOGITS_SAVING = {"logprob": 4.0, "update": 8.0}
 UNTESTED_SAVING_SHARE = 0.5  # of the memory an approximate saver (activation offload, entropy tricks) claims
 DYN_IMBALANCE = 1.1  # the largest of verl's length-balanced dynamic micro batches vs their mean
 KV_HEADROOM = 1.5  # KV cache for 1.5x the running sequences: response lengths grow, and the context is an estimate
@@ -576,6 +581,7 @@ class JobModel:
         fsdp1 = 0.93 / frag  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
         others = res["params_all"] - 4 * shard  # a team's other policies on the device
         ckpt = k["ckpt"] > 0
+        fused = 1.0 if self.job.logits_path == "fused" else 0.0
 
         def split(phase: str, on: Any, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """(static, per-token share x tokens) in GiB at the peak's moment (by checkpointing where ``on``)."""
@@ -589,6 +595,7 @@ class JobModel:
         def logprob(micro: np.ndarray) -> tuple:
             tok = self._micro(k, w, seqs_gpu, micro, k["tok_cap"])[2] / sp
             a, dyn = split("logprob", False, tok)
+            dyn = dyn - fused * tok * FUSED_LOGITS_SAVING["logprob"] * self.V / GIB
             dyn = dyn * fsdp1 - tok * 4.0 * self.V * k["ent_chunk"] / GIB
             logits = np.minimum(tok * np.where(k["ent_chunk"] > 0, 3.0, 7.0) * self.V / GIB, dyn)
             return a, dyn, logits
@@ -604,6 +611,7 @@ class JobModel:
             act_ref = lg_ref = m_ref = np.zeros_like(m_old)
         tok = peak_upd / sp
         a, dyn = split("update", ckpt, tok)
+        dyn = dyn - fused * tok * FUSED_LOGITS_SAVING["update"] * self.V / GIB
         logits_f = self.V * 8.0 * tok / GIB  # the probe's non-fused log-prob path; savers below trim it
         dyn = dyn - 0.75 * k["act_off"] * np.maximum(dyn - logits_f, 0.0)
         dyn = (dyn - tok * self.V * (2.0 * k["ent_ckpt"] + k["ent_chunk"]) / GIB) * fsdp1
