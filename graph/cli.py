@@ -170,6 +170,34 @@ def trial(
 
 
 
+@app.command("memory")
+def memory(
+    config: Path = typer.Argument(..., help="A verl config: YAML/JSON of KEY: VALUE (flat or nested)."),
+    set_: list[str] = typer.Option([], "--set", help="Override KEY=VALUE (verl key names); repeatable."),
+    gpu: str = typer.Option(..., help="The GPU (e.g. H100-80GB, A100-40GB, L40S, B200)."),
+    nnodes: int = typer.Option(1, min=1, help="Nodes."),
+    gpus_per_node: int = typer.Option(8, min=1, help="GPUs per node."),
+    model_config: Optional[Path] = typer.Option(None, help="The model's config.json (or its folder)."),
+    gpu_memory_gb: Optional[float] = typer.Option(None, help="Memory per GPU in GB (default: the GPU table)."),
+    margin: float = typer.Option(0.1, min=0.0, max=0.9, help="Memory margin: fits = peak <= (1 - margin) x memory."),
+    logits: str = typer.Option("fused", help="Log-prob path: fused (flash-attn's cross-entropy, verl's images) or "
+                               "fp32 (verl's non-fused path)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Predicted peak memory of each phase of a verl config (will it OOM?), before any trial."""
+    from mart.graph.memory_cmd import MemoryCommandError, render, run
+
+    try:
+        result = run(config, set_, gpu, nnodes, gpus_per_node, model_config_path=model_config,
+                     gpu_memory=gpu_memory_gb, margin=margin, logits=logits)
+    except MemoryCommandError as e:
+        _fail(str(e))
+    if as_json:
+        _print_json(result)
+    else:
+        typer.echo(render(result))
+
+
 @app.command("import-verl")
 @_one_line_errors
 def import_verl(

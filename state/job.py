@@ -9,6 +9,7 @@ Face ``config.json``, the GPU's datasheet, the Hydra config; nothing here is a t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ class ModelShape(BaseModel):
     params: float | None = Field(None, gt=0, description="total parameters; None = counted from the shape")
     gated_mlp: bool = Field(True, description="SwiGLU-style MLP (3 matrices) as in Llama/Qwen; False = GPT-2 MLP")
     tie_word_embeddings: bool = False
+    model_type: str | None = Field(None, description="config.json's model_type (qwen3, qwen2, llama, qwen3_moe): "
+                                   "lets the memory probe build the real module; None = the textbook count only")
+    num_experts: int | None = Field(None, gt=0, description="MoE: routed experts per MoE layer (None = dense)")
+    num_experts_per_tok: int | None = Field(None, gt=0, description="MoE: experts each token is routed to")
+    moe_intermediate_size: int | None = Field(None, gt=0, description="MoE: one expert's FFN width")
 
     @property
     def kv_heads(self) -> int:
@@ -45,11 +51,36 @@ class ModelShape(BaseModel):
     def n_params(self) -> float:
         if self.params:
             return float(self.params)
+        return self._count(self.num_experts or 0)
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token passes through (= ``n_params`` for a dense model; the routed experts' share of an
+        MoE's): what its FLOPs scale with, while its memory holds every expert."""
+        if not self.num_experts:
+            return self.n_params
+        share = self._count(self.num_experts_per_tok or 1) / self._count(self.num_experts)
+        return self.n_params * share
+
+    def _count(self, experts: int) -> float:
         h, f, L, v = self.hidden_size, self.ffn, self.num_hidden_layers, self.vocab_size
         attn = h * self.num_attention_heads * self.dhead * 2 + h * self.kv_heads * self.dhead * 2
-        mlp = (3 if self.gated_mlp else 2) * h * f
+        mats = 3 if self.gated_mlp else 2
+        if self.num_experts:  # experts of moe_intermediate_size plus the router
+            mlp = experts * mats * h * (self.moe_intermediate_size or f) + h * self.num_experts
+        else:
+            mlp = mats * h * f
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return float(L * (attn + mlp + 2 * h) + emb)
+
+    def arch(self) -> dict[str, Any]:
+        """The config.json fields the memory probe builds the module from (``model_type`` None: not buildable)."""
+        out = {k: getattr(self, k) for k in ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
+                                              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                                              "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+                                              "moe_intermediate_size") if getattr(self, k) is not None}
+        out["hidden_act"] = "silu" if self.gated_mlp else "gelu"
+        return out
 
     @classmethod
     def from_hf_config(cls, data: dict[str, Any]) -> "ModelShape":
@@ -118,6 +149,10 @@ class JobDescription(BaseModel):
     gpus_per_node: int = Field(1, gt=0)
     workload: Workload
     engine: str = Field("vllm", description="rollout engine: vllm (memory-share semantics) or hf (plain generate)")
+    logits_path: str = Field("fused", description="the log-prob pass's logits path: fused (flash-attn's fused "
+                             "cross-entropy, as verl's images run it) or fp32 (verl's non-fused path: fp32 copies)")
+    vllm_version: str | None = Field(None, description="the vLLM release the job runs (e.g. 0.21.0): since 0.21 "
+                                     "its CUDA graphs sit inside gpu_memory_utilization; None = before that")
     agents: int = Field(1, gt=0, description="trained policies of the job: 1, or a multi-agent team (MARTI-style)")
     agents_per_device: int | None = Field(
         None, gt=0, description="policy copies resident on each device, each with its own weights, gradients, "
@@ -136,6 +171,8 @@ class JobDescription(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "JobDescription":
+        if self.logits_path not in ("fused", "fp32"):
+            raise ValueError(f"logits_path must be 'fused' or 'fp32', got {self.logits_path!r}")
         if self.engine not in ("vllm", "hf"):
             raise ValueError(f"engine must be 'vllm' or 'hf', got {self.engine!r}")
         if self.agents_per_device is not None and self.agents_per_device > self.agents:
@@ -145,8 +182,14 @@ class JobDescription(BaseModel):
 
 #: Datasheet figures of common accelerators (dense bf16 FLOP/s, HBM bytes/s, host link PCIe generation), for jobs
 #: that name the GPU only. Sources: NVIDIA H100/H200/A100/H20/L40S datasheets (Hopper: PCIe Gen5 x16; A100 and
-#: L40S: Gen4 x16).
+#: L40S: Gen4 x16); NVIDIA's DGX B200 / HGX B200 datasheet (B200: 2.25 PFLOP/s dense FP16/BF16, i.e. half the 4.5
+#: sparse figure; 8 TB/s HBM3e; 180 GB in the DGX B200's 1,440 GB); NVIDIA L4 datasheet (121 TFLOP/s dense BF16 = half
+#: of 242 with sparsity, 300 GB/s, 24 GB, PCIe Gen4 x16); NVIDIA A10 datasheet for AWS's A10G, its cloud variant
+#: (125 TFLOP/s dense BF16 = half of 250, 600 GB/s, 24 GB, Gen4 x16; AWS publishes no tensor figure of its own).
 KNOWN_GPUS: dict[str, tuple[float, float, int]] = {
+    "B200": (2250e12, 8.0e12, 5),
+    "L4": (121e12, 0.3e12, 4),
+    "A10G": (125e12, 0.6e12, 4),
     "H100": (989e12, 3.35e12, 5),
     "H200": (989e12, 4.8e12, 5),
     "H800": (989e12, 3.35e12, 5),
@@ -157,10 +200,27 @@ KNOWN_GPUS: dict[str, tuple[float, float, int]] = {
 }
 
 
+#: datasheet memory per device, GB (the same sources); A100 by the name's "40GB"/"80GB"
+GPU_MEMORY_GB: dict[str, float] = {"B200": 180.0, "H100": 80.0, "H200": 141.0, "H800": 80.0, "H20": 96.0,
+                                   "A100": 80.0, "A800": 80.0, "L40S": 48.0, "L4": 24.0, "A10G": 24.0}
+
+
+def gpu_memory(name: str) -> float | None:
+    """Datasheet memory (GB) of a GPU named like ``H100-80GB`` or ``A100-40GB`` (None if unknown): a size in the
+    name wins over the table."""
+    size = re.search(r"(\d+)\s*GB", name.upper())
+    if size:
+        return float(size.group(1))
+    for key, gb in sorted(GPU_MEMORY_GB.items(), key=lambda kv: -len(kv[0])):  # L40S before L4
+        if key in name.upper().replace("-", " ").split() or name.upper().startswith(key):
+            return gb
+    return None
+
+
 def known_gpu(name: str) -> tuple[float, float, int] | None:
     """The datasheet row of a GPU named like ``NVIDIA H100 80GB HBM3`` or ``A100-40GB`` (None if unknown)."""
     upper = name.upper()
-    for key, row in KNOWN_GPUS.items():
+    for key, row in sorted(KNOWN_GPUS.items(), key=lambda kv: -len(kv[0])):  # L40S before L4
         if key in upper.replace("-", " ").split() or upper.startswith(key) or f" {key}" in upper:
             return row
     return None
@@ -175,4 +235,4 @@ def hardware_from_name(name: str, memory_gb: float) -> Hardware:
     return Hardware(name=name, memory_gb=memory_gb, bf16_flops=flops, hbm_bandwidth=bw, pcie_gen=gen)
 
 
-__all__ = ["Hardware", "JobDescription", "KNOWN_GPUS", "ModelShape", "Workload", "hardware_from_name", "known_gpu"]
+__all__ = ["GPU_MEMORY_GB", "Hardware", "JobDescription", "KNOWN_GPUS", "gpu_memory", "ModelShape", "Workload", "hardware_from_name", "known_gpu"]

@@ -18,6 +18,9 @@ def _allow_toy_backend(monkeypatch):
     """Runs on the toy plugin backend resume without `--backend` again: the test's user allows it (a run
     folder's plugin spec is otherwise refused, see ``mart.trial_runner.registry.untrusted_parts``)."""
     monkeypatch.setenv("MART_ALLOWED_BACKENDS", TOY_BACKEND)
+    # the job model's memory probe answers from its shipped measurements only: no test pays for a measurement
+    # it did not ask for (tests/graph/test_memory_cmd.py measures on purpose)
+    monkeypatch.setenv("MART_MEMORY_PROBE", "cached")
 
 
 @pytest.fixture(autouse=True)

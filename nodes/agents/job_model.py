@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from mart.nodes.agents.memory_source import MemorySource, resolve
 from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
 from mart.state.job import JobDescription
 from mart.state.search_space import ParamSpec
@@ -113,10 +114,28 @@ DEFAULT_INTRA, DEFAULT_INTER, DEFAULT_HOST = 150e9, 20e9, 12e9
 PAGEABLE_SHARE = 0.3
 OFFLOAD_SYNC_S = 0.3
 ASYNC_TAIL_SHARE = 0.5  # share of the long tail async tasks recover (prior; calibration corrects the scale)
+#: bytes x vocab per token that verl's log-prob path with flash-attn's fused cross-entropy (what verl's images run:
+#: ``logprobs_from_logits`` with ``inplace_backward``) keeps below the non-fused fp32 one the memory probe measures
+#: (bf16 logits, an fp32 copy and its fp32 log-softmax; the backward's fp32 gradients): the forward keeps the bf16
+#: logits and the entropy's bf16 softmax (10 -> 6), the update the bf16 logits and their gradient (12 -> 4)
+FUSED_LOGITS_SAVING = {"logprob": 4.0, "update": 8.0}
 UNTESTED_SAVING_SHARE = 0.5  # of the memory an approximate saver (activation offload, entropy tricks) claims
 DYN_IMBALANCE = 1.1  # the largest of verl's length-balanced dynamic micro batches vs their mean
 KV_HEADROOM = 1.5  # KV cache for 1.5x the running sequences: response lengths grow, and the context is an estimate
 CPU_FLOPS = 2e10  # an emulated device on one CPU core: tens of GFLOP/s; calibration sets the real scale
+
+
+def _version_at_least(version: str | None, floor: tuple[int, ...]) -> bool:
+    """``"0.21.1" >= (0, 21)``; None or an unreadable version counts as old."""
+    if not version:
+        return False
+    parts = []
+    for piece in str(version).split(".")[: len(floor)]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return tuple(parts) >= floor
 
 
 def _num(v: Any, default: Any) -> float:
@@ -239,14 +258,20 @@ class JobModel:
     """Per-phase time and memory of a GRPO step on one job (see the module docstring)."""
 
     def __init__(self, job: JobDescription, base_config: dict[str, Any] | None = None,
-                 calibration: Calibration | None = None) -> None:
+                 calibration: Calibration | None = None, memory: MemorySource | None = None) -> None:
         self.job = job
+        #: torch's accounting of the architecture (the probe), or the textbook count where it cannot run
+        self.memory = memory if memory is not None else resolve(job)
         self.base_config = dict(base_config or {})
         self.cal = calibration or Calibration()
         m, hw = job.model, job.hardware
         self.P = m.n_params
         self.L, self.h, self.f, self.V = m.num_hidden_layers, m.hidden_size, m.ffn, m.vocab_size
         self.kv_bytes = 2 * self.L * m.kv_heads * m.dhead * 2  # K and V, every layer, bf16
+        self.kv_heads = m.kv_heads
+        self.P_active = m.active_params  # what a token's FLOPs pass through (an MoE routes to a few experts)
+        # vLLM >= 0.21 counts its CUDA graphs inside gpu_memory_utilization (they take KV cache), before on top
+        self.graphs_inside = _version_at_least(job.vllm_version, (0, 21))
         self.kv_dim = m.kv_heads * m.dhead
         self.gated = m.gated_mlp
         self.C = hw.memory_gb
@@ -355,8 +380,9 @@ class JobModel:
         engines = self.N / tp
         per_engine = w.seqs / engines
         budget = k["util"] * self.C
-        kv_pool = budget - self._vllm_fixed_gb(k)
-        kv_tokens = np.maximum(kv_pool, 0) * GIB * tp / self.kv_bytes
+        graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
+        kv_pool = budget - self._vllm_fixed_gb(k) - (graphs if self.graphs_inside else 0.0)
+        kv_tokens = np.maximum(kv_pool, 0) * GIB / self._kv_rank_bytes(tp)
         kv_fail = kv_tokens < w.max_len
         ctx = self._decode_context(w)
         want = self._wanted_concurrency(k, w)
@@ -368,11 +394,10 @@ class JobModel:
         c_sync = c
         c = np.where(tasks > 0, np.minimum(c, in_flight), c)
         preempt = np.clip(1 - c_kv / want, 0, 1)
-        graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
-        mem = budget + resident + graphs + self.ctx_gb
+        mem = budget + resident + (0.0 if self.graphs_inside else graphs) + self.ctx_gb
         # prefill: FLOP bound; prefix caching shares a prompt's prefill across its n samples
         prefill_tok = per_engine * w.prompt_mean / np.where(k["prefix"] > 0, w.n, 1)
-        t_prefill = prefill_tok * 2 * self.P / tp / (self.flops * GEMM_EFF) * np.where(k["chunked"] > 0, 1.0, 1.1)
+        t_prefill = prefill_tok * 2 * self.P_active / tp / (self.flops * GEMM_EFF) * np.where(k["chunked"] > 0, 1.0, 1.1)
         # decode: engine steps x (fixed + weight read) + tokens x (KV read), compute once the batch is large
         eager_like = np.maximum(k["eager"], (c > GRAPH_MAX_BATCH).astype(float))
         fixed = STEP_OVERHEAD_S * cal.step_overhead_mult + eager_like * self.L * LAUNCH_PER_LAYER_S
@@ -380,9 +405,9 @@ class JobModel:
         # every engine step reads the weight shard once; every generated token reads its own context's KV
         # cache (and all-reduces its activations under TP); GEMMs become compute bound at large batches
         weights_s = W / tp / self.hbm
-        kv_tok = ctx * self.kv_bytes / tp / self.hbm
+        kv_tok = ctx * self._kv_rank_bytes(tp) / self.hbm
         comm_tok = (tp > 1) * self.L * 2 * self.h * 2 * 2 * (tp - 1) / tp / (self.intra_bw * cal.comm_mult)
-        compute_tok = 2 * self.P / tp / (self.flops * DECODE_EFF)
+        compute_tok = 2 * self.P_active / tp / (self.flops * DECODE_EFF)
         # steps: the queue drains at concurrency c, then the longest response finishes alone (long tail)
         iters = np.maximum(per_engine * w.resp_mean / c + (w.resp_max - w.resp_mean), w.resp_max)
         tokens = per_engine * w.resp_mean
@@ -400,6 +425,11 @@ class JobModel:
         t_gen = (t_prefill + t_decode) * straggler
         return {"t_gen": t_gen, "m_gen": mem, "kv_fail": kv_fail, "concurrency": c, "kv_pool_gb": kv_pool,
                 "u_gen": graphs}
+
+    def _kv_rank_bytes(self, tp: np.ndarray) -> np.ndarray:
+        """KV bytes per token on one TP rank: vLLM gives each rank max(1, kv_heads // TP) heads."""
+        heads = np.maximum(1, self.kv_heads // np.maximum(np.asarray(tp, dtype=int), 1))
+        return self.kv_bytes * heads / self.kv_heads
 
     def _vllm_fixed_gb(self, k: dict) -> np.ndarray:
         """vLLM's budget outside the KV cache per GPU: the weight shard, the activations of its
@@ -424,7 +454,9 @@ class JobModel:
         k = {name: np.asarray(v, dtype=float) for name, v in k.items()}
         tp = np.maximum(k["tp"], 1)
         tokens = np.maximum(headroom * self._wanted_concurrency(k, w) * self._decode_context(w), w.max_len)
-        return (tokens * self.kv_bytes / tp / GIB + self._vllm_fixed_gb(k)) / self.C
+        graphs = (1 - k["eager"]) * (0.2 + 0.8 * math.sqrt(self.h / 4096) * np.minimum(k["mns"], GRAPH_MAX_BATCH) / 256)
+        inside = graphs if self.graphs_inside else 0.0
+        return (tokens * self._kv_rank_bytes(tp) / GIB + self._vllm_fixed_gb(k) + inside) / self.C
 
     def _micro(self, k: dict, w: Workload, seqs_gpu: float, micro: np.ndarray, cap: np.ndarray) -> tuple:
         """(micro batches, mean tokens per micro batch, tokens of the largest one)."""
@@ -475,7 +507,7 @@ class JobModel:
         dp = self.N / sp
         seqs_gpu = w.seqs / dp
         W = 2 * self.P
-        flops_tok = 2 * self.P + 4 * self.L * self.h * w.seq_mean / 2  # matmuls + causal attention
+        flops_tok = 2 * self.P_active + 4 * self.L * self.h * w.seq_mean / 2  # matmuls + causal attention
         ag = W * (self.N - 1) / self.N / (self.coll_bw * self.cal.comm_mult) if self.N > 1 else 0.0
         frag = np.where(k["fsdp2"] > 0, 0.93, 1.0)  # FSDP2: -7% memory (verl's FSDP2 notes)
         speed = np.where(k["fsdp2"] > 0, 0.985, 1.0)
@@ -498,7 +530,7 @@ class JobModel:
 
         t_old, act_old, lg_old, sv_old = forward(k["lp_micro"], k["param_off"], float(4 * self.P / self.N / GIB))
         base_mem = res["optim"] + res["ref"] + gathered + kept_kv + self.ctx_gb
-        m_old = res["params"] + base_mem + act_old
+        m_old = res["params_all"] + base_mem + act_old  # verl reloads offloaded parameters for the log-prob pass
         if w.uses_ref:
             t_ref, act_ref, lg_ref, sv_ref = forward(k["ref_micro"], k["ref_off"], float(2 * self.P / self.N / GIB))
             m_ref = res["params"] + res["optim"] + 2 * self.P / self.N / GIB + gathered + kept_kv + self.ctx_gb + act_ref
@@ -528,10 +560,65 @@ class JobModel:
                   "ent_ckpt": peak_tok / sp * 2.0 * self.V * k["ent_ckpt"] / GIB * frag,
                   "ent_chunk": peak_tok / sp * self.V * k["ent_chunk"] / GIB * frag}
         m_upd = res["params_all"] + res["grads"] + res["optim_all"] + res["ref"] + gathered + kept_kv + act_upd + self.ctx_gb
+        if self.memory.coef is not None:
+            probed = self._probed_training(k, w, res, seqs_gpu, sp, n_mini, peak_tok, frag, kept_kv, act_full)
+            (m_old, act_old, lg_old, m_ref, act_ref, lg_ref, m_upd, act_upd, lg_upd) = probed
         saves = {f"sv:{kn}:update_actor": v for kn, v in sv_upd.items()}
         saves.update({"sv:ent_chunk:old_log_prob": sv_old, "sv:ent_chunk:ref": sv_ref})
-        return {**saves, "t_old": t_old, "t_ref": t_ref, "t_upd": t_upd, "m_old": m_old, "m_ref": m_ref, "m_upd": m_upd,
+        tok_old = self._micro(k, w, seqs_gpu, k["lp_micro"], k["tok_cap"])[2] / sp
+        tok_ref = self._micro(k, w, seqs_gpu, k["ref_micro"], k["tok_cap"])[2] / sp
+        return {**saves, "tok_upd": peak_tok / sp, "tok_old": tok_old, "tok_ref": tok_ref, "t_old": t_old, "t_ref": t_ref, "t_upd": t_upd, "m_old": m_old, "m_ref": m_ref, "m_upd": m_upd,
                 "u_old": act_old, "u_ref": act_ref, "u_upd": act_upd, "l_old": lg_old, "l_ref": lg_ref, "l_upd": lg_upd}
+
+    def _probed_training(self, k: dict, w: Workload, res: dict, seqs_gpu: float, sp: np.ndarray, n_mini: float,
+                         peak_upd: np.ndarray, frag: np.ndarray, kept_kv: np.ndarray, act_full: np.ndarray) -> tuple:
+        """The training phases' memory from torch's accounting (``self.memory.coef``: full-depth peak = a + b x
+        tokens of the largest micro batch; parameters, gathered units, the gradients and Adam state present at
+        the peak included), with the job's other residents on top. Knobs the probe does not vary act as the
+        formula's deltas: FSDP1's fragmentation, activation offload, entropy chunking/checkpointing."""
+        coef = self.memory.coef
+        shard = self.P / self.N / GIB
+        fsdp1 = 0.93 / frag  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
+        others = res["params_all"] - 4 * shard  # a team's other policies on the device
+        ckpt = k["ckpt"] > 0
+        fused = 1.0 if self.job.logits_path == "fused" else 0.0
+
+        def split(phase: str, on: Any, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(static, per-token share x tokens) in GiB at the peak's moment (by checkpointing where ``on``)."""
+            def one(c: bool) -> tuple[np.ndarray, np.ndarray]:
+                total = coef.part(phase, c, "total", tok)
+                act = coef.part(phase, c, "activations", tok)
+                return np.asarray(total - act) / GIB, np.asarray(act) / GIB
+            (s0, d0), (s1, d1) = one(False), one(True)
+            return np.where(on, s1, s0), np.where(on, d1, d0)
+
+        def logprob(micro: np.ndarray) -> tuple:
+            tok = self._micro(k, w, seqs_gpu, micro, k["tok_cap"])[2] / sp
+            a, dyn = split("logprob", False, tok)
+            dyn = dyn - fused * tok * FUSED_LOGITS_SAVING["logprob"] * self.V / GIB
+            dyn = dyn * fsdp1 - tok * 4.0 * self.V * k["ent_chunk"] / GIB
+            logits = np.minimum(tok * np.where(k["ent_chunk"] > 0, 3.0, 7.0) * self.V / GIB, dyn)
+            return a, dyn, logits
+
+        a_old, act_old, lg_old = logprob(k["lp_micro"])
+        # verl reloads offloaded actor parameters for compute_log_prob: the probe's fp32 shard is always there
+        m_old = a_old + act_old + res["optim"] + res["ref"] + others + kept_kv + self.ctx_gb
+        if w.uses_ref:
+            a_ref, act_ref, lg_ref = logprob(k["ref_micro"])
+            # the reference holds a bf16 shard where the probe's actor held its fp32 one
+            m_ref = a_ref - 2 * shard + act_ref + res["params"] + res["optim"] + others + kept_kv + self.ctx_gb
+        else:
+            act_ref = lg_ref = m_ref = np.zeros_like(m_old)
+        tok = peak_upd / sp
+        a, dyn = split("update", ckpt, tok)
+        dyn = dyn - fused * tok * FUSED_LOGITS_SAVING["update"] * self.V / GIB
+        logits_f = self.V * 8.0 * tok / GIB  # the probe's non-fused log-prob path; savers below trim it
+        dyn = dyn - 0.75 * k["act_off"] * np.maximum(dyn - logits_f, 0.0)
+        dyn = (dyn - tok * self.V * (2.0 * k["ent_ckpt"] + k["ent_chunk"]) / GIB) * fsdp1
+        lg_upd = np.minimum(tok * (self.V * np.where(k["ent_ckpt"] > 0, 6.0, 8.0) - self.V * k["ent_chunk"]) / GIB,
+                            dyn)
+        m_upd = a + dyn + res["ref"] + others + kept_kv + self.ctx_gb
+        return m_old, act_old, lg_old, m_ref, act_ref, lg_ref, m_upd, dyn, lg_upd
 
     def _other(self, k: dict, w: Workload) -> dict[str, np.ndarray]:
         tp = np.maximum(k["tp"], 1)

@@ -18,6 +18,17 @@ import numpy as np
 GIB = 1024**3
 
 
+def version_at_least(version: str, floor: tuple[int, ...]) -> bool:
+    """``"0.21.1" >= (0, 21)``; an unreadable version counts as old."""
+    parts = []
+    for piece in str(version).split(".")[: len(floor)]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return tuple(parts) >= floor
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator and its links (per-GPU effective figures, not datasheet peaks)."""
@@ -45,6 +56,13 @@ GPUS: dict[str, GPU] = {
         GPU("A100-80GB", 80.0, 0.75 * 2.039e12, 312e12, 100e9, 11e9, 6e9, 0.62, "NVLink 3 (600 GB/s), 200 Gb/s IB"),
         GPU("A100-40GB", 40.0, 0.75 * 1.555e12, 312e12, 100e9, 11e9, 6e9, 0.62, "NVLink 3 (600 GB/s), 200 Gb/s IB"),
         GPU("L40S", 48.0, 0.75 * 0.864e12, 362e12, 12e9, 11e9, 6e9, 0.50, "PCIe Gen4 only (no NVLink), 200 Gb/s"),
+        # DGX B200 datasheet: 180 GB HBM3e and 8 TB/s per GPU, 2.25 PFLOP/s dense BF16, NVLink 5 (1.8 TB/s), 400 Gb/s
+        GPU("B200", 180.0, 0.75 * 8.0e12, 2250e12, 300e9, 22e9, 12e9, 0.50, "NVLink 5 (1.8 TB/s), 400 Gb/s IB"),
+        # L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOP/s dense BF16, PCIe Gen4 x16, no NVLink
+        GPU("L4", 24.0, 0.75 * 0.3e12, 121e12, 12e9, 11e9, 6e9, 0.50, "PCIe Gen4 only (no NVLink), 200 Gb/s"),
+        # AWS's A10G (the A10's cloud variant; A10 datasheet: 24 GB, 600 GB/s, 125 TFLOP/s dense BF16, Gen4 x16);
+        # g5.48xlarge: 8 GPUs share 100 Gb/s of networking
+        GPU("A10G", 24.0, 0.75 * 0.6e12, 125e12, 12e9, 1.2e9, 6e9, 0.58, "PCIe Gen4 only (no NVLink), 100 Gb/s per node"),
     )
 }
 H100_80G = GPUS["H100-80GB"]
@@ -64,6 +82,25 @@ class ModelSpec:
     head_dim: int
     vocab: int
     heads: int = 0
+    model_type: str = ""  # config.json's (qwen3, qwen2, llama, qwen3_moe); "" = not given
+    tie_word_embeddings: bool = False
+    experts: int = 0  # MoE: routed experts per layer (0 = dense)
+    experts_per_tok: int = 0
+    moe_intermediate: int = 0
+
+    @property
+    def active_params(self) -> float:
+        """Parameters a token passes through: all of a dense model's, the routed experts' share of an MoE's."""
+        if not self.experts:
+            return self.params
+        mlp_all = self.layers * self.experts * 3 * self.hidden * self.moe_intermediate
+        return self.params - mlp_all * (1 - max(self.experts_per_tok, 1) / self.experts)
+
+    def kv_bytes_per_rank_token(self, tp: Any) -> Any:
+        """KV bytes per token on one TP rank: vLLM gives each rank max(1, kv_heads // TP) heads (a head is
+        replicated on every rank when TP exceeds the KV heads)."""
+        heads = np.maximum(1, self.kv_heads // np.maximum(np.asarray(tp, dtype=int), 1))
+        return 2 * self.layers * heads * self.head_dim * 2
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -173,6 +210,13 @@ class Scenario:
     consts: SimConstants = field(default_factory=SimConstants)
     perturb_seed: int | None = None
     rollout_engine: str = "vllm-v1"  # vllm-v0: the pre-2025 engine, ~3x the CPU cost per engine step
+    verl_version: str = "0.9.1"  # whose defaults and rules the job runs under
+    vllm_version: str = "0.11.0"  # since 0.21 vLLM counts its CUDA graphs inside gpu_memory_utilization
+
+    @property
+    def graphs_inside_util(self) -> bool:
+        """vLLM >= 0.21 profiles the CUDA-graph capture memory inside ``gpu_memory_utilization`` (before: on top)."""
+        return version_at_least(self.vllm_version, (0, 21))
 
     @property
     def n_gpus(self) -> int:
@@ -204,7 +248,11 @@ class Scenario:
             "name": self.name,
             "model": {"name": m.name, "num_parameters": m.params, "num_hidden_layers": m.layers,
                       "hidden_size": m.hidden, "intermediate_size": m.intermediate, "num_attention_heads": m.heads,
-                      "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab},
+                      "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab,
+                      "model_type": m.model_type or None, "tie_word_embeddings": m.tie_word_embeddings,
+                      **({"num_experts": m.experts, "num_experts_per_tok": m.experts_per_tok,
+                          "moe_intermediate_size": m.moe_intermediate} if m.experts else {})},
+            "versions": {"verl": self.verl_version, "vllm": self.vllm_version},
             "cluster": {"gpu": g.name, "memory_gb": g.memory_gb, "hbm_tb_s": round(g.hbm_bw / 0.75 / 1e12, 3),
                         "bf16_tflops": g.bf16_flops / 1e12, "interconnect": g.interconnect,
                         "nodes": self.nnodes, "gpus_per_node": self.gpus_per_node},

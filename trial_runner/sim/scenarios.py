@@ -57,9 +57,20 @@ class ModelFile(_Strict):
     vocab_size: int = Field(ge=256, le=1 << 22)
     num_parameters: float = Field(gt=1e7, le=2e12, description="total parameters, embeddings included (e.g. 8.03e9)")
     head_dim: int | None = Field(default=None, ge=16, le=4096)
+    model_type: str | None = Field(default=None, description="config.json's model_type (qwen3, qwen2, llama, "
+                                   "qwen3_moe): lets the tuner's memory probe build the real module")
+    tie_word_embeddings: bool = False
+    num_experts: int | None = Field(default=None, ge=2, le=4096, description="MoE: routed experts per layer")
+    num_experts_per_tok: int | None = Field(default=None, ge=1, le=256, description="MoE: experts per token")
+    moe_intermediate_size: int | None = Field(default=None, ge=16, le=1 << 19, description="MoE: one expert's FFN")
 
     @model_validator(mode="after")
     def _heads(self) -> ModelFile:
+        moe = (self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size)
+        if any(v is not None for v in moe) and any(v is None for v in moe):
+            raise ValueError("an MoE model gives num_experts, num_experts_per_tok and moe_intermediate_size")
+        if self.num_experts and self.num_experts_per_tok > self.num_experts:
+            raise ValueError("num_experts_per_tok exceeds num_experts")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
@@ -118,6 +129,13 @@ class LearningFile(_Strict):
     tau_steps: float | None = Field(default=None, gt=0, le=1e6)
 
 
+class VersionsFile(_Strict):
+    """``versions:`` - the verl and vLLM releases whose defaults and rules the job runs under."""
+
+    verl: str = Field(default="0.9.1", pattern=r"^\d+\.\d+(\.\d+)?([.a-z0-9+-]*)$")
+    vllm: str = Field(default="0.11.0", pattern=r"^\d+\.\d+(\.\d+)?([.a-z0-9+-]*)$")
+
+
 class ScenarioFile(_Strict):
     """A scenario file: a verl GRPO job on a cluster, as a user describes it."""
 
@@ -130,6 +148,7 @@ class ScenarioFile(_Strict):
     base_config: dict[str, Any] = Field(default_factory=dict)
     rollout_engine: Literal["vllm-v1", "vllm-v0"] = Field(
         default="vllm-v1", description="vLLM engine generation (vllm-v0 for runs before 2025)")
+    versions: VersionsFile = Field(default_factory=lambda: VersionsFile())
 
     @field_validator("base_config")
     @classmethod
@@ -172,7 +191,9 @@ def scenario_from_file(data: ScenarioFile) -> Scenario:
     model = ModelSpec(name=mf.name, hf_path=mf.hf_path or mf.name, params=float(mf.num_parameters),
                       layers=mf.num_hidden_layers, hidden=mf.hidden_size, intermediate=mf.intermediate_size,
                       kv_heads=mf.num_key_value_heads, head_dim=head_dim, vocab=mf.vocab_size,
-                      heads=mf.num_attention_heads)
+                      heads=mf.num_attention_heads, model_type=mf.model_type or "",
+                      tie_word_embeddings=mf.tie_word_embeddings, experts=mf.num_experts or 0,
+                      experts_per_tok=mf.num_experts_per_tok or 0, moe_intermediate=mf.moe_intermediate_size or 0)
     gpu = GPUS[cf.gpu]
     if cf.memory_gb is not None:
         gpu = replace(gpu, memory_gb=float(cf.memory_gb))
@@ -187,7 +208,7 @@ def scenario_from_file(data: ScenarioFile) -> Scenario:
         val_size=wf.val_size, test_freq=wf.test_freq,
         description=data.description or f"{model.hf_path} GRPO, {cf.nodes}x{cf.gpus_per_node} {gpu.name}",
         base_overrides=tuple(sorted(data.base_config.items(), key=lambda kv: kv[0])),
-        rollout_engine=data.rollout_engine,
+        rollout_engine=data.rollout_engine, verl_version=data.versions.verl, vllm_version=data.versions.vllm,
     )
 
 

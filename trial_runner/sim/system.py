@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from mart.trial_runner.sim import memory as torch_memory
 from mart.trial_runner.sim.job import GIB, Scenario
 
 ARR = "actor_rollout_ref"
@@ -147,9 +148,9 @@ def decode_costs(sc: Scenario, k: dict, c: np.ndarray, ctx: float) -> tuple[np.n
     v0 = sc.rollout_engine == "vllm-v0"
     sched, per_seq = (V0_SCHED_S, V0_SCHED_PER_SEQ_S) if v0 else (T_SCHED_S, T_SCHED_PER_SEQ_S)
     fixed = sched * cs.decode_overhead + weights + tp_lat + eager_like * eager_launch + (1 - eager_like) * T_GRAPH_REPLAY_S
-    kv = ctx * kv_bytes(sc) / tp / hbm
+    kv = ctx * m.kv_bytes_per_rank_token(tp) * cs.kv_bytes / hbm  # each rank reads its own heads
     tp_bw = (tp > 1) * m.layers * 2 * m.hidden * 2 / (g.nvlink_bw * cs.collective_bw)
-    compute = np.maximum(0.0, 2 * m.params / tp / (g.bf16_flops * DECODE_MFU * cs.decode_eff) - weights / np.maximum(c, 1))
+    compute = np.maximum(0.0, 2 * m.active_params / tp / (g.bf16_flops * DECODE_MFU * cs.decode_eff) - weights / np.maximum(c, 1))
     return fixed, per_seq * cs.decode_overhead + kv + tp_bw + compute
 
 
@@ -168,12 +169,16 @@ def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = N
     ref = (1 - k["ref_off"]) * 2 * m.params / n_gpus / GIB * float(w.uses_ref)
     graphs = (1 - k["eager"]) * m.cuda_graph_gb * np.minimum(k["max_num_seqs"], CUDA_GRAPH_MAX_BATCH) / 256.0
     vllm = k["util"] * sc.gpu.memory_gb
-    mem = actor_params + optim + ref + graphs + vllm + CUDA_CONTEXT_GB
+    # vLLM >= 0.21 counts its CUDA graphs inside the memory share (they take KV cache); before, on top of it
+    inside = 1.0 if sc.graphs_inside_util else 0.0
+    mem = actor_params + optim + ref + graphs * (1 - inside) + vllm + CUDA_CONTEXT_GB
 
     # KV cache pool per GPU = vLLM budget - weights shard - activation workspace - non-torch memory
     act_ws = (k["mnbt"] * (12 * m.hidden + 6 * m.intermediate) / tp + k["max_num_seqs"] * m.vocab * 4) / GIB
-    kv_pool_gb = vllm - m.weight_bytes / tp / GIB - act_ws - VLLM_NON_TORCH_GB
-    kv_tokens = np.maximum(kv_pool_gb, 0) * GIB * tp / kv_bytes(sc)  # per engine
+    kv_pool_gb = vllm - m.weight_bytes / tp / GIB - act_ws - VLLM_NON_TORCH_GB - graphs * inside
+    # per engine: each TP rank holds max(1, kv_heads // TP) heads of every token (replicated beyond the KV heads)
+    kv_rank = m.kv_bytes_per_rank_token(tp) * sc.consts.kv_bytes
+    kv_tokens = np.maximum(kv_pool_gb, 0) * GIB / kv_rank
     max_model_len = w.max_prompt_length + w.max_response_length
     kv_fail = kv_tokens < max_model_len
 
@@ -188,7 +193,7 @@ def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = N
     # prefill: compute-bound; prefix caching shares a prompt's prefill across its n samples
     prefill_tokens = per_engine * w.prompt_mean / np.where(k["prefix"] > 0, w.n, 1)
     prefill_iters = prefill_tokens / np.maximum(np.where(k["chunked"] > 0, k["mnbt"] - c_eff, k["mnbt"]), 64)
-    t_prefill = prefill_tokens * 2 * m.params / tp / (g.bf16_flops * PREFILL_MFU) + prefill_iters * T_SCHED_S
+    t_prefill = prefill_tokens * 2 * m.active_params / tp / (g.bf16_flops * PREFILL_MFU) + prefill_iters * T_SCHED_S
     t_prefill = t_prefill * np.where(k["chunked"] > 0, 1.0, 1.15)  # unchunked prefill stalls decode
 
     # decode (continuous batching, synchronous step): while sequences queue, c_eff run; then the last wave
@@ -221,6 +226,10 @@ def rollout_phase(sc: Scenario, k: dict, w: StepWorkload, seqs: float | None = N
 T_MICRO_PER_LAYER_FWD_S = 0.25e-3  # python, hooks and kernel launches per layer and micro batch (forward)
 PAGEABLE_SHARE = 0.25  # verl offloads with .to("cpu"): pageable copies reach ~1/4 of pinned PCIe bandwidth
 OFFLOAD_SYNC_S = 0.3  # synchronise + empty_cache + re-allocation around each load/offload
+#: bytes x vocab per token that verl's log-prob path with flash-attn's fused cross-entropy (verl's images) keeps below
+#: the non-fused fp32 path torch's accounting measured: 10 -> 6 in the forward (bf16 logits, the entropy's bf16
+#: softmax), 12 -> 4 in the update (bf16 logits and their in-place gradient)
+FUSED_LOGITS_SAVING = {"logprob": 4.0, "update": 8.0}
 FSDP_FRAGMENTATION = 1.08  # FSDP1 allocator overhead on activations; FSDP2 has none
 PACKING_EFFICIENCY = 0.92  # dynamic bsz fills ~92% of the token cap
 
@@ -285,7 +294,7 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
     sp = np.maximum(k["sp"], 1)
     dp = n_gpus / sp
     seqs_gpu = w.seqs / dp  # sequences each data-parallel rank holds (SP ranks split their tokens)
-    flops_tok = 2 * m.params + 2 * m.layers * m.hidden * w.seq_mean  # forward, attention included
+    flops_tok = 2 * m.active_params + 2 * m.layers * m.hidden * w.seq_mean  # forward, attention included
     frag = np.where(k["fsdp2"] > 0, 1.0, FSDP_FRAGMENTATION)
     bw = _collective_bw(sc)
     ag_bytes = m.weight_bytes * (n_gpus - 1) / n_gpus  # bf16 all-gather of the sharded params
@@ -302,6 +311,8 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
     gathered = (2 * 2 * m.params / m.layers + m.vocab * m.hidden * 2) / GIB  # two layers + lm head in bf16
     kv_kept = (1 - k["free_cache"]) * k["util"] * g.memory_gb  # vLLM keeps its pool when not freed
     resident_optim = (1 - k["opt_off"]) * state_optim
+    # torch's accounting of this architecture (memory_truth.json), or None: the textbook count below
+    truth = torch_memory.truth_for(sc)
 
     # forward-only log-prob passes (old policy; the ref policy when a KL term is on)
     def forward_pass(micro: np.ndarray, cap: np.ndarray, offloaded: np.ndarray, params_gb: float) -> tuple:
@@ -315,14 +326,22 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
         t = t + offloaded * (2 * params_gb * GIB / host + OFFLOAD_SYNC_S)  # load before, offload after
         logits_b = np.where(k["ent_chunk"] > 0, 2.5, 6.0) * m.vocab * sc.consts.logits_bytes
         act = peak_tok / sp * (logits_b + 8 * m.hidden) / GIB * frag
+        if truth is not None:
+            # torch's accounting: the fp32 shard, the gathered units and the pass's activations and logits
+            static, dyn = torch_memory.peak_gb(sc, truth, "logprob", 0.0, peak_tok / sp, frag * sc.consts.logits_bytes)
+            dyn = dyn - peak_tok / sp * FUSED_LOGITS_SAVING["logprob"] * m.vocab / GIB * frag
+            chunked = peak_tok / sp * 3.5 * m.vocab * k["ent_chunk"] / GIB * frag  # chunked entropy
+            act = static - state_params + dyn - chunked  # (everything but the fp32 shard, counted below)
         return t, act
 
     t_old, act_old = forward_pass(k["lp_micro"], k["lp_tok_cap"], k["param_off"], state_params)
-    mem_old = state_params + resident_optim + (1 - k["ref_off"]) * ref_params * w.uses_ref + gathered + act_old + kv_kept
+    mem_old = state_params + resident_optim + (1 - k["ref_off"]) * ref_params * w.uses_ref + act_old + kv_kept
+    mem_old = mem_old + (gathered if truth is None else 0.0)
     if w.uses_ref:
         t_ref, act_ref = forward_pass(k["ref_micro"], k["ref_tok_cap"], k["ref_off"], ref_params)
         t_ref = t_ref * 1.0
-        mem_ref = (1 - k["param_off"]) * state_params + resident_optim + ref_params + gathered + act_ref + kv_kept
+        mem_ref = (1 - k["param_off"]) * state_params + resident_optim + ref_params + act_ref + kv_kept
+        mem_ref = mem_ref + (gathered if truth is None else 0.0)
     else:
         t_ref = np.zeros_like(t_old)
         mem_ref = np.zeros_like(mem_old)
@@ -356,6 +375,20 @@ def train_phases(sc: Scenario, k: dict, w: StepWorkload) -> dict[str, np.ndarray
     logits_b = m.vocab * (np.where(k["ent_ckpt"] > 0, 4.0, 6.0) + (2.0 if w.entropy_in_update else 0.0)) * sc.consts.logits_bytes
     act_upd = peak_tok / sp * (per_tok + logits_b) / GIB * frag
     mem_upd = state_params + state_optim + state_grads + gathered + act_upd + kv_kept
+    if truth is not None:
+        # torch's accounting: parameters, the gradients and Adam state present at the peak, gathered units,
+        # activations, logits; the knobs it did not vary act as the textbook deltas (activation offload keeps
+        # half of the saved activations, or a tenth of the checkpoints; entropy checkpointing drops 2 x vocab
+        # bytes per token; an entropy bonus adds them)
+        tok = peak_tok / sp
+        static, dyn = torch_memory.peak_gb(sc, truth, "update", k["grad_ckpt"], tok, frag * sc.consts.act_bytes)
+        dyn = dyn - tok * FUSED_LOGITS_SAVING["update"] * m.vocab / GIB * frag
+        logits_t = tok * 8.0 * m.vocab / GIB
+        kept = np.where(k["grad_ckpt"] > 0, 0.3, 0.5)
+        dyn = dyn - k["act_off"] * (1 - kept) * np.maximum(dyn - logits_t, 0.0)
+        dyn = dyn + tok * m.vocab * sc.consts.logits_bytes * (
+            -2.0 * k["ent_ckpt"] + (2.0 if w.entropy_in_update else 0.0)) / GIB * frag
+        mem_upd = static + dyn + kv_kept
     mem_upd = mem_upd + (1 - k["ref_off"]) * ref_params * w.uses_ref + CUDA_CONTEXT_GB
     mfu = tokens * flops_tok * 3 / (g.bf16_flops * np.maximum(t_upd, 1e-9))
     return {
