@@ -18,12 +18,13 @@ import math
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from mart.state.files import ensure_dir, write_atomic
 from mart.state.ledger import DB_FILE
+from mart.state.stages import traits
 from mart.state.text import html_text, md_fence, md_text, plain
 from mart.state.units import fmt_gb
 
@@ -201,15 +202,15 @@ def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
 
 
 def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
-    if stage == "learning":
-        return _plot_learning_best(data, ax, label)
+    if stage in _BEST_PLOTS:  # a stage with its own drawing (re-runs on other seeds)
+        return _BEST_PLOTS[stage](data, ax, label)
     trials = data.stage_trials(stage)
-    limit = data.memory_limit_gb() if stage == "system" else None
+    limit = data.memory_limit_gb() if traits(stage).memory_bound else None
     xs, best, ys, cur = [], [], [], None
     for i, t in enumerate(trials, 1):
         v = _objective(t)
         ok = t["status"] == "completed" and v is not None
-        if ok and stage == "system" and limit is not None and (t["peak_memory_gb"] or 0) > limit:
+        if ok and limit is not None and (t["peak_memory_gb"] or 0) > limit:
             ok = False  # over the margin never counts as best
         if ok:
             cur = v if cur is None else max(cur, v)
@@ -227,6 +228,10 @@ def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
     ax.set_xlabel("trial")
     ax.legend(fontsize=8)
     return True
+
+
+#: the stages whose best-so-far figure is drawn their own way
+_BEST_PLOTS: dict[str, Callable[[RunData, Any, str], bool]] = {"learning": _plot_learning_best}
 
 
 def _timeline(data: RunData) -> list[dict[str, Any]]:
@@ -261,7 +266,7 @@ def _plot_gantt(data: RunData, ax: Any) -> bool:
 
 def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
     """Best-so-far against wall clock: the stage's best eligible objective as its trials end."""
-    limit = data.memory_limit_gb() if stage == "system" else None
+    limit = data.memory_limit_gb() if traits(stage).memory_bound else None
     rows = sorted((t for t in _timeline(data) if t["stage"] == stage), key=lambda t: t["t_end"])
     xs, ys, cur = [], [], None
     for t in rows:
@@ -564,7 +569,8 @@ def headline(data: RunData) -> list[tuple[str, str]]:
             if s.get("best_trial") and s.get("best_trial") == s.get("baseline_trial"):
                 gain = f" ({KEPT})"
             elif b is not None and v is not None and math.isfinite(b) and math.isfinite(v):
-                gain = f" ({(v / b - 1) * 100:+.1f}%)" if stage == "system" and b else f" ({v - b:+.4f})"
+                relative = traits(stage).objective == "throughput" and b
+                gain = f" ({(v / b - 1) * 100:+.1f}%)" if relative else f" ({v - b:+.4f})"
             text = f"{_fmt(b)} → {_fmt(v)} {unit}{gain}"
         rows.append((f"{stage} stage", f"{text}; best {s.get('best_trial') or '—'}"
                      + (f"; note: {s['note']}" if s.get("note") else "")))

@@ -13,15 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-Stage = Literal["system", "learning", "schedule"]
-#: the stages in the order a session runs them (`TuneOptions.stages` keeps this order)
-STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
+from mart.state.stages import StageName, traits
 
-
-def knob_stage(stage: str) -> Stage:
-    """The catalogue selector of the knobs ``stage`` changes: a schedule changes the learning knobs per segment and
-    the token caps a longer response limit implies (``SearchSpace.stage_params("schedule")``; issue 24)."""
-    return stage  # type: ignore[return-value]
+#: a stage's name in a record (``mart.state.stages``)
+Stage = StageName
 
 
 class TrialStatus(str, enum.Enum):
@@ -243,8 +238,8 @@ class TrialRecord(BaseModel):
     seed: int | None = Field(None, description="the trial's seed (None: the session's)")
     confirms: str | None = Field(None, description="kind confirm: the trial whose config it re-evaluates")
 
-    def objective(self, stage: Stage) -> float | None:
-        return self.throughput if stage == "system" else self.score  # learning, schedule: validation score
+    def objective(self, stage: str) -> float | None:
+        return self.throughput if traits(stage).objective == "throughput" else self.score
 
     def brief(self) -> "TrialRecord":
         """The record without its full config (in the ledger): what graph state keeps of a finished trial, since

@@ -34,7 +34,7 @@ from mart.nodes.agents.prompts import (
     build_repair_message,
 )
 from mart.nodes.agents.rules import HEDGES, RulesCritic, RulesProposer, model_candidates
-from mart.nodes.agents.schedule import capacity_errors, implied_caps, knob_stage
+from mart.nodes.agents.schedule import capacity_errors, implied_caps
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
 from mart.state.search_space import ConfigError
@@ -253,7 +253,7 @@ class LLMProposer(_LLMStrategy, Proposer):
                 errors.append(f"candidate {i}: knob(s) {dupes} set more than once")
                 continue
             try:
-                changes = space.validate_overrides(proposed.overrides_dict(), stage=knob_stage(ctx.stage))
+                changes = space.validate_overrides(proposed.overrides_dict(), stage=ctx.stage)
             except ConfigError as e:
                 errors.append(f"candidate {i}: {e}")
                 continue
@@ -418,7 +418,7 @@ def check_candidate(ctx: AgentContext, c: Candidate) -> CandidateCheck:
     """mart's checks of one candidate: search space, constraints, memory prediction, repeat of a trial."""
     chk = CandidateCheck()
     try:
-        overrides = ctx.search_space.validate_overrides(c.overrides, stage=knob_stage(ctx.stage))
+        overrides = ctx.search_space.validate_overrides(c.overrides, stage=ctx.stage)
     except ConfigError as e:
         chk.validation_errors.append(str(e))
         overrides = dict(c.overrides)

@@ -22,7 +22,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.rules import model_candidates
-from mart.nodes.agents.schedule import RULES, knob_stage, severities, transition_score
+from mart.nodes.agents.schedule import RULES, severities, transition_score
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.agents import agents_in_config
 from mart.state.models import Candidate, HealthEvent, TrialRecord
@@ -277,7 +277,7 @@ def build_repair_message(errors: Iterable[str], *, attempt: int, attempts: int, 
 
 
 def format_search_space(ctx: AgentContext) -> str:
-    return ctx.search_space.describe(knob_stage(ctx.stage)) or "(no knobs)"  # type: ignore[arg-type]
+    return ctx.search_space.describe(ctx.stage) or "(no knobs)"  # type: ignore[arg-type]
 
 
 def format_segment(ctx: AgentContext) -> str:
@@ -299,7 +299,7 @@ def format_diagnosis(ctx: AgentContext) -> str:
 
 def format_parent(ctx: AgentContext) -> str:
     config = ctx.base_config
-    keys = [p.key for p in ctx.search_space.stage_params(knob_stage(ctx.stage))]  # type: ignore[arg-type]
+    keys = [p.key for p in ctx.search_space.stage_params(ctx.stage)]  # type: ignore[arg-type]
     return _compact({k: config[k] for k in keys if k in config}) or "(the backend's defaults)"
 
 

@@ -26,7 +26,7 @@ from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of, knob_facts
 from mart.nodes.agents.model_search import Scored, is_hedge, search
-from mart.nodes.agents.schedule import capacity_errors, knob_stage, transition_candidates, transition_score
+from mart.nodes.agents.schedule import capacity_errors, transition_candidates, transition_score
 from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ConfigError, ParamSpec
@@ -604,7 +604,7 @@ class RulesCritic(Critic):
         for cand in candidates:
             reasons: list[str] = []
             try:
-                ctx.search_space.validate_overrides(cand.overrides, stage=knob_stage(ctx.stage))
+                ctx.search_space.validate_overrides(cand.overrides, stage=ctx.stage)
             except ConfigError as e:
                 reasons.append(str(e))
             if ctx.stage == "schedule":  # token caps move only up, with the response limit they follow

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from mart.nodes.agents.feedback import parse_feedback
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
-from mart.state.models import Candidate, config_hash, knob_stage
+from mart.state.models import Candidate, config_hash
 from mart.state.trajectory import Trajectory, mean, rel_slope, tail
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ def _find(d: Diagnosis) -> None:
 # --------------------------------------------------------------------------- transitions
 
 
-# ``knob_stage`` (one definition, ``mart.state.models``): ``schedule`` moves the learning knobs and the system knobs a
+# the schedule stage's traits (``mart.state.stages``): it moves the learning knobs and the system knobs a
 # capacity change implies (``ParamSpec.schedule``: the token caps that must hold the longest sequence once
 # ``data.max_response_length`` grows; ``SearchSpace.stage_params("schedule")``)
 
@@ -352,7 +352,7 @@ class _Info:
 
 
 def _spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
-    for p in ctx.search_space.stage_params(knob_stage(ctx.stage)):  # type: ignore[arg-type]
+    for p in ctx.search_space.stage_params(ctx.stage):  # type: ignore[arg-type]
         if p.key == suffix or p.key.endswith("." + suffix):
             return p
     return None
@@ -622,7 +622,7 @@ def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
 def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackRules, info: _Info, make: Any,
                seg: str) -> _Option | None:
     """A transition moving a knob the reviewer named, the way they asked (or up, then down)."""
-    if key not in ctx.search_space or not ctx.search_space[key].in_stage(knob_stage(ctx.stage)) \
+    if key not in ctx.search_space or not ctx.search_space[key].in_stage(ctx.stage) \
             or ctx.search_space[key].stage == "system":  # a token cap moves only with the limit it follows
         return None
     spec = ctx.search_space[key]

@@ -15,7 +15,7 @@ Several trials may be in flight at once (``TuneOptions.parallel``): ``plan`` see
 never starts more than ``free``. Every decision is recomputed from the ledger and the small graph state, so a
 session resumed after a crash decides the same. Stage control (``mart.nodes.stage_control``) only runs this
 protocol; adding a stage is one module with a ``StagePolicy`` subclass plus its registration
-(``mart.nodes.stages.STAGES`` and its name in ``mart.state.models.STAGE_ORDER``).
+(``mart.nodes.stages.register``, which adds its name and ``StageTraits`` to ``mart.state.stages``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 
 from mart.nodes.health_monitor import STOP_PREFIX
 from mart.state.graph_state import running_trials
-from mart.state.models import Stage, TrialRecord, knob_stage
+from mart.state.models import Stage, TrialRecord
+from mart.state.stages import StageTraits
 from mart.state.trials import RunningTrial
 
 
@@ -119,11 +120,8 @@ class StagePolicy(abc.ABC):
     name: ClassVar[Stage]
     objective: ClassVar[str]
     """The stage's objective in words, for the agents."""
-
-    @property
-    def knob_stage(self) -> Stage:
-        """The catalogue stage whose knobs this stage's candidates change."""
-        return knob_stage(self.name)
+    traits: ClassVar[StageTraits]
+    """What the lower layers know of it (``mart.state.stages``): registered with the policy."""
 
     # -- what its trials are ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -33,6 +33,7 @@ from mart.state.objectives import (
     replicate_noise,
     validation_series,
 )
+from mart.state.stages import LEARNING_TRAITS
 
 LR_KEY = "actor_rollout_ref.actor.optim.lr"
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
@@ -54,6 +55,7 @@ def learning_lrs(row: dict[str, Any]) -> dict[str, float]:
 
 class LearningStage(StagePolicy):
     name = "learning"
+    traits = LEARNING_TRAITS
     objective = "maximise the final validation score with the system config fixed; unhealthy trials are stopped early"
 
     def budget(self, options: Any) -> int:

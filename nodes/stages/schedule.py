@@ -39,6 +39,7 @@ from mart.state.schedule import (
     static_path,
     usable,
 )
+from mart.state.stages import SCHEDULE_TRAITS
 from mart.state.trials import checkpoint_dir
 
 STAGE = "schedule"
@@ -159,6 +160,7 @@ def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 class ScheduleStage(StagePolicy):
     name = "schedule"
+    traits = SCHEDULE_TRAITS
     objective = ("maximise the validation score at the end of training (the last segment's end) by changing learning "
                  "knobs for the next segment, from the checkpoint at its start; branches from the same checkpoint "
                  "compete, the unchanged continuation among them; unhealthy branches are stopped early")

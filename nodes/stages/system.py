@@ -17,6 +17,7 @@ from mart.state.agents import group_by_agent
 from mart.state.metrics import THROUGHPUT_KEY, StepRecord, mean_over_steps
 from mart.state.models import TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
+from mart.state.stages import SYSTEM_TRAITS
 from mart.state.units import fmt_gb, fmt_steps
 
 #: with several slots, the step of each trial after which the job model counts what it measured (the early look):
@@ -100,6 +101,7 @@ def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | No
 
 class SystemStage(StagePolicy):
     name = "system"
+    traits = SYSTEM_TRAITS
     objective = ("maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
                  "memory stays within (1 - margin) x capacity")
 
