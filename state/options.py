@@ -34,7 +34,7 @@ class TuneOptions(BaseModel):
     system_horizon: int = Field(6, ge=1, description="Steps per stage-1 trial (throughput over updates 3-5).")
     learning_horizon: int = Field(30, ge=1, description="Steps per stage-2 trial.")
     stages: list[StageName] = Field(
-        default_factory=lambda: list(DEFAULT_STAGES),
+        default_factory=lambda: [str(s) for s in DEFAULT_STAGES],
         description="Stages to run, comma-separated, in this order: system (throughput), learning (validation "
         "score), schedule (per-segment learning knobs grown by a tree search from checkpoints). E.g. "
         "system,learning,schedule or schedule alone (from the base config and --set values).",

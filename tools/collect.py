@@ -17,6 +17,7 @@ from mart.nodes.stages import StageView
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import learning_score, system_outcome, unscored_reason
+from mart.state.trial_state import TrialState, check_transition
 from mart.state.trials import RunningTrial
 
 
@@ -31,7 +32,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     trials_done = dict(state.get("trials_done") or {})
     view_state: Mapping[str, Any] = dict(state)
     for tid, rt in list(running.items()):
-        if not rt.finished:
+        if rt.state is not TrialState.FINISHED:
             continue
         done, eligible = _result(services, rt)
         view = StageView(view_state, services)
@@ -44,6 +45,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
         view_state.update(changed)
         update.update(changed)
         trials_done[done.stage] = trials_done.get(done.stage, 0) + 1
+        check_transition(rt.state, TrialState.COLLECTED, tid)
         del running[tid]
     # something finished: the agents may find new things to try (``waiting`` ends), feedback was used
     return Command(goto="stage_control", update={**update, "trials_done": trials_done, "running": running,

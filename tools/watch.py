@@ -32,6 +32,7 @@ from mart.state.graph_state import TuningState, running_trials
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialRecord
+from mart.state.trial_state import ALIVE, TrialState
 from mart.state.trials import RunningTrial
 from mart.trial_runner.watchdog import Progress
 
@@ -73,11 +74,10 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
     marked = {tid: row["reason"] for tid, row in rows.items() if row.get("status") == "running"
               and str(row.get("reason") or "").startswith(STOP_PREFIX)}
     if marked:
-        return _leave([rt.model_copy(update={"stop_reason": marked[rt.record.trial_id]})
-                       if rt.record.trial_id in marked and not rt.finished and not rt.stop_reason else rt
-                       for rt in trials])
+        return _leave([rt.move(TrialState.STOP_REQUESTED, reason=marked[rt.record.trial_id])
+                       if rt.record.trial_id in marked and rt.state in ALIVE else rt for rt in trials])
     for rt in trials:
-        if rt.finished or rt.stop_reason or rt.handle is None:
+        if rt.state not in ALIVE:  # to stop or to collect first
             return _leave(trials)
         known = {r.step for r in ledger.metric_records(rt.record.trial_id)}
         row = rows[rt.record.trial_id]
@@ -103,7 +103,7 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
             if rt.look_at is not None and not rt.looked and max(f.known, default=0) >= rt.look_at:
                 # the stage asked to decide again once this step is logged (an early look), at once: before the
                 # next poll, as a tuner acts on a line it read; the trial runs on meanwhile
-                f.trial = rt.model_copy(update={"looked": True})
+                f.trial = rt.move(TrialState.LOOKED)
                 changed = True
                 break  # decide now: polling the others first would let the simulator's virtual clock run past the line
             poll = runner.poll(rt.handle)
@@ -112,7 +112,7 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
             if poll.status.is_finished():
                 ledger.add_metrics(tid, f.tail.read_new())  # lines written just before the end
                 assess(services, record, final=True)
-                f.trial = rt.model_copy(update={"finished": True})
+                f.trial = rt.move(TrialState.FINISHED)
                 changed = True
                 continue
             elapsed = time.monotonic() - f.pass_started
@@ -121,12 +121,12 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
                 reason = assess(services, record)
                 f.new_steps, f.pass_started, passed = 0, time.monotonic(), True
                 if reason:
-                    f.trial = rt.model_copy(update={"stop_reason": reason})
+                    f.trial = rt.move(TrialState.STOP_REQUESTED, reason=reason)
                     changed = True
                     continue
             hung = f.progress.expired(watchdog, f.clock_from)
             if hung:
-                f.trial = rt.model_copy(update={"stop_reason": hung})
+                f.trial = rt.move(TrialState.STOP_REQUESTED, reason=hung)
                 changed = True
                 continue
         if changed:
@@ -165,9 +165,9 @@ def _leave(trials: list[RunningTrial]) -> Command:
     """Stop the trials that must stop, then collect every one that ended; with neither (an early look was taken),
     back to stage control, whose agents may find something new in what the trial logged (``waiting`` ends)."""
     running = {rt.record.trial_id: rt for rt in trials}
-    if any(rt.stop_reason and not rt.finished for rt in trials):
+    if any(rt.state is TrialState.STOP_REQUESTED for rt in trials):
         return Command(goto="stop_trial", update={"running": running})
-    if any(rt.finished for rt in trials):
+    if any(rt.state is TrialState.FINISHED for rt in trials):
         return Command(goto="collect_trial", update={"running": running})
     return Command(goto="stage_control", update={"running": running, "waiting": {}})
 
@@ -233,7 +233,7 @@ class WatchDuringReview:
 
 def watchable(trials: list[RunningTrial]) -> list[RunningTrial]:
     """The trials in flight a watch outside the graph follows: launched, not ended, not already being stopped."""
-    return [rt for rt in trials if rt.handle is not None and not rt.finished and not rt.stop_reason]
+    return [rt for rt in trials if rt.state in ALIVE]
 
 
 def follow_in_flight(services: Services, trials: list[RunningTrial], *, interval: float, quit: threading.Event,

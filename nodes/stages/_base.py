@@ -143,6 +143,10 @@ class StagePolicy(abc.ABC):
         base = self.base_config(view)
         return {k: v for k, v in record.config.items() if base.get(k, object()) != v}
 
+    def current_config(self, view: StageView, record: TrialRecord) -> dict[str, Any]:
+        """What a trial being launched changes against (its progress line's changes): the stage's current best."""
+        return {**self.base_config(view), **(view.state.get("best_overrides") or {}).get(self.name, {})}
+
     def baseline_record(self, view: StageView) -> TrialRecord:
         """The stage's first trial: its base config as it is."""
         return TrialRecord(trial_id=f"{self.name[:3]}-{view.next_seq():02d}-baseline", stage=self.name,

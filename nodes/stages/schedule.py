@@ -195,6 +195,11 @@ class ScheduleStage(StagePolicy):
         ref = dict(parent.get("config") or {}) if parent else self.start_config(view)
         return {k: v for k, v in record.config.items() if ref.get(k, object()) != v}
 
+    def current_config(self, view: StageView, record: TrialRecord) -> dict[str, Any]:
+        """A branch changes against its parent's config (the root: against the schedule's start config)."""
+        parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
+        return dict((parent or {}).get("config") or {}) or self.start_config(view)
+
     def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
         """The trial with its place in the tree filled in, and its last global step.
 
