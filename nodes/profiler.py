@@ -19,6 +19,7 @@ from mart.state.graph_state import TuningState
 from mart.state.metrics import StepRecord, last_value, mean_over_steps
 from mart.state.models import PhaseProfile, Profile, Stage, TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
+from mart.state.stages import measures_throughput
 
 #: verl's phases of one RL step, in execution order.
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor")
@@ -93,5 +94,5 @@ def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal[
 
 
 def _can_search_without_baseline(stage: Stage, services) -> bool:
-    """Stage 1 can start from an OOM'd or failed baseline when the job model is available."""
-    return stage == "system" and services.job_description() is not None
+    """A throughput stage (stage 1) can start from an OOM'd or failed baseline when the job model is available."""
+    return measures_throughput(stage) and services.job_description() is not None

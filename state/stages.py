@@ -85,6 +85,21 @@ def traits(stage: str) -> StageTraits:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_ORDER)}") from None
 
 
+def measures_throughput(stage: str | None) -> bool:
+    """A trial of ``stage`` is judged by its throughput (a standalone trial, ``None``, is not)."""
+    return stage is not None and traits(stage).objective == "throughput"
+
+
+def memory_bound(stage: str | None) -> bool:
+    """A trial of ``stage`` must stay within the memory margin to count (``StageTraits.memory_bound``)."""
+    return stage is not None and traits(stage).memory_bound
+
+
+def branches(stage: str | None) -> bool:
+    """``stage`` grows its trials as a tree from checkpoints (``StageTraits.branches``)."""
+    return stage is not None and traits(stage).branches
+
+
 def known_stage(stage: str) -> str:
     """``stage`` if it is registered (pydantic's check of a stage field, worded as its check of a ``Literal``)."""
     if stage not in _TRAITS:

@@ -26,6 +26,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from mart.nodes.agents.feedback import parse_feedback
+from mart.nodes.stages.capacity import direction as _direction
+from mart.nodes.stages.capacity import fmt_value as _fmt
+from mart.nodes.stages.capacity import implied_caps
+from mart.nodes.stages.capacity import knob_key as _key
+from mart.nodes.stages.capacity import knob_spec as _spec
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash
@@ -351,18 +356,6 @@ class _Info:
     """The schedule's first response limit (its root's): each stage of the staged budget adds it."""
 
 
-def _spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
-    for p in ctx.search_space.stage_params(ctx.stage):  # type: ignore[arg-type]
-        if p.key == suffix or p.key.endswith("." + suffix):
-            return p
-    return None
-
-
-def _key(ctx: AgentContext, suffix: str) -> str | None:
-    spec = _spec(ctx, suffix)
-    return spec.key if spec else None
-
-
 def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
     """The new value of a knob (clamped to its range), or ``value`` itself when the move cannot apply."""
     if spec.kind == "bool":
@@ -395,15 +388,6 @@ def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
     nv = min(spec.high, max(spec.low, nv))
     nv = int(round(nv)) if spec.kind == "int" else float(f"{nv:.4g}")
     return spec.validate(nv)
-
-
-def _direction(old: Any, new: Any) -> str | None:
-    if isinstance(new, bool) or isinstance(old, bool):
-        return None if bool(old) == bool(new) else ("up" if new else "down")
-    try:
-        return None if float(new) == float(old) else ("up" if float(new) > float(old) else "down")
-    except (TypeError, ValueError):
-        return None
 
 
 def severities(ctx: AgentContext) -> dict[str, float]:
@@ -470,10 +454,6 @@ def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRul
 
 
 _MISSING = object()
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else repr(v)
 
 
 def _peak(ctx: AgentContext, full: dict[str, Any]) -> float | None:
@@ -568,55 +548,6 @@ def start_limit(ctx: AgentContext) -> float | None:
     roots = [t for t in ctx.history if t.stage == "schedule" and t.parent_trial is None and not t.confirms]
     value = roots[0].config.get(key) if roots else None
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def _grew_capacity(ctx: AgentContext, overrides: dict[str, Any]) -> bool:
-    key = _key(ctx, "max_response_length")
-    if key is None or key not in overrides:
-        return False
-    old = ctx.base_config.get(key, ctx.search_space[key].default)
-    return _direction(old, overrides[key]) == "up"
-
-
-def implied_caps(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``overrides`` with the token caps a longer response limit implies (the system knobs flagged
-    ``ParamSpec.schedule``: verl's dynamic-batch ``ppo_max_token_len_per_gpu`` must hold the longest sequence, its
-    ``max_num_batched_tokens`` too without chunked prefill), each doubled until the backend's rules hold, and the
-    moves as text. Unchanged when the limit does not grow or no flagged knob is named by a broken rule."""
-    if not _grew_capacity(ctx, overrides):
-        return overrides, []
-    flagged = [p for p in ctx.search_space.params if p.schedule and p.kind == "int"]
-    out, moved = dict(overrides), []
-    for _ in range(6):  # 2^6: far past any response-limit stage
-        errors = ctx.config_errors(out)
-        hit = [p for p in flagged if any(p.key.rsplit(".", 1)[-1] in e for e in errors)]
-        if not errors or not hit:
-            break
-        for p in hit:
-            old = ctx.full_config(out).get(p.key, p.default)
-            if not isinstance(old, (int, float)) or old >= (p.high or old):
-                continue
-            out[p.key] = int(min(p.high or 2 * old, 2 * old))
-    for p in flagged:
-        if p.key in out and p.key not in overrides:
-            moved.append(f"{p.key.rsplit('.', 1)[-1]} {_fmt(ctx.base_config.get(p.key, p.default))}->{_fmt(out[p.key])}")
-    return out, moved
-
-
-def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
-    """Why a schedule transition's system knobs are refused: a flagged token cap (``ParamSpec.schedule``) may move
-    only up, and only with the response limit it follows (a schedule changes learning knobs, and the capacity they
-    imply)."""
-    out = []
-    grew = _grew_capacity(ctx, overrides)
-    for key, value in overrides.items():
-        spec = ctx.search_space[key] if key in ctx.search_space else None
-        if spec is None or spec.stage != "system" or not spec.schedule:
-            continue
-        if not grew or _direction(ctx.base_config.get(key, spec.default), value) != "up":
-            out.append(f"`{key}` is a system knob: a schedule may only raise it with data.max_response_length, "
-                       "as the longer limit implies")
-    return out
 
 
 def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackRules, info: _Info, make: Any,

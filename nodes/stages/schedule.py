@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
+from mart.nodes.stages.capacity import capacity_errors, implied_caps
 from mart.nodes.stages.learning import LearningStage
 from mart.state.models import TrialRecord
 from mart.state.objectives import baseline_verdict, collapse_signals, validation_noise, validation_series
@@ -41,6 +42,9 @@ from mart.state.schedule import (
 )
 from mart.state.stages import SCHEDULE_TRAITS
 from mart.state.trials import checkpoint_dir
+
+if TYPE_CHECKING:
+    from mart.nodes.agents.base import AgentContext
 
 STAGE = "schedule"
 RECHECK_RUNS = 2  # budget kept for re-evaluating close complete schedules, when the budget has room for it
@@ -165,6 +169,10 @@ class ScheduleStage(StagePolicy):
                  "knobs for the next segment, from the checkpoint at its start; branches from the same checkpoint "
                  "compete, the unchanged continuation among them; unhealthy branches are stopped early")
 
+    start_words = "parent branch's configuration"
+    tried_words = "from this checkpoint"
+    tried_scope = " from this checkpoint"
+
     def budget(self, options: Any) -> int:
         return options.schedule_trial_budget()
 
@@ -199,6 +207,26 @@ class ScheduleStage(StagePolicy):
         """A branch changes against its parent's config (the root: against the schedule's start config)."""
         parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
         return dict((parent or {}).get("config") or {}) or self.start_config(view)
+
+    # -- what the agents ask ------------------------------------------------------------------------
+    def proposal_start(self, ctx: AgentContext) -> dict[str, Any]:
+        """A transition changes the parent branch's config (the base), not a best-so-far."""
+        return {}
+
+    def implied(self, ctx: AgentContext, changes: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """A longer response limit brings the token caps it implies (``capacity.implied_caps``)."""
+        return implied_caps(ctx, changes)
+
+    def stage_refusals(self, ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
+        """Token caps move only up, with the response limit they follow (``capacity.capacity_errors``)."""
+        return capacity_errors(ctx, overrides)
+
+    def duplicate(self, key: str, tried: set[str], siblings: set[str]) -> str | None:
+        """Tried from this checkpoint, or another transition of this round (each is remembered in ``siblings``)."""
+        why = super().duplicate(key, tried, siblings) or (
+            "duplicate of another transition in this round" if key in siblings else None)
+        siblings.add(key)
+        return why
 
     def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
         """The trial with its place in the tree filled in, and its last global step.
