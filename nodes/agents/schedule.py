@@ -396,7 +396,7 @@ def severities(ctx: AgentContext) -> dict[str, float]:
     d = ctx.diagnosis
     sev = dict(d.severity) if d is not None else {}
     # in stage 3 the diagnosis holds the events of the branch's own path; the context's are the session's
-    texts = list(d.health_events) if ctx.stage == "schedule" and d is not None else [
+    texts = list(d.health_events) if ctx.traits.branches and d is not None else [
         e.rule for e in ctx.health_events]
 
     def seen(rule: str) -> bool:
@@ -545,7 +545,7 @@ def start_limit(ctx: AgentContext) -> float | None:
     key = _key(ctx, "max_response_length")
     if key is None:
         return None
-    roots = [t for t in ctx.history if t.stage == "schedule" and t.parent_trial is None and not t.confirms]
+    roots = [t for t in ctx.history if t.stage == ctx.stage and t.parent_trial is None and not t.confirms]
     value = roots[0].config.get(key) if roots else None
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
@@ -698,7 +698,7 @@ def _best_answer(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, fl
 
 def sibling_answers(ctx: AgentContext, sev: dict[str, float] | None = None) -> set[str]:
     """The findings transitions already run from this checkpoint answer (each sibling's best answer)."""
-    if ctx.stage != "schedule" or not ctx.segment:
+    if not ctx.traits.branches or not ctx.segment:
         return set()
     sev = severities(ctx) if sev is None else sev
     parent = dict(ctx.base_config)
