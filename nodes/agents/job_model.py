@@ -41,11 +41,11 @@ import numpy as np
 from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
 from mart.state.job import JobDescription
 from mart.state.search_space import ParamSpec
+from mart.state.verl_keys import ACTOR as A
+from mart.state.verl_keys import ROLLOUT as R
 from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 
 GIB = 1024.0**3
-ARR = "actor_rollout_ref"
-R, A, REF, M = f"{ARR}.rollout.", f"{ARR}.actor.", f"{ARR}.ref.", f"{ARR}.model."
 
 #: the catalogue records the model reads (``ParamSpec.model`` names them): verl's knobs, and the concurrent workflow
 #: tasks of an asynchronous multi-agent rollout (MARTI's OPENRLHF_ASYNC_NUM_TASKS; 0 = synchronous stages, each

@@ -34,8 +34,8 @@ from mart.state.objectives import (
     validation_series,
 )
 from mart.state.stages import LEARNING_TRAITS
+from mart.state.verl_keys import LR_KEY
 
-LR_KEY = "actor_rollout_ref.actor.optim.lr"
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
 FALLBACK_NOISE_SHARE = 0.02  # noise = 2% of the baseline score when no trial has enough validation points
 CLIFF_FACTOR = 2.0  # one doubling of the lr: the step the proposers take
