@@ -15,9 +15,6 @@ from pydantic import BaseModel, Field, model_validator
 
 from mart.state.stages import StageName, traits
 
-#: a stage's name in a record (``mart.state.stages``)
-Stage = StageName
-
 
 class TrialStatus(str, enum.Enum):
     """Lifecycle of a trial. Only ``RUNNING`` is not final."""
@@ -50,7 +47,7 @@ class Profile(BaseModel):
     """Phase-wise resource profile of one (baseline) trial, built by the profiler node."""
 
     trial_id: str
-    stage: Stage
+    stage: StageName
     throughput: float = Field(description="mean perf/throughput (tokens/s) over the measured updates")
     step_time_s: float
     phases: list[PhaseProfile] = Field(default_factory=list)
@@ -69,7 +66,7 @@ class Candidate(BaseModel):
     """A proposed configuration: the overrides it changes relative to the stage's base config."""
 
     candidate_id: str
-    stage: Stage
+    stage: StageName
     overrides: dict[str, Any] = Field(description="verl key -> value, only the changed knobs")
     rationale: str = ""
     source: str = Field("rules", description="which strategy proposed it (rules, llm, reviewer-edit)")
@@ -218,7 +215,7 @@ class TrialRecord(BaseModel):
     """Summary of one trial, as kept in graph state and the ledger (never its metric stream)."""
 
     trial_id: str
-    stage: Stage
+    stage: StageName
     kind: Literal["baseline", "candidate", "confirm"] = "candidate"  # confirm: a re-evaluation on another seed
     candidate_id: str | None = None
     config: dict[str, Any] = Field(default_factory=dict, description="full flat config of the trial")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from pydantic import BaseModel, Field
 
 from mart.nodes import stages
-from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord, config_hash
+from mart.state.models import Candidate, Critique, HealthEvent, Profile, TrialRecord, config_hash
 from mart.state.search_space import SearchSpace
-from mart.state.stages import StageTraits, traits
+from mart.state.stages import StageName, StageTraits, traits
 
 if TYPE_CHECKING:
     from mart.nodes.agents.schedule import Diagnosis
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class AgentContext:
     """Everything an agent may know when it proposes or critiques (built by the nodes, never stored)."""
 
-    stage: Stage
+    stage: StageName
     objective: str
     search_space: SearchSpace
     base_config: dict[str, Any]

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from mart.nodes.health_monitor import STOP_PREFIX
 from mart.state.graph_state import running_trials
 from mart.state.metrics import StepRecord
-from mart.state.models import Stage, TrialRecord, config_hash
+from mart.state.models import TrialRecord, config_hash
 from mart.state.objectives import learning_score, system_outcome, unscored_reason
 from mart.state.search_space import ConfigError
-from mart.state.stages import StageTraits
+from mart.state.stages import StageName, StageTraits
 from mart.state.trials import RunningTrial
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def killed(record: TrialRecord) -> bool:
 class StagePolicy(abc.ABC):
     """One stage of a session (see the module docstring)."""
 
-    name: ClassVar[Stage]
+    name: ClassVar[StageName]
     objective: ClassVar[str]
     """The stage's objective in words, for the agents."""
     traits: ClassVar[StageTraits]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.nodes.stages.capacity import capacity_errors, implied_caps
-from mart.nodes.stages.learning import LearningStage
+from mart.nodes.stages.learning import CONFIRM_SEED_OFFSET, FALLBACK_NOISE_SHARE, LearningStage
 from mart.state.models import TrialRecord
 from mart.state.objectives import baseline_verdict, collapse_signals, validation_noise, validation_series
 from mart.state.schedule import (
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 STAGE = "schedule"
 RECHECK_RUNS = 2  # budget kept for re-evaluating close complete schedules, when the budget has room for it
-CONFIRM_SEED_OFFSET = 1
-FALLBACK_NOISE_SHARE = 0.02  # as stage 2: 2% of the root's score when no path has enough validation points
 
 
 def initial_state() -> dict[str, Any]:
