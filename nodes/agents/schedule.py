@@ -19,7 +19,7 @@ are listed in docs/agents.md ("Stage 3: schedules"):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +165,10 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     return d
 
 
+Add = Callable[[str, float, str], None]
+"""Records one finding: its pathology, its severity (0-1) and its phrase."""
+
+
 def _find(d: Diagnosis) -> None:
     """Fill ``findings`` and ``severity`` from the measured levels and slopes."""
     found: list[tuple[float, str, str]] = []  # (severity, pathology, phrase)
@@ -175,22 +179,39 @@ def _find(d: Diagnosis) -> None:
             d.severity[name] = round(sev, 3)
         found.append((sev, name, phrase))
 
+    for finder in (_find_entropy, _find_clipping, _find_drift, _find_collapse, _find_instability,
+                   _find_val_decline, _find_plateau):  # in this order: a plateau is no decline
+        finder(d, add)
+    found.sort(key=lambda t: -t[0])
+    d.findings = [phrase for _, _, phrase in found]
+    if not d.findings:
+        d.findings = ["no pathology: entropy, KL, lengths and scores look healthy"]
+
+
+def _find_entropy(d: Diagnosis, add: Add) -> None:
     falling = d.entropy_slope is not None and d.entropy_slope < -FLAT_SLOPE
     rising = d.entropy_slope is not None and d.entropy_slope > FLAT_SLOPE
-    if d.entropy_ratio is not None and d.step is not None:
-        fell = 1 - d.entropy_ratio
-        if d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling):
-            sev = 0.45 + 0.5 * fell + (0.15 if falling else 0.0)
-            add("entropy_collapse", sev, f"entropy fell {fell:.0%} since the first step"
-                + (" and is still falling" if falling else ""))
-        elif d.entropy_ratio > EXPLOSION_RATIO and rising:
-            add("entropy_explosion", 0.4 + 0.3 * min(d.entropy_ratio - 1, 1.5),
-                f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
+    if d.entropy_ratio is None or d.step is None:
+        return
+    fell = 1 - d.entropy_ratio
+    if d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling):
+        sev = 0.45 + 0.5 * fell + (0.15 if falling else 0.0)
+        add("entropy_collapse", sev, f"entropy fell {fell:.0%} since the first step"
+            + (" and is still falling" if falling else ""))
+    elif d.entropy_ratio > EXPLOSION_RATIO and rising:
+        add("entropy_explosion", 0.4 + 0.3 * min(d.entropy_ratio - 1, 1.5),
+            f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
+
+
+def _find_clipping(d: Diagnosis, add: Add) -> None:
     if d.response_clip_ratio is not None and d.response_clip_ratio >= CLIP_RATIO_WARN:
         growing = (d.response_length_slope or 0) > FLAT_SLOPE
         add("length_clipping", min(0.9, 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0)),
             f"{d.response_clip_ratio:.0%} of responses hit the length limit"
             + (" and responses are still growing" if growing else ""))
+
+
+def _find_drift(d: Diagnosis, add: Add) -> None:
     drift = []
     if d.kl_slope is not None and d.kl_slope > 0.02 and (d.kl or 0) > 1e-3:
         drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step")
@@ -205,7 +226,10 @@ def _find(d: Diagnosis) -> None:
     if drift and (heavy_clip or not gaining):
         add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift)
             + ("" if gaining else " without a reward gain"))
-    # a collapse: the reward falling fast well below its best, or validation far below its best
+
+
+def _find_collapse(d: Diagnosis, add: Add) -> None:
+    """The reward falling fast well below its best, or validation far below its best."""
     rew_fall = (d.reward is not None and d.reward_best and d.reward < 0.7 * d.reward_best
                 and (d.reward_slope or 0) < -0.01)
     val_fall = (d.val_score is not None and d.val_best and d.val_score < 0.7 * d.val_best)
@@ -214,21 +238,26 @@ def _find(d: Diagnosis) -> None:
                 else f"validation fell from {d.val_best:.3g} to {d.val_score:.3g}" if val_fall
                 else "the health monitor saw a reward collapse")
         add("collapse", 1.0, f"training collapses: {what}")
+
+
+def _find_instability(d: Diagnosis, add: Add) -> None:
     bad = sorted({e for e in d.health_events for rule in rule_names(INSTABILITY) if rule in e})
     if bad:
         add("instability", 0.9, "health events: " + ", ".join(bad))
+
+
+def _find_val_decline(d: Diagnosis, add: Add) -> None:
     if d.val_score is not None and d.val_best is not None and d.val_best > 0 \
             and d.val_score < d.val_best * 0.95 and (d.val_slope or 0) < 0:
         add("val_decline", 0.5 + min(0.4, (d.val_best - d.val_score) / d.val_best),
             f"validation fell from its best {d.val_best:.3g} to {d.val_score:.3g}")
+
+
+def _find_plateau(d: Diagnosis, add: Add) -> None:
     flat_val = d.val_slope is not None and abs(d.val_slope) < FLAT_SLOPE
     flat_rew = d.reward_slope is not None and abs(d.reward_slope) < FLAT_SLOPE
     if (flat_val or (d.val_slope is None and flat_rew)) and "val_decline" not in d.severity:
         add("plateau", 0.3, "validation has stopped improving" if flat_val else "reward has stopped improving")
-    found.sort(key=lambda t: -t[0])
-    d.findings = [phrase for _, _, phrase in found]
-    if not d.findings:
-        d.findings = ["no pathology: entropy, KL, lengths and scores look healthy"]
 
 
 # --------------------------------------------------------------------------- transitions
