@@ -89,7 +89,10 @@ def _parameter(name: str, field: FieldInfo, extra: list[str]) -> tuple[inspect.P
         convert = _enum_value
     elif origin in (tuple, list):
         items = [a for a in typing.get_args(annotation) if a is not Ellipsis]
-        if origin is list and items and typing.get_origin(items[0]) is typing.Literal:
+        extra_schema = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "metavar" in extra_schema:  # a list whose items the model checks against a registry (stages)
+            metavar = str(extra_schema["metavar"])
+        elif origin is list and items and typing.get_origin(items[0]) is typing.Literal:
             metavar = "|".join(map(str, typing.get_args(items[0]))) + ",..."  # list[Literal[...]]: the choices
         else:
             metavar = ",".join(getattr(a, "__name__", "X").upper() for a in items) or "A,B"

@@ -589,22 +589,16 @@ def validate_decision(store: RunStore, options: TuneOptions, snap, decision: Rev
     if not any(d.type == "edit" for d in decision.decisions):
         decision.for_candidates([c.candidate_id for c in picks])
         return
-    from mart.nodes.human_review import check_decision
-    from mart.nodes.stages import get as stage_policy
+    from types import SimpleNamespace
+
+    from mart.nodes.human_review import check_decision, review_base
     from mart.trial_runner.registry import load_backend
 
-    values = snap.values
     backend = load_backend(options.backend, **backend_options(options))
-    stage = values["stage"]
-    base = {**backend.base_config(), **options.start_overrides}
-    if stage != "system":
-        base.update((values.get("best_overrides") or {}).get("system", {}))
-    if stage == "schedule":  # a branch applies to the config of the node it grows from
-        parent = ((values.get("schedule") or {}).get("expanding"))
-        row = store.ledger.trial(parent) if parent else None
-        if row is not None:
-            base = dict(row.get("config") or base)
-    check_decision(decision, picks, backend.search_space(), stage_policy(stage).knob_stage, base)
+    # the review node's own base (the stage's policy), from the paused state without building the services
+    view_services = SimpleNamespace(options=options, ledger=store.ledger, backend=backend)
+    check_decision(decision, picks, backend.search_space(), snap.values["stage"],
+                   review_base(snap.values, view_services))
 
 
 def pending_review(store: RunStore) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from mart.state.graph_state import running_trials
 from mart.state.metrics import THROUGHPUT_KEY, mean_over_steps
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import peak_memory_gb, throughput_window
+from mart.state.stages import measures_throughput
 
 
 def trial_from_row(row: dict[str, Any]) -> TrialRecord:
@@ -46,11 +47,12 @@ def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecor
     window = throughput_window(system.horizon(services.options))
     obs = []
     for t in history:
-        if t.stage != "system" and stage == "system":
+        if not measures_throughput(t.stage) and measures_throughput(stage):
             continue
         p = preds.get(t.candidate_id or "", {})
         records = services.ledger.metric_records(t.trial_id)
-        if t.stage == "system" and (t.reason or "").startswith(CUT_REASON):
+        throughput_trial = measures_throughput(t.stage)
+        if throughput_trial and (t.reason or "").startswith(CUT_REASON):
             # cut at its early look: what it measured from the look on, as while it ran
             obs.append(_from_look(t.config, records, EARLY_LOOK_STEP, window[1], peak_gb=t.peak_memory_gb,
                                   predicted_peak_gb=p.get("predicted_memory_gb"),
@@ -58,9 +60,9 @@ def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecor
             continue
         obs.append(observation_from_records(
             t.config, records, peak_gb=t.peak_memory_gb,
-            oom=t.status is TrialStatus.OOM, throughput=t.throughput if t.stage == "system" else None,
-            window=window, predicted_peak_gb=p.get("predicted_memory_gb") if t.stage == "system" else None,
-            predicted_throughput=p.get("predicted_throughput") if t.stage == "system" else None))
+            oom=t.status is TrialStatus.OOM, throughput=t.throughput if throughput_trial else None,
+            window=window, predicted_peak_gb=p.get("predicted_memory_gb") if throughput_trial else None,
+            predicted_throughput=p.get("predicted_throughput") if throughput_trial else None))
     obs += early_observations(state, services)
     return model.fit(obs)
 
@@ -103,7 +105,8 @@ def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> A
     pending = [r.record for r in running_trials(state, stage)] + StageView(state, services).queued(stage)
     job_model = build_job_model(state, services, history)
     model = MemoryModel.fit(
-        [t for t in history if t.stage == "system"] if stage == "system" else history,
+        # a memory-bound stage fits on its own trials (full peaks); the others on every trial
+        [t for t in history if t.stage == stage] if policy.traits.memory_bound else history,
         [p.key for p in space.params], services.memory_capacity_gb(),
     )
     predict_memory = model.predict
@@ -112,7 +115,7 @@ def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> A
             return job_model.predict(config).peak_gb
     notes: list[str] = []  # the backend's own notes (verl's perf guide) come from prompts.BACKEND_NOTES
     diagnosis = segment = None
-    if stage == "schedule":
+    if policy.traits.branches:  # the trajectory at the checkpoint the next segment starts from
         records, events, segment = diagnosis_input(state, services)
         diagnosis = diagnose(records, [e.rule for e in events]) if segment is not None else None
     return AgentContext(

@@ -17,10 +17,11 @@ from mart.nodes.health_rules import HealthConfig, evaluate
 from mart.nodes.progress import HealthNotice, emit
 from mart.state.agents import NUM_ROUNDS
 from mart.state.models import HealthEvent, TrialRecord
+from mart.state.stages import memory_bound
 
 
 def health_config(services: Any, record: TrialRecord) -> HealthConfig:
-    return HealthConfig(memory_limit_gb=services.memory_limit_gb() if record.stage == "system" else None,
+    return HealthConfig(memory_limit_gb=services.memory_limit_gb() if memory_bound(record.stage) else None,
                         num_rounds=_int_or_none(record.config.get(NUM_ROUNDS)))
 
 

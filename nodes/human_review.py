@@ -154,6 +154,12 @@ def check_decision(decision: ReviewDecision, picks: list[Candidate], space, stag
     return {cid: (d, apply_decision(d, by_id[cid], space, stage, base)) for cid, d in per.items()}
 
 
+def review_base(state: Mapping[str, Any], services: Any) -> dict[str, Any]:
+    """The config a review's candidates and edits apply to: the stage policy's base config (the driver checks a
+    decision against it before it reaches the graph, ``mart.graph.session.validate_decision``)."""
+    return stages.get(state["stage"]).base_config(StageView(state, services))
+
+
 def _answer(services: Any, state: Mapping[str, Any], review_id: str, n: int, cand: Candidate | None, question: str) -> str:
     """The agents' answer to a reviewer's question, computed once per question and kept in the ledger (the node
     runs again from its first line on every resume)."""
@@ -174,9 +180,8 @@ def human_review(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
     assert batch is not None, "human_review runs only after the critic filled a batch"
     picks = list(batch.picks)
     stage = state["stage"]
-    policy = stages.get(stage)
     space = services.backend.search_space()
-    base = policy.base_config(StageView(state, services))
+    base = review_base(state, services)
     request = build_review_request(state, services)
     reviews = state.get("reviews", 0) + 1
     review_id = f"review-{reviews:03d}"
@@ -197,7 +202,7 @@ def human_review(state: TuningState, runtime: Runtime[Services]) -> Command[Lite
                     answers.append({"candidate_id": d.candidate_id, "question": d.message, "answer": text})
                 error = None
                 continue
-            chosen = check_decision(decision, picks, space, policy.knob_stage, base)
+            chosen = check_decision(decision, picks, space, stage, base)
             break
         except (ValidationError, ConfigError, ValueError) as e:
             error = f"invalid decision: {_short(e)}"  # ask again; the run stays paused at this review

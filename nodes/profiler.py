@@ -17,8 +17,9 @@ from mart.nodes import stages
 from mart.nodes.runtime import Services, services_for
 from mart.state.graph_state import TuningState
 from mart.state.metrics import StepRecord, last_value, mean_over_steps
-from mart.state.models import PhaseProfile, Profile, Stage, TrialRecord
+from mart.state.models import PhaseProfile, Profile, TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
+from mart.state.stages import StageName, measures_throughput
 
 #: verl's phases of one RL step, in execution order.
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor")
@@ -74,7 +75,7 @@ def _or0(v: float) -> float:
 def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stage_control"]]:
     """Builds the stage's profile from its finished baseline (the stage ran the baseline alone first)."""
     services = services_for(state, runtime)
-    stage: Stage = state["stage"]
+    stage: StageName = state["stage"]
     policy = stages.get(stage)
     baseline: TrialRecord = (state.get("baseline") or {})[stage]
     records = services.ledger.metric_records(baseline.trial_id)
@@ -92,6 +93,6 @@ def profiler(state: TuningState, runtime: Runtime[Services]) -> Command[Literal[
     return Command(goto="stage_control", update=update)
 
 
-def _can_search_without_baseline(stage: Stage, services) -> bool:
-    """Stage 1 can start from an OOM'd or failed baseline when the job model is available."""
-    return stage == "system" and services.job_description() is not None
+def _can_search_without_baseline(stage: StageName, services) -> bool:
+    """A throughput stage (stage 1) can start from an OOM'd or failed baseline when the job model is available."""
+    return measures_throughput(stage) and services.job_description() is not None

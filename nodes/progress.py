@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from mart.state.models import Stage
+from mart.state.stages import StageName
 
 _log = logging.getLogger("mart.progress")
 
@@ -26,7 +26,7 @@ class _Event(BaseModel):
 class TrialLaunched(_Event):
     event: Literal["trial_launched"] = "trial_launched"
     trial_id: str
-    stage: Stage
+    stage: StageName
     kind: str
     """``baseline``, ``candidate`` or ``confirm`` (a re-run on another seed)."""
     horizon: int
@@ -90,7 +90,7 @@ class TrialStep(_Event):
 
     event: Literal["trial_step"] = "trial_step"
     trial_id: str
-    stage: Stage
+    stage: StageName
     step: int
     throughput: float | None = None
     memory_gb: float | None = None
@@ -138,7 +138,7 @@ class ProposedCandidate(_Event):
 
 class Proposed(_Event):
     event: Literal["proposed"] = "proposed"
-    stage: Stage
+    stage: StageName
     round: int
     candidates: list[ProposedCandidate]
     slots: int = 1

@@ -16,6 +16,7 @@ from mart.nodes.runtime import Services, ensure_run, services_for
 from mart.nodes.stages import StageView
 from mart.state.graph_state import GRAPH_VERSION, Batch, TuningState, running_trials
 from mart.state.text import one_line
+from mart.state.trial_state import TrialState
 from mart.state.trials import HANDLE_REFUSED
 
 
@@ -61,7 +62,7 @@ def stage_control(state: TuningState, runtime: Runtime[Services]
     plan = policy.plan(view, free)
     update = dict(plan.update)
     if plan.stop:  # trials the stage no longer wants (e.g. stage 1's cut at an early look): their slots free first
-        running = {rt.record.trial_id: rt.model_copy(update={"stop_reason": plan.stop[rt.record.trial_id]})
+        running = {rt.record.trial_id: rt.move(TrialState.STOP_REQUESTED, reason=plan.stop[rt.record.trial_id])
                    if rt.record.trial_id in plan.stop else rt for rt in running_trials(state)}
         return Command(goto="stop_trial", update={**update, "running": running})
     if plan.launch:

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict  # pydantic (Studio's schema endpoint) needs it on Python < 3.12
 
-from mart.state.models import Candidate, Critique, Profile, Stage, TrialRecord
+from mart.state.models import Candidate, Critique, Profile, TrialRecord
+from mart.state.stages import StageName
 from mart.state.trials import RunningTrial
 
 #: the shape of this state; a checkpoint of another shape (an older mart) is refused on resume, not misread
@@ -45,7 +46,7 @@ class TuningState(InputState, total=False):
 
     graph_version: int
     """``GRAPH_VERSION`` of the mart that started the session."""
-    stage: Stage
+    stage: StageName
     """The stage being tuned (``mart.nodes.stages``): ``system`` (throughput), ``learning`` (validation score),
     ``schedule`` (per-segment learning knobs)."""
     status: Literal["running", "completed", "failed"]

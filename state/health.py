@@ -29,6 +29,7 @@ from mart.state.agents import (
 )
 from mart.state.metrics import DEVICE_MEMORY_KEY, MEMORY_KEYS, StepRecord
 from mart.state.models import HealthEvent
+from mart.state.stages import KnobStage, traits
 from mart.state.trajectory import Trajectory, persisting, trailing
 
 
@@ -89,7 +90,7 @@ TEAM: Kind = "team"
 UNHEALTHY: tuple[Kind, ...] = (INSTABILITY, EXPLORATION, TRUNCATION)
 """Kinds whose events (warnings included) mark a trajectory as unhealthy: stage 2's and stage 3's collapse
 signals (``mart.state.objectives.collapse_signals``)."""
-Stage = Literal["system", "learning"]
+Stage = KnobStage  # the rules of a throughput stage, or of a score stage (``StageTraits.health_rules``)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def get_rule(name: str) -> HealthRule:
 def rules_for(stage: str, *, agent: bool = False, team: bool = False) -> tuple[HealthRule, ...]:
     """The rules the monitor runs in ``stage`` (any stage but ``system`` is watched as ``learning``): on the
     trial's stream, on one agent's own stream (``agent``), or the multi-agent rules (``team``)."""
-    watched = "system" if stage == "system" else "learning"
+    watched = traits(stage).health_rules
     return tuple(r for r in HEALTH_RULES.values() if watched in r.stages and r.team == team
                  and (not agent or r.per_agent))
 

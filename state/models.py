@@ -13,15 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-Stage = Literal["system", "learning", "schedule"]
-#: the stages in the order a session runs them (`TuneOptions.stages` keeps this order)
-STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
-
-
-def knob_stage(stage: str) -> Stage:
-    """The catalogue selector of the knobs ``stage`` changes: a schedule changes the learning knobs per segment and
-    the token caps a longer response limit implies (``SearchSpace.stage_params("schedule")``; issue 24)."""
-    return stage  # type: ignore[return-value]
+from mart.state.stages import StageName, traits
 
 
 class TrialStatus(str, enum.Enum):
@@ -55,7 +47,7 @@ class Profile(BaseModel):
     """Phase-wise resource profile of one (baseline) trial, built by the profiler node."""
 
     trial_id: str
-    stage: Stage
+    stage: StageName
     throughput: float = Field(description="mean perf/throughput (tokens/s) over the measured updates")
     step_time_s: float
     phases: list[PhaseProfile] = Field(default_factory=list)
@@ -74,7 +66,7 @@ class Candidate(BaseModel):
     """A proposed configuration: the overrides it changes relative to the stage's base config."""
 
     candidate_id: str
-    stage: Stage
+    stage: StageName
     overrides: dict[str, Any] = Field(description="verl key -> value, only the changed knobs")
     rationale: str = ""
     source: str = Field("rules", description="which strategy proposed it (rules, llm, reviewer-edit)")
@@ -223,7 +215,7 @@ class TrialRecord(BaseModel):
     """Summary of one trial, as kept in graph state and the ledger (never its metric stream)."""
 
     trial_id: str
-    stage: Stage
+    stage: StageName
     kind: Literal["baseline", "candidate", "confirm"] = "candidate"  # confirm: a re-evaluation on another seed
     candidate_id: str | None = None
     config: dict[str, Any] = Field(default_factory=dict, description="full flat config of the trial")
@@ -243,8 +235,8 @@ class TrialRecord(BaseModel):
     seed: int | None = Field(None, description="the trial's seed (None: the session's)")
     confirms: str | None = Field(None, description="kind confirm: the trial whose config it re-evaluates")
 
-    def objective(self, stage: Stage) -> float | None:
-        return self.throughput if stage == "system" else self.score  # learning, schedule: validation score
+    def objective(self, stage: str) -> float | None:
+        return self.throughput if traits(stage).objective == "throughput" else self.score
 
     def brief(self) -> "TrialRecord":
         """The record without its full config (in the ledger): what graph state keeps of a finished trial, since

@@ -153,7 +153,12 @@ class Contender:
         return math.sqrt(sum((s - m) ** 2 for s in self.scores) / (len(self.scores) - 1))
 
 
-def pick_learning_winner(contenders: list[Contender], noise: float, z: float = 2.0,
+#: the lead over the defaults, in standard errors of the difference, a change needs to replace them (closer is
+#: "too close to call"; stage 3 uses the same for its ties)
+Z_LEAD = 2.0
+
+
+def pick_learning_winner(contenders: list[Contender], noise: float, z: float = Z_LEAD,
                          guard_baseline: bool = False, z_unhealthy: float = 3.0) -> tuple[Contender, list[Contender]]:
     """The winner by mean score, and the contenders too close to it to call (to re-evaluate).
 
@@ -287,7 +292,7 @@ def _no_defaults_pool(contenders: list[Contender]) -> list[Contender]:
     return [c for c in safe if not c.signals] or safe
 
 
-def learning_choice(contenders: list[Contender], noise: float, z: float = 2.0,
+def learning_choice(contenders: list[Contender], noise: float, z: float = Z_LEAD,
                     dof: float | None = None) -> tuple[Contender, str]:
     """The final stage-2 winner and why (see the block comment above). Without a measured baseline (the
     defaults' run failed or collapsed), the best mean among the safest contenders, re-run ones first."""

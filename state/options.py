@@ -12,9 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-StageName = Literal["system", "learning", "schedule"]
-STAGE_ORDER: tuple[str, ...] = ("system", "learning", "schedule")
-DEFAULT_STAGES: tuple[StageName, ...] = ("system", "learning")
+from mart.state.stages import DEFAULT_STAGES, STAGE_ORDER, StageName
+
 #: seconds between two passes of a watch over a paused run's trials (`mart watch`, `mart slack serve`): health is
 #: judged per step, and a real job's step takes a minute or more (the tuner's own watch: ``watch_interval_s``)
 WATCH_INTERVAL_S = 5.0
@@ -35,10 +34,11 @@ class TuneOptions(BaseModel):
     system_horizon: int = Field(6, ge=1, description="Steps per stage-1 trial (throughput over updates 3-5).")
     learning_horizon: int = Field(30, ge=1, description="Steps per stage-2 trial.")
     stages: list[StageName] = Field(
-        default_factory=lambda: list(DEFAULT_STAGES),
+        default_factory=lambda: [str(s) for s in DEFAULT_STAGES],
         description="Stages to run, comma-separated, in this order: system (throughput), learning (validation "
         "score), schedule (per-segment learning knobs grown by a tree search from checkpoints). E.g. "
-        "system,learning,schedule or schedule alone (from the base config and --set values).")
+        "system,learning,schedule or schedule alone (from the base config and --set values).",
+        json_schema_extra={"metavar": "|".join(STAGE_ORDER) + ",..."})
     start_overrides: dict[str, Any] = Field(
         default_factory=dict, description="KEY=VALUE changes to the backend's base config that every stage starts "
         "from (`mart tune --set`).")
@@ -117,7 +117,7 @@ class TuneOptions(BaseModel):
     @field_validator("stages")
     @classmethod
     def _stage_order(cls, v: list[str]) -> list[str]:
-        if not v:
+        if not v:  # each name is checked by ``StageName``
             raise ValueError(f"name at least one stage of {', '.join(STAGE_ORDER)}")
         if len(set(v)) != len(v):
             raise ValueError(f"a stage is named twice in {','.join(v)}")
@@ -145,8 +145,9 @@ class TuneOptions(BaseModel):
         return self.schedule_budget or self.schedule_segments * self.schedule_branches
 
     def runs_stage(self, stage: str) -> bool:
-        """Whether the session runs ``stage`` (stage 2 also needs a trial budget)."""
-        return stage in self.stages and (stage != "learning" or self.learning_trials > 0)
+        """Whether the session runs ``stage``: named, and a trial budget option ``<stage>_trials`` (if the stage
+        has one) that is not 0 (``learning_trials=0`` skips stage 2)."""
+        return stage in self.stages and getattr(self, f"{stage}_trials", None) != 0
 
     @field_validator("backend_options")
     @classmethod

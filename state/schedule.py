@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mart.state.objectives import Contender, learning_choice, pick_learning_winner
+from mart.state.objectives import Z_LEAD, Contender, learning_choice, pick_learning_winner
 
 Node = dict[str, Any]
 
-#: scores closer than this many noise-of-a-difference units are ties (as stage 2's "too close to call")
-TIE_Z = 2.0
+#: scores closer than this many noise-of-a-difference units are ties (stage 2's "too close to call")
+TIE_Z = Z_LEAD
 
 
 def usable(node: Node) -> bool:

@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
+from mart.state.stages import KnobStage, traits
+
 Kind = Literal["int", "float", "log", "categorical", "bool"]
-StageName = Literal["system", "learning"]
 Move = Literal["scale", "step", "count"]
 #: the agents' stage-2 priors (``mart.nodes.agents.rules``): which rule of thumb moves a learning knob
 Prior = Literal["lr", "rollout_n", "entropy", "temperature", "clip_high", "clip_low", "kl"]
@@ -56,8 +57,8 @@ class KnobEffect:
 
 #: the effect of a knob nothing is known about: acts on the whole step, in no known direction
 NEUTRAL_EFFECT = KnobEffect(phase="all")
-StageSelector = Literal["system", "learning", "schedule"]
-"""A stage's knobs: ``schedule`` (stage 3) moves the learning knobs plus the system knobs flagged ``schedule``."""
+#: a stage whose knobs are selected (its traits say which: ``mart.state.stages.StageTraits.knobs``)
+StageSelector = str
 
 
 class ConfigError(ValueError):
@@ -122,7 +123,7 @@ class ParamSpec:
     """
 
     key: str
-    stage: StageName
+    stage: KnobStage
     kind: Kind
     default: Any
     description: str
@@ -140,8 +141,9 @@ class ParamSpec:
     schedule: bool = False
 
     def in_stage(self, stage: StageSelector) -> bool:
-        """Whether a stage's candidates may change this knob (``schedule``: learning knobs and flagged ones)."""
-        return self.stage == stage or (stage == "schedule" and (self.stage == "learning" or self.schedule))
+        """Whether a stage's candidates may change this knob (its traits: the catalogues, and the flagged knobs)."""
+        t = traits(stage)
+        return self.stage in t.knobs or (t.flagged_knobs and self.schedule)
 
     def __post_init__(self) -> None:
         if self.kind in ("int", "float", "log"):

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from mart.state.models import TrialRecord, TrialStatus
+from mart.state.trial_state import IllegalTransition, TrialState, check_transition
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
@@ -105,3 +106,27 @@ class RunningTrial(BaseModel):
     look_at: int | None = Field(None, ge=1, description="the step after which the stage decides again while the "
                                 "trial runs (an early look; ``StagePolicy.look_at``), once")
     looked: bool = Field(False, description="the early look was taken: the stage has seen the trial's first steps")
+
+    @property
+    def state(self) -> TrialState:
+        """Where the trial stands in its life (``mart.state.trial_state``), read from the fields above."""
+        if self.finished:
+            return TrialState.FINISHED
+        if self.stop_reason:
+            return TrialState.STOP_REQUESTED
+        if self.handle is None:
+            return TrialState.LAUNCHING
+        return TrialState.LOOKED if self.looked else TrialState.RUNNING
+
+    def move(self, to: TrialState, *, reason: str | None = None, handle: TrialHandle | None = None) -> "RunningTrial":
+        """The trial moved to ``to`` (``IllegalTransition`` if its state machine does not allow it): ``reason`` why
+        it must stop (``STOP_REQUESTED``), ``handle`` once launched (``RUNNING``)."""
+        check_transition(self.state, to, self.record.trial_id)
+        if to is TrialState.STOP_REQUESTED and not reason:
+            raise IllegalTransition(f"trial {self.record.trial_id}: a stop needs its reason")
+        if to is TrialState.RUNNING and handle is None:
+            raise IllegalTransition(f"trial {self.record.trial_id}: running needs its handle")
+        fields: dict[TrialState, dict[str, Any]] = {
+            TrialState.FINISHED: {"finished": True}, TrialState.STOP_REQUESTED: {"stop_reason": reason},
+            TrialState.LOOKED: {"looked": True}, TrialState.RUNNING: {"handle": handle}}
+        return self.model_copy(update=fields.get(to, {}))

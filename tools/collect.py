@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -16,12 +15,8 @@ from mart.nodes.runtime import Services, services_for
 from mart.nodes.stages import StageView
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.models import TrialRecord, TrialStatus
-from mart.state.objectives import learning_score, system_outcome, unscored_reason
+from mart.state.trial_state import TrialState, check_transition
 from mart.state.trials import RunningTrial
-
-
-def _finite(v: float) -> float | None:
-    return None if v is None or math.isnan(v) else float(v)
 
 
 def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Literal["stage_control"]]:
@@ -31,7 +26,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
     trials_done = dict(state.get("trials_done") or {})
     view_state: Mapping[str, Any] = dict(state)
     for tid, rt in list(running.items()):
-        if not rt.finished:
+        if rt.state is not TrialState.FINISHED:
             continue
         done, eligible = _result(services, rt)
         view = StageView(view_state, services)
@@ -44,6 +39,7 @@ def collect_trial(state: TuningState, runtime: Runtime[Services]) -> Command[Lit
         view_state.update(changed)
         update.update(changed)
         trials_done[done.stage] = trials_done.get(done.stage, 0) + 1
+        check_transition(rt.state, TrialState.COLLECTED, tid)
         del running[tid]
     # something finished: the agents may find new things to try (``waiting`` ends), feedback was used
     return Command(goto="stage_control", update={**update, "trials_done": trials_done, "running": running,
@@ -73,22 +69,16 @@ def _result(services: Services, rt: RunningTrial) -> tuple[TrialRecord, bool]:
         "wall_s": time.time() - (row.get("started_at") or time.time()),
     }
     eligible = status is TrialStatus.COMPLETED and not early
-    if record.stage == "system":
-        outcome = system_outcome(records, horizon, services.memory_limit_gb())
-        fields["throughput"] = _finite(outcome.throughput)
-        fields["peak_memory_gb"] = _finite(outcome.peak_memory_gb)
-        eligible = eligible and outcome.feasible
-        if not outcome.feasible and status is TrialStatus.COMPLETED and fields["reason"] is None:
-            fields["reason"] = "peak memory above the margin"
-    else:
-        prefix = services.backend.score_metric_prefix
-        fields["score"] = _finite(learning_score(records, prefix))
-        fields["peak_memory_gb"] = _finite(system_outcome(records, horizon, None).peak_memory_gb)
-        if fields["score"] is None and status is TrialStatus.COMPLETED:
-            # loud: a completed learning trial without a post-training validation cannot be ranked
-            why = unscored_reason(records, prefix)
-            fields["reason"] = f"{fields['reason']}; {why}" if fields["reason"] else why
-            emit(services, HealthNotice(trial_id=record.trial_id, rule="unscored", severity="warn", message=why))
+    # the stage's objective and what disqualifies a completed trial (stage 1: over the memory margin)
+    outcome = stages.get(record.stage).outcome(services, records, horizon, completed=status is TrialStatus.COMPLETED)
+    fields.update(outcome.fields)
+    eligible = eligible and outcome.feasible
+    if not outcome.feasible and status is TrialStatus.COMPLETED and fields["reason"] is None:
+        fields["reason"] = outcome.infeasible_reason
+    if outcome.unscored:  # loud: a completed trial without its objective (no post-training validation) cannot be ranked
+        why = outcome.unscored
+        fields["reason"] = f"{fields['reason']}; {why}" if fields["reason"] else why
+        emit(services, HealthNotice(trial_id=record.trial_id, rule="unscored", severity="warn", message=why))
     if status is not TrialStatus.COMPLETED or early:
         fields["throughput"] = fields["score"] = None
     done = record.model_copy(update=fields)

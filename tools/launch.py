@@ -21,18 +21,14 @@ from mart.nodes.runtime import Services, services_for
 from mart.nodes.stages import StageView
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.models import TrialRecord, TrialStatus
+from mart.state.trial_state import TrialState, check_transition
 from mart.state.trials import HANDLE_REFUSED, CheckpointRef, RunningTrial, TrialHandle, TrialSpec
 
 
 def _changes(view: StageView, record: TrialRecord) -> list[str]:
     """The trial's config against what it starts from (the stage's current best; a schedule branch: its parent's
     config), in the names a reviewer edits."""
-    policy = stages.get(record.stage)
-    if record.stage == "schedule":
-        parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
-        current = dict((parent or {}).get("config") or {}) or policy.start_config(view)  # type: ignore[attr-defined]
-    else:
-        current = {**policy.base_config(view), **(view.state.get("best_overrides") or {}).get(record.stage, {})}
+    current = stages.get(record.stage).current_config(view, record)
     space = view.services.backend.search_space()
     name = space.edit_name
     return [f"{name(k) if k in space else k} {current.get(k)!r}→{v!r}"
@@ -89,6 +85,8 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
            slot: int) -> RunningTrial:
     ledger = services.ledger
     look_at = stages.get(record.stage).look_at(view, record)
+    check_transition(TrialState.QUEUED, TrialState.LAUNCHING, record.trial_id)
+    launching = RunningTrial(record=record, slot=slot, look_at=look_at)
     existing = ledger.trial(record.trial_id)
     if existing and existing.get("handle"):
         handle = TrialHandle.model_validate(existing["handle"])
@@ -98,9 +96,9 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
             reason = f"{HANDLE_REFUSED}: {why}"
             ledger.set_trial_fields(record.trial_id, status=TrialStatus.FAILED.value, reason=reason)
             emit(services, TrialFailed(trial_id=record.trial_id, reason=reason))
-            return RunningTrial(record=record, handle=None, slot=slot, finished=True)
+            return launching.move(TrialState.FINISHED)
         emit(services, TrialReattached(trial_id=record.trial_id))
-        return RunningTrial(record=record, handle=handle, slot=slot, look_at=look_at)
+        return launching.move(TrialState.RUNNING, handle=handle)
     trial_dir = str(services.store.trial_dir(record.trial_id))
     token = (existing or {}).get("launch_token")
     if existing and token and existing.get("status") == TrialStatus.RUNNING.value:
@@ -109,7 +107,7 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
         if adopted is not None:
             ledger.set_trial_fields(record.trial_id, handle=adopted.model_dump(mode="json"))
             emit(services, TrialReattached(trial_id=record.trial_id))
-            return RunningTrial(record=record, handle=adopted, slot=slot, look_at=look_at)
+            return launching.move(TrialState.RUNNING, handle=adopted)
     token = secrets.token_hex(8)
     ledger.upsert_trial(
         record.model_copy(update={"status": TrialStatus.RUNNING}), run_id=services.run_id, seq=seq,
@@ -122,11 +120,11 @@ def _start(state: TuningState, services: Services, view: StageView, record: Tria
     except Exception as e:  # a launch that fails is a failed trial, not a failed session
         ledger.set_trial_fields(record.trial_id, status=TrialStatus.FAILED.value, reason=f"launch failed: {e}")
         emit(services, TrialFailed(trial_id=record.trial_id, reason=str(e)))
-        return RunningTrial(record=record, handle=None, slot=slot, finished=True)
+        return launching.move(TrialState.FINISHED)
     ledger.set_trial_fields(record.trial_id, handle=handle.model_dump(mode="json"))
     rerun_of = _rerun_of(view, record)
     emit(services, TrialLaunched(trial_id=record.trial_id, stage=record.stage, kind=record.kind, horizon=horizon,
                                  changes=[] if rerun_of else _changes(view, record), slot=slot,
                                  slots=services.trial_slots(), candidate_id=record.candidate_id, rerun_of=rerun_of,
                                  seed=record.seed if rerun_of else None))
-    return RunningTrial(record=record, handle=handle, slot=slot, look_at=look_at)
+    return launching.move(TrialState.RUNNING, handle=handle)

@@ -32,6 +32,7 @@ from mart.state.graph_state import TuningState, running_trials
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialRecord
+from mart.state.trial_state import ALIVE, TrialState
 from mart.state.trials import RunningTrial
 from mart.trial_runner.watchdog import Progress
 
@@ -63,76 +64,92 @@ def watch_trial(state: TuningState, runtime: Runtime[Services]
     trials = running_trials(state)
     assert trials, "watch_trial runs only while a trial is in flight"
     ledger = services.ledger
-    runner = services.runner
-    interval = services.options.watch_interval_s
-    watchdog = services.watchdog()
-    follows: dict[str, _Follow] = {}
     rows = {rt.record.trial_id: ledger.trial(rt.record.trial_id) or {} for rt in trials}
     # stopped by the health monitor while the graph waited at a review (``WatchDuringReview``): stop and collect
     # them with that reason
     marked = {tid: row["reason"] for tid, row in rows.items() if row.get("status") == "running"
               and str(row.get("reason") or "").startswith(STOP_PREFIX)}
     if marked:
-        return _leave([rt.model_copy(update={"stop_reason": marked[rt.record.trial_id]})
-                       if rt.record.trial_id in marked and not rt.finished and not rt.stop_reason else rt
-                       for rt in trials])
-    for rt in trials:
-        if rt.finished or rt.stop_reason or rt.handle is None:
-            return _leave(trials)
-        known = {r.step for r in ledger.metric_records(rt.record.trial_id)}
-        row = rows[rt.record.trial_id]
-        f = _Follow(trial=rt, tail=runner.metrics(rt.handle), known=known,
-                    clock_from=row.get("running_at") or rt.handle.started_at)
-        if row.get("waiting_since") and not row.get("running_at"):  # queued when an earlier watch last saw it
-            f.queued_since, f.announced = float(row["waiting_since"]), bool(row.get("waiting"))
-        f.progress.observe(ledger.metric_records(rt.record.trial_id))
-        follows[rt.record.trial_id] = f
+        return _leave([rt.move(TrialState.STOP_REQUESTED, reason=marked[rt.record.trial_id])
+                       if rt.record.trial_id in marked and rt.state in ALIVE else rt for rt in trials])
+    if any(rt.state not in ALIVE for rt in trials):  # to stop or to collect first
+        return _leave(trials)
+    follows = {rt.record.trial_id: _follow(services, rt, rows[rt.record.trial_id]) for rt in trials}
+    interval = services.options.watch_interval_s
+    watchdog = services.watchdog()
     while True:
         changed = passed = False
         for tid, f in follows.items():
-            rt, record = f.trial, f.trial.record
-            records = f.tail.read_new()
-            fresh = [r for r in records if r.step not in f.known]
-            if records:
-                ledger.add_metrics(tid, records)
-            f.progress.observe(fresh)
-            for rec in fresh:
-                f.known.add(rec.step)
-                f.new_steps += 1
-                emit(services, _progress_event(record, rec))
-            if rt.look_at is not None and not rt.looked and max(f.known, default=0) >= rt.look_at:
-                # the stage asked to decide again once this step is logged (an early look), at once: before the
-                # next poll, as a tuner acts on a line it read; the trial runs on meanwhile
-                f.trial = rt.model_copy(update={"looked": True})
-                changed = True
+            what = _watch_once(services, f, tid, interval, watchdog)
+            changed = changed or what in (_LOOK, _CHANGED)
+            passed = passed or what == _PASSED
+            if what == _LOOK:
                 break  # decide now: polling the others first would let the simulator's virtual clock run past the line
-            poll = runner.poll(rt.handle)
-            if not poll.status.is_finished() and _queued(services, f, tid, poll.queued):
-                continue  # waiting for its resources: nothing to assess, no clock running
-            if poll.status.is_finished():
-                ledger.add_metrics(tid, f.tail.read_new())  # lines written just before the end
-                assess(services, record, final=True)
-                f.trial = rt.model_copy(update={"finished": True})
-                changed = True
-                continue
-            elapsed = time.monotonic() - f.pass_started
-            if f.new_steps and elapsed >= interval:
-                # the end of one watch pass for this trial: the health monitor looks at what it brought
-                reason = assess(services, record)
-                f.new_steps, f.pass_started, passed = 0, time.monotonic(), True
-                if reason:
-                    f.trial = rt.model_copy(update={"stop_reason": reason})
-                    changed = True
-                    continue
-            hung = f.progress.expired(watchdog, f.clock_from)
-            if hung:
-                f.trial = rt.model_copy(update={"stop_reason": hung})
-                changed = True
-                continue
         if changed:
             return _leave([f.trial for f in follows.values()])
         if not passed:  # a trial whose pass just ended starts its next one at once (it reads what its poll revealed)
             time.sleep(min(MAX_SLEEP_S, interval))
+
+
+def _follow(services: Services, rt: RunningTrial, row: dict[str, Any]) -> _Follow:
+    """Start following a launched trial: its metric tail, the steps the ledger has, where its clocks stand."""
+    assert rt.handle is not None
+    ledger = services.ledger
+    f = _Follow(trial=rt, tail=services.runner.metrics(rt.handle),
+                known={r.step for r in ledger.metric_records(rt.record.trial_id)},
+                clock_from=row.get("running_at") or rt.handle.started_at)
+    if row.get("waiting_since") and not row.get("running_at"):  # queued when an earlier watch last saw it
+        f.queued_since, f.announced = float(row["waiting_since"]), bool(row.get("waiting"))
+    f.progress.observe(ledger.metric_records(rt.record.trial_id))
+    return f
+
+
+#: what one look at a trial found (``_watch_once``)
+_LOOK, _CHANGED, _PASSED = "look", "changed", "passed"
+
+
+def _watch_once(services: Services, f: _Follow, tid: str, interval: float, watchdog: Any) -> str | None:
+    """One look at a followed trial: its new steps into the ledger, then its early look, its end, its health
+    pass, its watchdog. ``_LOOK``/``_CHANGED``: its state moved (``f.trial``); ``_PASSED``: a health pass ended
+    with nothing found; None: nothing new."""
+    ledger = services.ledger
+    rt, record = f.trial, f.trial.record
+    assert rt.handle is not None
+    records = f.tail.read_new()
+    fresh = [r for r in records if r.step not in f.known]
+    if records:
+        ledger.add_metrics(tid, records)
+    f.progress.observe(fresh)
+    for rec in fresh:
+        f.known.add(rec.step)
+        f.new_steps += 1
+        emit(services, _progress_event(record, rec))
+    if rt.look_at is not None and not rt.looked and max(f.known, default=0) >= rt.look_at:
+        # the stage asked to decide again once this step is logged (an early look), at once: before the
+        # next poll, as a tuner acts on a line it read; the trial runs on meanwhile
+        f.trial = rt.move(TrialState.LOOKED)
+        return _LOOK
+    poll = services.runner.poll(rt.handle)
+    if not poll.status.is_finished() and _queued(services, f, tid, poll.queued):
+        return None  # waiting for its resources: nothing to assess, no clock running
+    if poll.status.is_finished():
+        ledger.add_metrics(tid, f.tail.read_new())  # lines written just before the end
+        assess(services, record, final=True)
+        f.trial = rt.move(TrialState.FINISHED)
+        return _CHANGED
+    passed = False
+    if f.new_steps and time.monotonic() - f.pass_started >= interval:
+        # the end of one watch pass for this trial: the health monitor looks at what it brought
+        reason = assess(services, record)
+        f.new_steps, f.pass_started, passed = 0, time.monotonic(), True
+        if reason:
+            f.trial = rt.move(TrialState.STOP_REQUESTED, reason=reason)
+            return _CHANGED
+    hung = f.progress.expired(watchdog, f.clock_from)
+    if hung:
+        f.trial = rt.move(TrialState.STOP_REQUESTED, reason=hung)
+        return _CHANGED
+    return _PASSED if passed else None
 
 
 def _queued(services: Services, f: _Follow, trial_id: str, queued: str | None) -> bool:
@@ -165,9 +182,9 @@ def _leave(trials: list[RunningTrial]) -> Command:
     """Stop the trials that must stop, then collect every one that ended; with neither (an early look was taken),
     back to stage control, whose agents may find something new in what the trial logged (``waiting`` ends)."""
     running = {rt.record.trial_id: rt for rt in trials}
-    if any(rt.stop_reason and not rt.finished for rt in trials):
+    if any(rt.state is TrialState.STOP_REQUESTED for rt in trials):
         return Command(goto="stop_trial", update={"running": running})
-    if any(rt.finished for rt in trials):
+    if any(rt.state is TrialState.FINISHED for rt in trials):
         return Command(goto="collect_trial", update={"running": running})
     return Command(goto="stage_control", update={"running": running, "waiting": {}})
 
@@ -233,7 +250,7 @@ class WatchDuringReview:
 
 def watchable(trials: list[RunningTrial]) -> list[RunningTrial]:
     """The trials in flight a watch outside the graph follows: launched, not ended, not already being stopped."""
-    return [rt for rt in trials if rt.handle is not None and not rt.finished and not rt.stop_reason]
+    return [rt for rt in trials if rt.state in ALIVE]
 
 
 def follow_in_flight(services: Services, trials: list[RunningTrial], *, interval: float, quit: threading.Event,

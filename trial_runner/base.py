@@ -29,6 +29,7 @@ from mart.state.job import JobDescription
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import SearchSpace
+from mart.state.stages import measures_throughput
 from mart.state.text import one_line
 from mart.state.trials import (
     DISK_FULL_MARK,
@@ -223,7 +224,7 @@ def read_status(trial_dir: str | os.PathLike) -> TrialPoll | None:
     return TrialPoll(status=TrialStatus(data["status"]), reason=data.get("reason"), last_step=data.get("last_step"))
 
 
-#: verl's keys that turn a trial's validations off. A throughput trial (``TrialSpec.stage == "system"``) runs
+#: verl's keys that turn a trial's validations off. A throughput trial (a stage whose objective is throughput) runs
 #: training steps only on every backend: verl's runner writes these into its command line, and the simulator and
 #: the embedded trainer, which read verl's keys, get them through ``stage_config``
 NO_VALIDATION: dict[str, Any] = {"trainer.test_freq": -1, "trainer.val_before_train": False}
@@ -232,7 +233,7 @@ NO_VALIDATION: dict[str, Any] = {"trainer.test_freq": -1, "trainer.val_before_tr
 def stage_config(spec: TrialSpec) -> dict[str, Any]:
     """``spec.config`` as the trial runs it: a stage-1 trial without validation (a learning or standalone trial
     keeps its config's schedule: the trainers validate at every ``test_freq`` step and at the last one)."""
-    return {**spec.config, **NO_VALIDATION} if spec.stage == "system" else dict(spec.config)
+    return {**spec.config, **NO_VALIDATION} if measures_throughput(spec.stage) else dict(spec.config)
 
 
 # mart's own secrets, which no trial needs: the LLM agents' key, the Slack app's tokens, the Ray

@@ -12,18 +12,21 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, Field
 
-from mart.state.models import Candidate, Critique, HealthEvent, Profile, Stage, TrialRecord, config_hash
+from mart.nodes import stages
+from mart.state.models import Candidate, Critique, HealthEvent, Profile, TrialRecord, config_hash
 from mart.state.search_space import SearchSpace
+from mart.state.stages import StageName, StageTraits, traits
 
 if TYPE_CHECKING:
     from mart.nodes.agents.schedule import Diagnosis
+    from mart.nodes.stages import StagePolicy
 
 
 @dataclass
 class AgentContext:
     """Everything an agent may know when it proposes or critiques (built by the nodes, never stored)."""
 
-    stage: Stage
+    stage: StageName
     objective: str
     search_space: SearchSpace
     base_config: dict[str, Any]
@@ -63,6 +66,16 @@ class AgentContext:
     """Trials of this stage still in flight (running or queued): no result yet, never proposed again, and the
     batch keeps its distance from them (their outcome is taken as the model predicts it)."""
 
+    @property
+    def policy(self) -> StagePolicy:
+        """The stage's policy: what a candidate starts from, what it may change, what counts as a duplicate."""
+        return stages.get(self.stage)
+
+    @property
+    def traits(self) -> StageTraits:
+        """What the stage is (``mart.state.stages``): its objective, whether memory bounds it, whether it branches."""
+        return traits(self.stage)
+
     def predict(self, config: dict[str, Any]) -> Any:
         """The job model's prediction for a full config (throughput, per-phase time and memory, peak,
         confidence, safety gap), or None without a model."""
@@ -79,11 +92,12 @@ class AgentContext:
         Stage ``schedule``: only the siblings from the same checkpoint (a config run from another checkpoint is no
         duplicate: its weights differ); without ``segment`` every trial of the stage counts."""
         keys = {config_hash(self.full_config(o)) for o in self.rejected} | {config_hash(t.config) for t in self.pending}
-        frm = self.segment[0] if self.stage == "schedule" and self.segment else None
+        per_checkpoint = self.traits.branches
+        frm = self.segment[0] if per_checkpoint and self.segment else None
         for t in self.history:
             if t.stage != self.stage:
                 continue
-            if self.stage != "schedule" or frm is None or t.parent_step == frm or (not frm and t.parent_step is None):
+            if not per_checkpoint or frm is None or t.parent_step == frm or (not frm and t.parent_step is None):
                 keys.add(config_hash(t.config))
         return keys
 

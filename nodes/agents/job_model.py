@@ -42,11 +42,11 @@ from mart.nodes.agents.memory_source import MemorySource, resolve
 from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
 from mart.state.job import JobDescription
 from mart.state.search_space import ParamSpec
+from mart.state.verl_keys import ACTOR as A
+from mart.state.verl_keys import ROLLOUT as R
 from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 
 GIB = 1024.0**3
-ARR = "actor_rollout_ref"
-R, A, REF, M = f"{ARR}.rollout.", f"{ARR}.actor.", f"{ARR}.ref.", f"{ARR}.model."
 
 #: the catalogue records the model reads (``ParamSpec.model`` names them): verl's knobs, and the concurrent workflow
 #: tasks of an asynchronous multi-agent rollout (MARTI's OPENRLHF_ASYNC_NUM_TASKS; 0 = synchronous stages, each
@@ -895,20 +895,7 @@ class JobModel:
         phases) is chosen from a grid to fit the peaks once two or more were measured; it starts at the
         textbook (1.0, 1.0), the phase gaps holding the estimate's error.
         """
-        rows = []
-        for o in observations:
-            measured = o.peak_gb if o.peak_gb is not None and o.peak_gb > 0 else None
-            if o.oom:
-                measured = max(measured or 0.0, self.C)
-            if measured is None and not o.phase_peaks:
-                continue
-            k = self.knobs(o.config)
-            raw = self.raw({n: np.array([v]) for n, v in k.items()}, self.workload(o.config))
-            rows.append((raw, measured, o.oom, {p: v for p, v in (o.phase_peaks or {}).items() if p in MEM_PHASES}))
-            if not o.oom:
-                self._mem_refs.append({p: float(v[0]) for p, v in self._components(raw).items()
-                                       if not p.startswith("sv:")})
-                self._measured_on |= {n for n in ("act_off", "ent_ckpt", "ent_chunk") if k[n] > 0}
+        rows = [row for o in observations if (row := self._memory_row(o)) is not None]
         if not rows:
             self.cal.mem_bias = {p: 0.02 * self.C for p in MEM_PHASES}
             return
@@ -921,26 +908,47 @@ class JobModel:
         best = None
         for sc in grid:
             bias = self._biases(rows, sc)
-            err = 0.0
-            for raw, measured, oom, phase in rows:
-                cm = self._calibrated_memory(raw, sc, bias)
-                top = max(float(v[0]) for v in cm.values())
-                # an OOM only says the peak reached the capacity: penalise predicting less
-                if measured is not None:
-                    err += max(0.0, measured - top) ** 2 if oom else (top - measured) ** 2
-                # a phase measured on its own (a fit probe) is fitted as such
-                err += sum((float(cm[p][0]) - v) ** 2 for p, v in phase.items())
-            # large biases mean the scales explain the peaks badly; stay near the prior otherwise
-            # (the rollout's bias is not held against the scales: no scale reaches the rollout's memory, so its
-            # bias is the only way to explain a rollout peak, and penalising it made the activation scales grow
-            # to explain a rollout that peaked 1 GB above its prediction)
-            train_bias = [v for p, v in bias.items() if p != "gen"]
-            err += 0.3 * sum(v * v for v in train_bias) / len(train_bias)
-            err += 0.005 * self.C ** 2 * sum(math.log(x / p0) ** 2 for x, p0 in zip(sc, prior))
+            err = self._memory_error(rows, sc, bias, prior)
             if best is None or err < best[0] - 1e-9:
                 best = (err, sc, bias)
         assert best is not None  # the grid is never empty
         self.cal.act_scale, self.cal.mem_bias = best[1], best[2]
+
+    def _memory_row(self, o: Observation) -> tuple | None:
+        """One observation as the memory fit reads it (raw terms, measured peak, OOM, per-phase peaks), or None
+        when it measured no memory; a measured one also becomes a reference of the knobs it was measured on."""
+        measured = o.peak_gb if o.peak_gb is not None and o.peak_gb > 0 else None
+        if o.oom:
+            measured = max(measured or 0.0, self.C)
+        if measured is None and not o.phase_peaks:
+            return None
+        k = self.knobs(o.config)
+        raw = self.raw({n: np.array([v]) for n, v in k.items()}, self.workload(o.config))
+        if not o.oom:
+            self._mem_refs.append({p: float(v[0]) for p, v in self._components(raw).items()
+                                   if not p.startswith("sv:")})
+            self._measured_on |= {n for n in ("act_off", "ent_ckpt", "ent_chunk") if k[n] > 0}
+        return raw, measured, o.oom, {p: v for p, v in (o.phase_peaks or {}).items() if p in MEM_PHASES}
+
+    def _memory_error(self, rows: list, sc: tuple[float, float], bias: dict[str, float],
+                      prior: tuple[float, float]) -> float:
+        """How badly the activation scales ``sc`` with their biases explain the measured peaks."""
+        err = 0.0
+        for raw, measured, oom, phase in rows:
+            cm = self._calibrated_memory(raw, sc, bias)
+            top = max(float(v[0]) for v in cm.values())
+            # an OOM only says the peak reached the capacity: penalise predicting less
+            if measured is not None:
+                err += max(0.0, measured - top) ** 2 if oom else (top - measured) ** 2
+            # a phase measured on its own (a fit probe) is fitted as such
+            err += sum((float(cm[p][0]) - v) ** 2 for p, v in phase.items())
+        # large biases mean the scales explain the peaks badly; stay near the prior otherwise
+        # (the rollout's bias is not held against the scales: no scale reaches the rollout's memory, so its
+        # bias is the only way to explain a rollout peak, and penalising it made the activation scales grow
+        # to explain a rollout that peaked 1 GB above its prediction)
+        train_bias = [v for p, v in bias.items() if p != "gen"]
+        err += 0.3 * sum(v * v for v in train_bias) / len(train_bias)
+        return err + 0.005 * self.C ** 2 * sum(math.log(x / p0) ** 2 for x, p0 in zip(sc, prior))
 
     def _biases(self, rows: list, act_scale: tuple[float, float]) -> dict[str, float]:
         # measurement noise of a peak: ~0.1 GB on a GPU, a few percent of an emulated CPU device's capacity

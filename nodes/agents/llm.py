@@ -34,7 +34,6 @@ from mart.nodes.agents.prompts import (
     build_repair_message,
 )
 from mart.nodes.agents.rules import HEDGES, RulesCritic, RulesProposer, model_candidates
-from mart.nodes.agents.schedule import capacity_errors, implied_caps, knob_stage
 from mart.nodes.agents.schemas import CandidateCheck, ProposalSet, VerdictSet, validation_messages
 from mart.state.models import Candidate, Critique, config_hash
 from mart.state.search_space import ConfigError
@@ -226,7 +225,7 @@ class LLMProposer(_LLMStrategy, Proposer):
         ranks all by the same model), so the LLM steers part of the search and its share is on record
         (``trials_by_source`` in the summary). For a batch the model offers its hedges too, as it does to the
         rules proposer: the critic spends at most one slot on one (``RulesCritic._hedged_batch``)."""
-        if ctx.stage != "system" or ctx.job_model is None or not ctx.memory_limit_gb:
+        if ctx.traits.objective != "throughput" or ctx.job_model is None or not ctx.memory_limit_gb:
             return candidates
 
         keys = {c.key() for c in candidates}
@@ -240,72 +239,28 @@ class LLMProposer(_LLMStrategy, Proposer):
 
     def _collect(self, ctx: AgentContext, answer: ProposalSet, found: dict[str, Candidate]) -> list[str]:
         """Validate each proposed candidate; add the good ones to ``found`` (keyed by config hash)."""
-        space = ctx.search_space
-        tried = ctx.tried_keys()
-        # stage 3: a transition changes the parent branch's config (the base), not a best-so-far
-        start = {} if ctx.stage == "schedule" else dict(ctx.best_overrides)
+        start = ctx.policy.proposal_start(ctx)  # stage 3: a transition changes its parent branch's config
         base_key = config_hash(ctx.full_config(start))
+        tried = ctx.tried_keys()
         errors: list[str] = []
         for i, proposed in enumerate(answer.candidates[: ctx.num_candidates + 2], start=1):
-            keys = [kv.key for kv in proposed.overrides]
-            dupes = sorted({k for k in keys if keys.count(k) > 1})
-            if dupes:
-                errors.append(f"candidate {i}: knob(s) {dupes} set more than once")
+            checked = _changes(ctx, i, proposed)
+            if isinstance(checked, str):
+                errors.append(checked)
                 continue
-            try:
-                changes = space.validate_overrides(proposed.overrides_dict(), stage=knob_stage(ctx.stage))
-            except ConfigError as e:
-                errors.append(f"candidate {i}: {e}")
-                continue
-            if ctx.stage == "schedule":  # a longer limit brings the token caps it implies; caps move only with it
-                changes, _ = implied_caps(ctx, changes)
-                refused = capacity_errors(ctx, changes)
-                if refused:
-                    errors.append(f"candidate {i}: " + " ".join(refused))
-                    continue
-            overrides = {**start, **changes}
-            full = ctx.full_config(overrides)
-            broken = ctx.config_errors(overrides)
-            if broken:
-                errors.append(f"candidate {i} ({_kv(changes)}) breaks constraints: " + " ".join(broken))
-                continue
-            key = config_hash(full)
-            if key == base_key or not changes:
-                errors.append(f"candidate {i}: changes nothing relative to the "
-                              + ("parent branch's configuration" if ctx.stage == "schedule" else
-                                 "current best configuration"))
-                continue
-            if key in tried:
-                errors.append(f"candidate {i} ({_kv(changes)}): this configuration was already tried"
-                              + (" from this checkpoint" if ctx.stage == "schedule" else ""))
+            overrides = {**start, **checked}
+            key = config_hash(ctx.full_config(overrides))
+            error = _refusal(ctx, i, checked, overrides, key, base_key, tried)
+            if error:
+                errors.append(error)
                 continue
             if key in found:
                 continue  # the same candidate again (e.g. repeated in a repair answer): keep one
-            pred = ctx.predict(full) if ctx.stage == "system" else None
-            if pred is not None and ctx.memory_limit_gb and pred.peak_gb > ctx.memory_limit_gb:
-                errors.append(f"candidate {i} ({_kv(changes)}): the job model predicts a peak of {fmt_gb(pred.peak_gb)}, "
-                              f"over the limit {fmt_gb(ctx.memory_limit_gb)} (per phase: "
-                              + ", ".join(f"{p} {v:.1f}" for p, v in pred.phase_gb.items() if v > 0) + ")")
-                continue
-            peak = _safe_predict(ctx, full)
-            if ctx.stage == "schedule" and peak is not None and ctx.memory_limit_gb and peak > ctx.memory_limit_gb:
-                parent = _safe_predict(ctx, dict(ctx.base_config))
-                if parent is None or peak > parent:  # memory the transition adds (a longer budget, more rollouts)
-                    errors.append(f"candidate {i} ({_kv(changes)}): the memory model predicts a peak of {fmt_gb(peak)}, "
-                                  f"over the limit {fmt_gb(ctx.memory_limit_gb)}")
-                    continue
-            inc = ctx.predict(ctx.full_config(ctx.best_overrides)) if pred is not None else None
-            found[key] = Candidate(
-                candidate_id=f"llm-{ctx.stage[:3]}-{key[:8]}",
-                stage=ctx.stage,
-                overrides=overrides,
-                rationale=_clip(proposed.rationale, MAX_TEXT) or "(the LLM gave no rationale)",
-                source="llm",
-                predicted_memory_gb=peak,
-                predicted_throughput=None if pred is None else round(pred.throughput, 3),
-                expected_gain=(round(pred.throughput / max(inc.throughput, 1e-9) - 1, 4) if pred is not None and inc
-                               else _gain(proposed.expected_gain)),
-            )
+            made = _candidate(ctx, i, proposed, checked, overrides, key)
+            if isinstance(made, str):
+                errors.append(made)
+            else:
+                found[key] = made
         return errors
 
     def _fall_back(self, ctx: AgentContext, reason: str) -> list[Candidate]:
@@ -315,6 +270,65 @@ class LLMProposer(_LLMStrategy, Proposer):
         self._record_fallback(name, reason)
         note = f" [{name} proposer: {reason}]"
         return [c.model_copy(update={"rationale": (c.rationale + note).strip()}) for c in candidates]
+
+
+def _changes(ctx: AgentContext, i: int, proposed: Any) -> dict[str, Any] | str:
+    """The proposed candidate's changes, checked against the stage's knobs and with what they imply (a longer
+    response limit's token caps), or why it is refused."""
+    keys = [kv.key for kv in proposed.overrides]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        return f"candidate {i}: knob(s) {dupes} set more than once"
+    try:
+        changes = ctx.search_space.validate_overrides(proposed.overrides_dict(), stage=ctx.stage)
+    except ConfigError as e:
+        return f"candidate {i}: {e}"
+    changes, _ = ctx.policy.implied(ctx, changes)  # caps move only with the limit they follow
+    refused = ctx.policy.stage_refusals(ctx, changes)
+    return f"candidate {i}: " + " ".join(refused) if refused else changes
+
+
+def _refusal(ctx: AgentContext, i: int, changes: dict[str, Any], overrides: dict[str, Any], key: str,
+             base_key: str, tried: set[str]) -> str | None:
+    """Why the candidate may not run: the backend's constraints, no change, a config already tried."""
+    broken = ctx.config_errors(overrides)
+    if broken:
+        return f"candidate {i} ({_kv(changes)}) breaks constraints: " + " ".join(broken)
+    if key == base_key or not changes:
+        return f"candidate {i}: changes nothing relative to the {ctx.policy.start_words}"
+    if key in tried:
+        return f"candidate {i} ({_kv(changes)}): this configuration was already tried{ctx.policy.tried_scope}"
+    return None
+
+
+def _candidate(ctx: AgentContext, i: int, proposed: Any, changes: dict[str, Any], overrides: dict[str, Any],
+               key: str) -> Candidate | str:
+    """The candidate with what the models predict of it, or why the memory rule refuses it."""
+    full = ctx.full_config(overrides)
+    limit = ctx.memory_limit_gb
+    pred = ctx.predict(full) if ctx.traits.objective == "throughput" else None
+    if pred is not None and limit and pred.peak_gb > limit:
+        return (f"candidate {i} ({_kv(changes)}): the job model predicts a peak of {fmt_gb(pred.peak_gb)}, over the "
+                f"limit {fmt_gb(limit)} (per phase: "
+                + ", ".join(f"{p} {v:.1f}" for p, v in pred.phase_gb.items() if v > 0) + ")")
+    peak = _safe_predict(ctx, full)
+    if ctx.traits.branches and peak is not None and limit and peak > limit:
+        parent = _safe_predict(ctx, dict(ctx.base_config))
+        if parent is None or peak > parent:  # memory the transition adds (a longer budget, more rollouts)
+            return (f"candidate {i} ({_kv(changes)}): the memory model predicts a peak of {fmt_gb(peak)}, "
+                    f"over the limit {fmt_gb(limit)}")
+    inc = ctx.predict(ctx.full_config(ctx.best_overrides)) if pred is not None else None
+    return Candidate(
+        candidate_id=f"llm-{ctx.stage[:3]}-{key[:8]}",
+        stage=ctx.stage,
+        overrides=overrides,
+        rationale=_clip(proposed.rationale, MAX_TEXT) or "(the LLM gave no rationale)",
+        source="llm",
+        predicted_memory_gb=peak,
+        predicted_throughput=None if pred is None else round(pred.throughput, 3),
+        expected_gain=(round(pred.throughput / max(inc.throughput, 1e-9) - 1, 4) if pred is not None and inc
+                       else _gain(proposed.expected_gain)),
+    )
 
 
 # --------------------------------------------------------------------------- critic
@@ -418,12 +432,11 @@ def check_candidate(ctx: AgentContext, c: Candidate) -> CandidateCheck:
     """mart's checks of one candidate: search space, constraints, memory prediction, repeat of a trial."""
     chk = CandidateCheck()
     try:
-        overrides = ctx.search_space.validate_overrides(c.overrides, stage=knob_stage(ctx.stage))
+        overrides = ctx.search_space.validate_overrides(c.overrides, stage=ctx.stage)
     except ConfigError as e:
         chk.validation_errors.append(str(e))
         overrides = dict(c.overrides)
-    if ctx.stage == "schedule":
-        chk.validation_errors.extend(capacity_errors(ctx, overrides))
+    chk.validation_errors.extend(ctx.policy.stage_refusals(ctx, overrides))
     full = ctx.full_config(overrides)
     try:
         chk.constraint_errors.extend(ctx.config_errors(overrides))

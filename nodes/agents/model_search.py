@@ -120,10 +120,34 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     full_inc = {**base, **incumbent}
     k_inc = model.knobs(full_inc)
     specs = _model_specs(space, stage)
-    gap = model.base_gap_gb()
-    target = limit - gap
-    train_gap = 0.0 if hedges else 1.0  # the share of the training phases' gaps a config must leave free
+    w = model.workload(full_inc)
+    shared, r_rows, t_rows = _grids(model, specs, k_inc, w)
+    if len(t_rows["dyn"]) == 0:
+        return []
+    sides = _Sides(model=model, specs=specs, k_inc=k_inc, w=w, r_rows=r_rows, t_rows=t_rows, limit=limit,
+                   target=limit - model.base_gap_gb(),
+                   train_gap=0.0 if hedges else 1.0)  # the share of the training phases' gaps left free
+    results: list[tuple[float, dict[str, float], dict[str, float]]] = []
+    for s in range(len(shared[SHARED_KNOBS[0]])):
+        results += sides.pairs({n: shared[n][s] for n in SHARED_KNOBS})
+    # incumbent-anchored half moves (trust region): the incumbent's rollout side with the best training
+    # side and vice versa, so a wrong guess on one side cannot spoil a good other side
+    results.sort(key=lambda r: r[0])
+    top = results[: 120]
+    extra = []
+    for _, cfg, _ in top[:6]:
+        for names in (ROLLOUT_KNOBS, TRAIN_KNOBS):
+            mixed = dict(k_inc)
+            mixed.update({n: cfg[n] for n in names})
+            extra.append(mixed)
+    return _score(model, space, base, limit, [c for _, c, _ in top] + extra, incumbent, tried, check, n_out, specs,
+                  hedges)
 
+
+def _grids(model: JobModel, specs: dict[str, ParamSpec], k_inc: dict[str, float], w: Any
+           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The shared, rollout and training knob grids (each a product of the knobs' values), the training rows
+    without the duplicates dynamic batch sizes make and the token caps too small for the longest sequence."""
     def grid_for(names: tuple[str, ...]) -> dict[str, list[float]]:
         out = {}
         for n in names:
@@ -138,84 +162,88 @@ def search(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     t_grid = grid_for(TRAIN_KNOBS)
     if "lp_micro" in specs and "ref_micro" in specs:
         t_grid.pop("ref_micro")  # forward-only passes share one micro batch size (verl's examples do)
-    n_shared = len(shared[SHARED_KNOBS[0]])
     r_rows = _product(r_grid)
     t_rows = _product(t_grid)
     if "ref_micro" not in t_rows:
         t_rows["ref_micro"] = t_rows["lp_micro"].copy()
-    w = model.workload(full_inc)
-    nr, nt = len(r_rows["tp"]), len(t_rows["dyn"])
     # static micro batches are meaningless with dynamic bsz and vice versa: drop the duplicates
     dyn = t_rows["dyn"] > 0
     keep_t = np.where(dyn, (t_rows["ppo_micro"] == t_rows["ppo_micro"].min()) & (t_rows["lp_micro"] == t_rows["lp_micro"].min()),
                       t_rows["tok_cap"] == t_rows["tok_cap"].max() if len(set(t_rows["tok_cap"])) > 1 else True)
     t_rows = {n: v[keep_t] for n, v in t_rows.items()}
-    nt = len(t_rows["dyn"])
     if "tok_cap" in specs:
         ok_cap = (t_rows["dyn"] == 0) | (t_rows["tok_cap"] * t_rows["sp"] >= w.max_len)
         t_rows = {n: v[ok_cap] for n, v in t_rows.items()}
-        nt = len(t_rows["dyn"])
-    if nt == 0:
-        return []
+    return shared, r_rows, t_rows
 
-    results: list[tuple[float, dict[str, float], dict[str, float]]] = []
-    for s in range(n_shared):
-        sh = {n: shared[n][s] for n in SHARED_KNOBS}
+
+@dataclass
+class _Sides:
+    """The rollout and training sides of a step, searched apart and paired (see the module docstring)."""
+
+    model: JobModel
+    specs: dict[str, ParamSpec]
+    k_inc: dict[str, float]
+    w: Any
+    r_rows: dict[str, np.ndarray]
+    t_rows: dict[str, np.ndarray]
+    limit: float
+    target: float
+    train_gap: float
+
+    def pairs(self, sh: dict[str, float]) -> list[tuple[float, dict[str, float], dict[str, float]]]:
+        """With the shared knobs ``sh``: the fastest feasible rollout rows paired with the fastest feasible
+        training rows, each pair's predicted step time and config."""
+        model, specs, limit, w, k_inc = self.model, self.specs, self.limit, self.w, self.k_inc
+        nr, nt = len(self.r_rows["tp"]), len(self.t_rows["dyn"])
         # rollout side: solve the memory share, then time and peak
-        kr = {**{n: np.full(nr, k_inc[n]) for n in KNOBS}, **r_rows, **{n: np.full(nr, v) for n, v in sh.items()}}
-        kt = {**{n: np.full(nt, k_inc[n]) for n in KNOBS}, **t_rows, **{n: np.full(nt, v) for n, v in sh.items()}}
+        kr = {**{n: np.full(nr, k_inc[n]) for n in KNOBS}, **self.r_rows, **{n: np.full(nr, v) for n, v in sh.items()}}
+        kt = {**{n: np.full(nt, k_inc[n]) for n in KNOBS}, **self.t_rows, **{n: np.full(nt, v) for n, v in sh.items()}}
         kt["util"] = np.zeros(nt)  # the kept KV cache (free_cache_engine off) is added per pair below
         et = model.evaluate(kt, w)
         t_train = et["t"]["old_log_prob"] + et["t"]["ref"] + et["t"]["update_actor"]
         m_train = np.maximum.reduce([et["m"]["old_log_prob"], et["m"]["ref"], et["m"]["update_actor"]])
-        ok_t = np.maximum.reduce([np.where(et["m"][p] > 0, et["m"][p] + train_gap * et["gap_phase"][p], 0.0)
+        ok_t = np.maximum.reduce([np.where(et["m"][p] > 0, et["m"][p] + self.train_gap * et["gap_phase"][p], 0.0)
                                   for p in ("old_log_prob", "ref", "update_actor")]) <= limit
         if not ok_t.any():
-            continue
+            return []
         if "util" in specs and not model.cpu:
-            spec = specs["util"]
-            kr0 = {**kr, "util": np.zeros(nr)}
-            e0 = model.evaluate(kr0, w)
-            util = (limit - e0["gap_phase"]["gen"] - e0["m"]["gen"]) / model.C
-            # no more KV cache than the engine can fill: a larger share only raises the rollout's peak (and,
-            # with the pool kept, the training phases'), and a rollout peak at the limit hides how much the
-            # training phases need
-            util = np.minimum(util, model.kv_share_needed(kr, w))
-            if sh["free_cache"] < 0.5:  # the KV pool stays through training: leave room for the best train config
-                util = np.minimum(util, (target - float(m_train[ok_t].min())) / model.C)
-            util = np.floor(np.clip(util, spec.low, spec.high) * 100) / 100
-            kr["util"] = util
+            kr["util"] = self._kv_share(kr, sh, float(m_train[ok_t].min()))
         er = model.evaluate(kr, w)
         t_roll = er["t"]["gen"] + er["t"]["other"]
         ok_r = (er["m"]["gen"] + er["gap_phase"]["gen"] <= limit + 1e-9) & ~er["kv_fail"]
         if not ok_r.any():
-            continue
+            return []
         ri = np.flatnonzero(ok_r)[np.argsort(t_roll[ok_r])[:6]]
         ti = np.flatnonzero(ok_t)[np.argsort(t_train[ok_t])[:6]]
+        results = []
         for a in ri:
             for b in ti:
                 cfg = {n: float(kr[n][a]) for n in ROLLOUT_KNOBS}
                 cfg.update({n: float(kt[n][b]) for n in TRAIN_KNOBS})
                 cfg.update(sh)
                 if sh["free_cache"] < 0.5 and "util" in specs:
-                    room = limit - max(float(et["m"][p][b] + train_gap * et["gap_phase"][p][b])
+                    room = limit - max(float(et["m"][p][b] + self.train_gap * et["gap_phase"][p][b])
                                        for p in ("old_log_prob", "ref", "update_actor"))
                     cfg["util"] = min(cfg["util"], math.floor(room / model.C * 100) / 100)
                     if cfg["util"] < (specs["util"].low or 0.0):
                         continue
                 results.append((float(t_roll[a] + t_train[b]), cfg, sh))
-    # incumbent-anchored half moves (trust region): the incumbent's rollout side with the best training
-    # side and vice versa, so a wrong guess on one side cannot spoil a good other side
-    results.sort(key=lambda r: r[0])
-    top = results[: 120]
-    extra = []
-    for _, cfg, _ in top[:6]:
-        for names in (ROLLOUT_KNOBS, TRAIN_KNOBS):
-            mixed = dict(k_inc)
-            mixed.update({n: cfg[n] for n in names})
-            extra.append(mixed)
-    return _score(model, space, base, limit, [c for _, c, _ in top] + extra, incumbent, tried, check, n_out, specs,
-                  hedges)
+        return results
+
+    def _kv_share(self, kr: dict[str, np.ndarray], sh: dict[str, float], m_train_min: float) -> np.ndarray:
+        """The rollout's KV-cache share of each row: what the limit leaves the engine, no more than it can fill."""
+        model, spec, w = self.model, self.specs["util"], self.w
+        kr0 = {**kr, "util": np.zeros(len(kr["tp"]))}
+        e0 = model.evaluate(kr0, w)
+        util = (self.limit - e0["gap_phase"]["gen"] - e0["m"]["gen"]) / model.C
+        # no more KV cache than the engine can fill: a larger share only raises the rollout's peak (and,
+        # with the pool kept, the training phases'), and a rollout peak at the limit hides how much the
+        # training phases need
+        util = np.minimum(util, model.kv_share_needed(kr, w))
+        if sh["free_cache"] < 0.5:  # the KV pool stays through training: leave room for the best train config
+            util = np.minimum(util, (self.target - m_train_min) / model.C)
+        return np.floor(np.clip(util, spec.low, spec.high) * 100) / 100
 
 
 def agent_copies(space: SearchSpace, key: str) -> list[str]:

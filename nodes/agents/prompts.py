@@ -22,10 +22,11 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.rules import model_candidates
-from mart.nodes.agents.schedule import RULES, knob_stage, severities, transition_score
+from mart.nodes.agents.schedule import RULES, severities, transition_score
 from mart.nodes.agents.schemas import CandidateCheck
 from mart.state.agents import agents_in_config
 from mart.state.models import Candidate, HealthEvent, TrialRecord
+from mart.state.stages import measures_throughput, memory_bound
 from mart.state.units import fmt_gb
 
 PROMPT_VERSION = "mart-agents/4"
@@ -203,7 +204,7 @@ BACKEND_NOTES: dict[tuple[str, str], str] = {
 
 def build_proposer_prompt(ctx: AgentContext) -> list[BaseMessage]:
     """System + user messages asking for ``ctx.num_candidates`` candidates of ``ctx.stage``."""
-    if ctx.stage == "schedule":
+    if ctx.traits.branches:
         return _build_schedule_prompt(ctx)
     user = PROPOSER_TASK.format(
         stage=ctx.stage,
@@ -259,7 +260,7 @@ def build_critic_prompt(
         notes=format_notes(ctx),
         output_contract=CRITIC_OUTPUT,
     )
-    if ctx.stage == "schedule":
+    if ctx.traits.branches:
         user = user.replace("\n# Phase profile\n", f"\n# Diagnosis at the checkpoint ({format_segment(ctx)})\n"
                             f"{format_diagnosis(ctx)}\n\n# Phase profile\n", 1)
         return [SystemMessage(CRITIC_SYSTEM + "\n\n" + CRITIC_SCHEDULE), HumanMessage(user)]
@@ -277,7 +278,7 @@ def build_repair_message(errors: Iterable[str], *, attempt: int, attempts: int, 
 
 
 def format_search_space(ctx: AgentContext) -> str:
-    return ctx.search_space.describe(knob_stage(ctx.stage)) or "(no knobs)"  # type: ignore[arg-type]
+    return ctx.search_space.describe(ctx.stage) or "(no knobs)"  # type: ignore[arg-type]
 
 
 def format_segment(ctx: AgentContext) -> str:
@@ -299,7 +300,7 @@ def format_diagnosis(ctx: AgentContext) -> str:
 
 def format_parent(ctx: AgentContext) -> str:
     config = ctx.base_config
-    keys = [p.key for p in ctx.search_space.stage_params(knob_stage(ctx.stage))]  # type: ignore[arg-type]
+    keys = [p.key for p in ctx.search_space.stage_params(ctx.stage)]  # type: ignore[arg-type]
     return _compact({k: config[k] for k in keys if k in config}) or "(the backend's defaults)"
 
 
@@ -407,7 +408,7 @@ def _earlier_stages(ctx: AgentContext) -> str:
         if stage == ctx.stage or not trials:
             continue
         best = _best_trial(trials, stage, ctx.memory_limit_gb)
-        what = "throughput" if stage == "system" else "score"
+        what = "throughput" if measures_throughput(stage) else "score"
         line = f"{stage} stage: {len(trials)} trials"
         if best is not None:
             line += f"; best {best.trial_id} with {what} {_num(best.objective(stage))} (its config is in the base)"
@@ -419,7 +420,7 @@ def format_job_model(ctx: AgentContext, top: int = 3) -> str:
     """The job model as the LLM's tool: its predictions for the best configs it found, its track record,
     and how candidates are scored. Empty without a model (a backend that cannot describe its job)."""
     model = ctx.job_model
-    if model is None or ctx.stage != "system":
+    if model is None or ctx.traits.objective != "throughput":
         return ""
 
     lines = ["", "# Job model (mart's calibrated per-phase model; every candidate is scored by it)"]
@@ -520,7 +521,7 @@ def format_candidates(ctx: AgentContext, candidates: list[Candidate], checks: Ma
         else:
             lines.append(f"predicted peak memory: {_gb(chk.predicted_memory_gb)}")
         lines.extend(_model_line(ctx, c))
-        if ctx.stage == "schedule":
+        if ctx.traits.branches:
             score, answers = transition_score(ctx, c.overrides)
             lines.append(f"answers (mart's reading): {answers or 'no finding of the diagnosis'}; severity score {score:.2f}")
         lines.append("validation: " + ("ok" if not chk.validation_errors else "FAILED: " + " ".join(chk.validation_errors)))
@@ -533,7 +534,7 @@ def format_candidates(ctx: AgentContext, candidates: list[Candidate], checks: Ma
 def _model_line(ctx: AgentContext, c: Candidate) -> list[str]:
     """The job model's view of a candidate for the critic: predicted gain over the current best and the
     chance its peak crosses the limit (rank by both)."""
-    if ctx.job_model is None or ctx.stage != "system":
+    if ctx.job_model is None or ctx.traits.objective != "throughput":
         return []
     pred = ctx.predict(ctx.full_config(c.overrides))
     inc = ctx.predict(ctx.full_config(ctx.best_overrides))
@@ -583,7 +584,7 @@ def _best_trial(history: list[TrialRecord], stage: str, limit_gb: float | None) 
     def feasible(t: TrialRecord) -> bool:
         if t.stage != stage or t.status.value != "completed" or t.objective(stage) is None:
             return False
-        return stage != "system" or limit_gb is None or t.peak_memory_gb is None or t.peak_memory_gb <= limit_gb
+        return not memory_bound(stage) or limit_gb is None or t.peak_memory_gb is None or t.peak_memory_gb <= limit_gb
 
     done = [t for t in history if feasible(t)]
     return max(done, key=lambda t: t.objective(stage)) if done else None  # type: ignore[arg-type, return-value]

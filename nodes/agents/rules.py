@@ -26,10 +26,10 @@ from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
 from mart.nodes.agents.knob_effects import effect_of, knob_facts
 from mart.nodes.agents.model_search import Scored, is_hedge, search
-from mart.nodes.agents.schedule import capacity_errors, knob_stage, transition_candidates, transition_score
+from mart.nodes.agents.schedule import transition_candidates, transition_score
 from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
-from mart.state.search_space import ConfigError, ParamSpec
+from mart.state.search_space import ParamSpec
 from mart.state.units import fmt_gb
 
 
@@ -120,9 +120,9 @@ class RulesProposer(Proposer):
     name = "rules"
 
     def propose(self, ctx: AgentContext) -> list[Candidate]:
-        if ctx.stage == "schedule":  # stage 3: transitions answering the diagnosis at the checkpoint
+        if ctx.traits.branches:  # stage 3: transitions answering the diagnosis at the checkpoint
             return transition_candidates(ctx)
-        if ctx.stage == "system" and ctx.job_model is not None and ctx.memory_limit_gb:
+        if ctx.traits.objective == "throughput" and ctx.job_model is not None and ctx.memory_limit_gb:
             # a batch: the critic may spend one slot on a hedge across the model's memory uncertainty
             found = model_candidates(ctx, source=self.name, hedges=HEDGES if ctx.slots > 1 else 0)
             if found:
@@ -156,13 +156,13 @@ class RulesProposer(Proposer):
                     predicted_memory_gb=pred, expected_gain=round(score, 4),
                 )
                 scored.append((score, rng.random(), cand))
-        if ctx.stage in ("learning", "system"):  # a multi-agent job: the same move for every agent in one trial
+        if not ctx.traits.branches:  # a multi-agent job: the same move for every agent in one trial
             for overrides, rest, direction, moved in team_moves(ctx, start, current, fb):
                 if config_hash(ctx.full_config(overrides)) in tried:
                     continue
                 if ctx.search_space.check_constraints(ctx.full_config(overrides)):
                     continue
-                if ctx.stage == "learning":
+                if ctx.traits.objective == "score":
                     score, why = self._team_score(ctx, rest, direction, moved, current)
                 else:  # a step waits for the slowest agent: a system knob speeds it up when every agent moves
                     first = next(iter(moved))
@@ -193,7 +193,7 @@ class RulesProposer(Proposer):
     # -- scoring ----------------------------------------------------------------------------------
     def _score(self, ctx: AgentContext, spec: ParamSpec, direction: str, old: Any, new: Any,
                fb: FeedbackRules) -> tuple[float, str]:
-        if ctx.stage == "system":
+        if ctx.traits.objective == "throughput":
             score, why = self._system_score(ctx, spec, direction, old, new, fb)
             agent = names.knob_agent(spec.key)
             if agent is not None and is_multi_agent(ctx):
@@ -262,7 +262,7 @@ class RulesProposer(Proposer):
     def _learning_score(self, ctx, spec, direction, old, new) -> tuple[float, str]:
         key = spec.key
         rules = {e.rule for e in ctx.health_events if e.trial_id in {t.trial_id for t in ctx.history
-                                                                      if t.stage == "learning"}}
+                                                                      if t.stage == ctx.stage}}
         unstable = rules & rule_names(INSTABILITY)
         collapsed = bool(rules & rule_names(EXPLORATION))
         score, why = _learning_prior(knob_facts(spec).prior, direction, unstable, collapsed)
@@ -589,88 +589,114 @@ def _greater(a: Any, b: Any) -> bool | None:
         return None
 
 
+_RISK_WEIGHT = {"low": 1.0, "medium": 0.8, "high": 0.5}
+
 #: stages 2 and 3: the memory a candidate must add over the stage's base config (a share of the limit) before its
 #: predicted peak is held against it; below it, the prediction's difference is the model's noise, not the candidate's
 ADDED_MEMORY_SHARE = 0.01
+
+
+@dataclass
+class _Memory:
+    """What the critic holds against a candidate's predicted peak."""
+
+    pred: float | None
+    risk: str
+    p_over: float = 0.0
+    over: str | None = None
+    """Why it is refused (predicted over the limit), or None."""
+
+
+@dataclass
+class _Judge:
+    """One critique round: what every candidate is judged against (the stage's policy asks the questions)."""
+
+    ctx: AgentContext
+    tried: set[str]
+    inc_pred: Any
+    stage_base: float | None
+    focus: set[str]
+    current: dict[str, Any]
+    siblings: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, ctx: AgentContext) -> "_Judge":
+        current = ctx.full_config(ctx.best_overrides)
+        return cls(ctx=ctx, tried=ctx.tried_keys(), inc_pred=ctx.predict(current),
+                   stage_base=ctx.policy.memory_reference(ctx),
+                   focus=set(parse_feedback(ctx.feedback, ctx.search_space).focus), current=current)
+
+    def critique(self, cand: Candidate) -> Critique:
+        ctx = self.ctx
+        reasons = ctx.policy.admissible(ctx, cand.overrides, tried=self.tried, siblings=self.siblings)
+        full = ctx.full_config(cand.overrides)
+        model_pred = ctx.predict(full) if not reasons else None
+        mem = self.memory(ctx.predict_memory(full), model_pred)
+        if mem.over:
+            reasons.append(mem.over)
+        accepted = not reasons
+        gain, score, answers = self.rank(cand, model_pred, mem, accepted)
+        asked = sorted(k for k, v in cand.overrides.items() if k in self.focus and self.current.get(k) != v)
+        if accepted and asked:
+            # the reviewer's request outranks the model's forecast: a knob they asked to move goes first
+            score += 1.0
+            reasons.append(f"moves {', '.join(ctx.search_space.edit_name(k) for k in asked)}, as the reviewer asked")
+        if accepted:
+            reasons += self.passes(model_pred, mem, gain, answers)
+        return Critique(candidate_id=cand.candidate_id, accepted=accepted, reasons=reasons,
+                        predicted_memory_gb=mem.pred, risk=mem.risk, score=round(score, 4))
+
+    def memory(self, pred: float | None, model_pred: Any) -> _Memory:
+        """The memory rule: refused when predicted over the limit, else a risk of going over it."""
+        limit, stage_base = self.ctx.memory_limit_gb, self.stage_base
+        mem = _Memory(pred, "medium" if pred is None and self.ctx.traits.memory_bound else "low")
+        if pred is None or not limit:
+            return mem
+        # stage 2 fixes the system config: only memory the candidate adds can be held against it (a tolerance
+        # relative to the limit: an absolute one dwarfed a small job's whole limit, issue 43)
+        changes_memory = stage_base is None or pred > stage_base + ADDED_MEMORY_SHARE * limit
+        if pred > limit:  # never "risk low"; refused when the candidate adds the memory that crosses it
+            mem.risk = "high"
+            if changes_memory:
+                mem.over = f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}"
+        elif model_pred is not None and changes_memory:
+            sigma = max(model_pred.gap_gb / 2, 1e-6)
+            mem.p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))
+            mem.risk = "high" if mem.p_over > 0.2 else "medium" if mem.p_over > 0.05 else "low"
+        elif pred > 0.9 * limit and changes_memory:
+            mem.risk = "high"
+        elif pred > 0.75 * limit and changes_memory:
+            mem.risk = "medium"
+        return mem
+
+    def rank(self, cand: Candidate, model_pred: Any, mem: _Memory, accepted: bool
+             ) -> tuple[float, float, str | None]:
+        """The candidate's predicted gain, its score, and the finding it answers (a schedule's transition)."""
+        ctx = self.ctx
+        if model_pred is not None and self.inc_pred is not None and ctx.traits.objective == "throughput":
+            gain = model_pred.throughput / max(self.inc_pred.throughput, 1e-9) - 1
+            return gain, (max(1e-4, (1 + gain) * (1 - 1.5 * mem.p_over)) if accepted else 0.0), None
+        answers = None
+        if ctx.traits.branches:  # rank by the severity of the finding the transition answers
+            gain, answers = transition_score(ctx, cand.overrides)
+        else:
+            gain = cand.expected_gain if cand.expected_gain is not None else 0.1
+        return gain, (gain * _RISK_WEIGHT[mem.risk] if accepted else 0.0), answers
+
+    def passes(self, model_pred: Any, mem: _Memory, gain: float, answers: str | None) -> list[str]:
+        txt = fmt_gb(mem.pred, "unknown")
+        if model_pred is not None and self.ctx.traits.objective == "throughput":
+            txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
+                    f"P(over the limit) {mem.p_over:.0%}")
+        return [f"passes constraints; predicted peak {txt}; risk {mem.risk}", *([f"answers: {answers}"] if answers else [])]
 
 
 class RulesCritic(Critic):
     name = "rules"
 
     def critique(self, ctx: AgentContext, candidates: list[Candidate]) -> CriticVerdict:
-        tried = ctx.tried_keys()
-        critiques = []
-        limit = ctx.memory_limit_gb
-        inc_pred = ctx.predict(ctx.full_config(ctx.best_overrides))
-        # stages 2 and 3 fix the system config: only memory a candidate adds can be held against it
-        stage_base = ctx.predict_memory(ctx.base_config) if ctx.stage != "system" else None
-        siblings: set[str] = set()
-        focus = parse_feedback(ctx.feedback, ctx.search_space).focus
-        current = ctx.full_config(ctx.best_overrides)
-        for cand in candidates:
-            reasons: list[str] = []
-            try:
-                ctx.search_space.validate_overrides(cand.overrides, stage=knob_stage(ctx.stage))
-            except ConfigError as e:
-                reasons.append(str(e))
-            if ctx.stage == "schedule":  # token caps move only up, with the response limit they follow
-                reasons += capacity_errors(ctx, cand.overrides)
-            full = ctx.full_config(cand.overrides)
-            if not reasons:  # the backend's check (verl's validate_config) only on well-typed overrides
-                reasons += ctx.config_errors(cand.overrides)
-            if config_hash(full) in tried:
-                reasons.append("duplicate of a config already tried from this checkpoint" if ctx.stage == "schedule"
-                               else "duplicate of a config already tried in this stage")
-            elif ctx.stage == "schedule" and config_hash(full) in siblings:
-                reasons.append("duplicate of another transition in this round")
-            if ctx.stage == "schedule":
-                siblings.add(config_hash(full))
-            pred = ctx.predict_memory(full)
-            model_pred = ctx.predict(full) if not reasons else None
-            risk = "medium" if pred is None and ctx.stage == "system" else "low"
-            p_over = 0.0
-            if pred is not None and limit:
-                # stage 2 fixes the system config: only memory the candidate adds can be held against it (a
-                # tolerance relative to the limit: an absolute one dwarfed a small job's whole limit, issue 43)
-                changes_memory = stage_base is None or pred > stage_base + ADDED_MEMORY_SHARE * limit
-                if pred > limit:  # never "risk low"; refused when the candidate adds the memory that crosses it
-                    risk = "high"
-                    if changes_memory:
-                        reasons.append(f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}")
-                elif model_pred is not None and changes_memory:
-                    sigma = max(model_pred.gap_gb / 2, 1e-6)
-                    p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))
-                    risk = "high" if p_over > 0.2 else "medium" if p_over > 0.05 else "low"
-                elif pred > 0.9 * limit and changes_memory:
-                    risk = "high"
-                elif pred > 0.75 * limit and changes_memory:
-                    risk = "medium"
-            accepted = not reasons
-            answers = None
-            if model_pred is not None and inc_pred is not None and ctx.stage == "system":
-                gain = model_pred.throughput / max(inc_pred.throughput, 1e-9) - 1
-                score = max(1e-4, (1 + gain) * (1 - 1.5 * p_over)) if accepted else 0.0
-            elif ctx.stage == "schedule":  # rank by the severity of the finding the transition answers
-                gain, answers = transition_score(ctx, cand.overrides)
-                score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
-            else:
-                gain = cand.expected_gain if cand.expected_gain is not None else 0.1
-                score = gain * {"low": 1.0, "medium": 0.8, "high": 0.5}[risk] if accepted else 0.0
-            asked = sorted(k for k, v in cand.overrides.items() if k in focus and current.get(k) != v)
-            if accepted and asked:
-                # the reviewer's request outranks the model's forecast: a knob they asked to move goes first
-                score += 1.0
-                reasons.append(f"moves {', '.join(ctx.search_space.edit_name(k) for k in asked)}, as the reviewer asked")
-            if accepted:
-                txt = fmt_gb(pred, "unknown")
-                if model_pred is not None and ctx.stage == "system":
-                    txt += (f", predicted {gain:+.1%} tok/s ({model_pred.throughput:.0f} tok/s/GPU), "
-                            f"P(over the limit) {p_over:.0%}")
-                reasons.append(f"passes constraints; predicted peak {txt}; risk {risk}")
-                if answers:
-                    reasons.append(f"answers: {answers}")
-            critiques.append(Critique(candidate_id=cand.candidate_id, accepted=accepted, reasons=reasons,
-                                      predicted_memory_gb=pred, risk=risk, score=round(score, 4)))
+        judge = _Judge.of(ctx)
+        critiques = [judge.critique(cand) for cand in candidates]
         ranked = sorted((c for c in critiques if c.accepted), key=lambda c: -c.score)
         if ranked:
             # a batch (several free slots): spread away from each other and from the trials still running
@@ -679,7 +705,6 @@ class RulesCritic(Critic):
             return CriticVerdict(critiques=critiques, pick=picks[0], picks=picks)
         return CriticVerdict(critiques=critiques, pick=None, feedback=rejection_summary(critiques))
 
-
     @staticmethod
     def _batch(ctx: AgentContext, candidates: list[Candidate], ranked: list[Critique]) -> list[str]:
         """``ctx.slots`` picks, spread apart: in stage 1 with a job model, by what it predicts of each phase (configs
@@ -687,7 +712,7 @@ class RulesCritic(Critic):
         by_id = {c.candidate_id: c for c in candidates}
         configs = {c.candidate_id: ctx.full_config(by_id[c.candidate_id].overrides) for c in ranked}
         anchors = [t.config for t in ctx.pending]
-        if ctx.slots > 1 and ctx.stage == "system" and ctx.job_model is not None:
+        if ctx.slots > 1 and ctx.traits.objective == "throughput" and ctx.job_model is not None:
             preds = {cid: ctx.predict(cfg) for cid, cfg in configs.items()}
             pending = [getattr(ctx.predict(cfg), "phase_s", None) for cfg in anchors]
             known = {cid: p.phase_s for cid, p in preds.items() if p is not None and p.phase_s}

@@ -19,16 +19,21 @@ are listed in docs/agents.md ("Stage 3: schedules"):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from mart.nodes.agents.feedback import parse_feedback
+from mart.nodes.stages.capacity import direction as _direction
+from mart.nodes.stages.capacity import fmt_value as _fmt
+from mart.nodes.stages.capacity import implied_caps
+from mart.nodes.stages.capacity import knob_key as _key
+from mart.nodes.stages.capacity import knob_spec as _spec
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
-from mart.state.models import Candidate, config_hash, knob_stage
+from mart.state.models import Candidate, config_hash
 from mart.state.trajectory import Trajectory, mean, rel_slope, tail
 
 if TYPE_CHECKING:
@@ -160,6 +165,10 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     return d
 
 
+Add = Callable[[str, float, str], None]
+"""Records one finding: its pathology, its severity (0-1) and its phrase."""
+
+
 def _find(d: Diagnosis) -> None:
     """Fill ``findings`` and ``severity`` from the measured levels and slopes."""
     found: list[tuple[float, str, str]] = []  # (severity, pathology, phrase)
@@ -170,22 +179,39 @@ def _find(d: Diagnosis) -> None:
             d.severity[name] = round(sev, 3)
         found.append((sev, name, phrase))
 
+    for finder in (_find_entropy, _find_clipping, _find_drift, _find_collapse, _find_instability,
+                   _find_val_decline, _find_plateau):  # in this order: a plateau is no decline
+        finder(d, add)
+    found.sort(key=lambda t: -t[0])
+    d.findings = [phrase for _, _, phrase in found]
+    if not d.findings:
+        d.findings = ["no pathology: entropy, KL, lengths and scores look healthy"]
+
+
+def _find_entropy(d: Diagnosis, add: Add) -> None:
     falling = d.entropy_slope is not None and d.entropy_slope < -FLAT_SLOPE
     rising = d.entropy_slope is not None and d.entropy_slope > FLAT_SLOPE
-    if d.entropy_ratio is not None and d.step is not None:
-        fell = 1 - d.entropy_ratio
-        if d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling):
-            sev = 0.45 + 0.5 * fell + (0.15 if falling else 0.0)
-            add("entropy_collapse", sev, f"entropy fell {fell:.0%} since the first step"
-                + (" and is still falling" if falling else ""))
-        elif d.entropy_ratio > EXPLOSION_RATIO and rising:
-            add("entropy_explosion", 0.4 + 0.3 * min(d.entropy_ratio - 1, 1.5),
-                f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
+    if d.entropy_ratio is None or d.step is None:
+        return
+    fell = 1 - d.entropy_ratio
+    if d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling):
+        sev = 0.45 + 0.5 * fell + (0.15 if falling else 0.0)
+        add("entropy_collapse", sev, f"entropy fell {fell:.0%} since the first step"
+            + (" and is still falling" if falling else ""))
+    elif d.entropy_ratio > EXPLOSION_RATIO and rising:
+        add("entropy_explosion", 0.4 + 0.3 * min(d.entropy_ratio - 1, 1.5),
+            f"entropy rose {d.entropy_ratio - 1:.0%} above its first value and is still rising")
+
+
+def _find_clipping(d: Diagnosis, add: Add) -> None:
     if d.response_clip_ratio is not None and d.response_clip_ratio >= CLIP_RATIO_WARN:
         growing = (d.response_length_slope or 0) > FLAT_SLOPE
         add("length_clipping", min(0.9, 0.35 + 2.0 * d.response_clip_ratio + (0.1 if growing else 0.0)),
             f"{d.response_clip_ratio:.0%} of responses hit the length limit"
             + (" and responses are still growing" if growing else ""))
+
+
+def _find_drift(d: Diagnosis, add: Add) -> None:
     drift = []
     if d.kl_slope is not None and d.kl_slope > 0.02 and (d.kl or 0) > 1e-3:
         drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step")
@@ -200,7 +226,10 @@ def _find(d: Diagnosis) -> None:
     if drift and (heavy_clip or not gaining):
         add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift)
             + ("" if gaining else " without a reward gain"))
-    # a collapse: the reward falling fast well below its best, or validation far below its best
+
+
+def _find_collapse(d: Diagnosis, add: Add) -> None:
+    """The reward falling fast well below its best, or validation far below its best."""
     rew_fall = (d.reward is not None and d.reward_best and d.reward < 0.7 * d.reward_best
                 and (d.reward_slope or 0) < -0.01)
     val_fall = (d.val_score is not None and d.val_best and d.val_score < 0.7 * d.val_best)
@@ -209,27 +238,32 @@ def _find(d: Diagnosis) -> None:
                 else f"validation fell from {d.val_best:.3g} to {d.val_score:.3g}" if val_fall
                 else "the health monitor saw a reward collapse")
         add("collapse", 1.0, f"training collapses: {what}")
+
+
+def _find_instability(d: Diagnosis, add: Add) -> None:
     bad = sorted({e for e in d.health_events for rule in rule_names(INSTABILITY) if rule in e})
     if bad:
         add("instability", 0.9, "health events: " + ", ".join(bad))
+
+
+def _find_val_decline(d: Diagnosis, add: Add) -> None:
     if d.val_score is not None and d.val_best is not None and d.val_best > 0 \
             and d.val_score < d.val_best * 0.95 and (d.val_slope or 0) < 0:
         add("val_decline", 0.5 + min(0.4, (d.val_best - d.val_score) / d.val_best),
             f"validation fell from its best {d.val_best:.3g} to {d.val_score:.3g}")
+
+
+def _find_plateau(d: Diagnosis, add: Add) -> None:
     flat_val = d.val_slope is not None and abs(d.val_slope) < FLAT_SLOPE
     flat_rew = d.reward_slope is not None and abs(d.reward_slope) < FLAT_SLOPE
     if (flat_val or (d.val_slope is None and flat_rew)) and "val_decline" not in d.severity:
         add("plateau", 0.3, "validation has stopped improving" if flat_val else "reward has stopped improving")
-    found.sort(key=lambda t: -t[0])
-    d.findings = [phrase for _, _, phrase in found]
-    if not d.findings:
-        d.findings = ["no pathology: entropy, KL, lengths and scores look healthy"]
 
 
 # --------------------------------------------------------------------------- transitions
 
 
-# ``knob_stage`` (one definition, ``mart.state.models``): ``schedule`` moves the learning knobs and the system knobs a
+# the schedule stage's traits (``mart.state.stages``): it moves the learning knobs and the system knobs a
 # capacity change implies (``ParamSpec.schedule``: the token caps that must hold the longest sequence once
 # ``data.max_response_length`` grows; ``SearchSpace.stage_params("schedule")``)
 
@@ -351,18 +385,6 @@ class _Info:
     """The schedule's first response limit (its root's): each stage of the staged budget adds it."""
 
 
-def _spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
-    for p in ctx.search_space.stage_params(knob_stage(ctx.stage)):  # type: ignore[arg-type]
-        if p.key == suffix or p.key.endswith("." + suffix):
-            return p
-    return None
-
-
-def _key(ctx: AgentContext, suffix: str) -> str | None:
-    spec = _spec(ctx, suffix)
-    return spec.key if spec else None
-
-
 def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
     """The new value of a knob (clamped to its range), or ``value`` itself when the move cannot apply."""
     if spec.kind == "bool":
@@ -397,22 +419,13 @@ def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
     return spec.validate(nv)
 
 
-def _direction(old: Any, new: Any) -> str | None:
-    if isinstance(new, bool) or isinstance(old, bool):
-        return None if bool(old) == bool(new) else ("up" if new else "down")
-    try:
-        return None if float(new) == float(old) else ("up" if float(new) > float(old) else "down")
-    except (TypeError, ValueError):
-        return None
-
-
 def severities(ctx: AgentContext) -> dict[str, float]:
     """Pathology -> severity for this context: the diagnosis, the health monitor's events, and the length
     budget read against the parent's config; ``healthy`` always (capacity moves are always on offer)."""
     d = ctx.diagnosis
     sev = dict(d.severity) if d is not None else {}
     # in stage 3 the diagnosis holds the events of the branch's own path; the context's are the session's
-    texts = list(d.health_events) if ctx.stage == "schedule" and d is not None else [
+    texts = list(d.health_events) if ctx.traits.branches and d is not None else [
         e.rule for e in ctx.health_events]
 
     def seen(rule: str) -> bool:
@@ -470,10 +483,6 @@ def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRul
 
 
 _MISSING = object()
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else repr(v)
 
 
 def _peak(ctx: AgentContext, full: dict[str, Any]) -> float | None:
@@ -565,64 +574,15 @@ def start_limit(ctx: AgentContext) -> float | None:
     key = _key(ctx, "max_response_length")
     if key is None:
         return None
-    roots = [t for t in ctx.history if t.stage == "schedule" and t.parent_trial is None and not t.confirms]
+    roots = [t for t in ctx.history if t.stage == ctx.stage and t.parent_trial is None and not t.confirms]
     value = roots[0].config.get(key) if roots else None
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def _grew_capacity(ctx: AgentContext, overrides: dict[str, Any]) -> bool:
-    key = _key(ctx, "max_response_length")
-    if key is None or key not in overrides:
-        return False
-    old = ctx.base_config.get(key, ctx.search_space[key].default)
-    return _direction(old, overrides[key]) == "up"
-
-
-def implied_caps(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``overrides`` with the token caps a longer response limit implies (the system knobs flagged
-    ``ParamSpec.schedule``: verl's dynamic-batch ``ppo_max_token_len_per_gpu`` must hold the longest sequence, its
-    ``max_num_batched_tokens`` too without chunked prefill), each doubled until the backend's rules hold, and the
-    moves as text. Unchanged when the limit does not grow or no flagged knob is named by a broken rule."""
-    if not _grew_capacity(ctx, overrides):
-        return overrides, []
-    flagged = [p for p in ctx.search_space.params if p.schedule and p.kind == "int"]
-    out, moved = dict(overrides), []
-    for _ in range(6):  # 2^6: far past any response-limit stage
-        errors = ctx.config_errors(out)
-        hit = [p for p in flagged if any(p.key.rsplit(".", 1)[-1] in e for e in errors)]
-        if not errors or not hit:
-            break
-        for p in hit:
-            old = ctx.full_config(out).get(p.key, p.default)
-            if not isinstance(old, (int, float)) or old >= (p.high or old):
-                continue
-            out[p.key] = int(min(p.high or 2 * old, 2 * old))
-    for p in flagged:
-        if p.key in out and p.key not in overrides:
-            moved.append(f"{p.key.rsplit('.', 1)[-1]} {_fmt(ctx.base_config.get(p.key, p.default))}->{_fmt(out[p.key])}")
-    return out, moved
-
-
-def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
-    """Why a schedule transition's system knobs are refused: a flagged token cap (``ParamSpec.schedule``) may move
-    only up, and only with the response limit it follows (a schedule changes learning knobs, and the capacity they
-    imply)."""
-    out = []
-    grew = _grew_capacity(ctx, overrides)
-    for key, value in overrides.items():
-        spec = ctx.search_space[key] if key in ctx.search_space else None
-        if spec is None or spec.stage != "system" or not spec.schedule:
-            continue
-        if not grew or _direction(ctx.base_config.get(key, spec.default), value) != "up":
-            out.append(f"`{key}` is a system knob: a schedule may only raise it with data.max_response_length, "
-                       "as the longer limit implies")
-    return out
 
 
 def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackRules, info: _Info, make: Any,
                seg: str) -> _Option | None:
     """A transition moving a knob the reviewer named, the way they asked (or up, then down)."""
-    if key not in ctx.search_space or not ctx.search_space[key].in_stage(knob_stage(ctx.stage)) \
+    if key not in ctx.search_space or not ctx.search_space[key].in_stage(ctx.stage) \
             or ctx.search_space[key].stage == "system":  # a token cap moves only with the limit it follows
         return None
     spec = ctx.search_space[key]
@@ -767,7 +727,7 @@ def _best_answer(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, fl
 
 def sibling_answers(ctx: AgentContext, sev: dict[str, float] | None = None) -> set[str]:
     """The findings transitions already run from this checkpoint answer (each sibling's best answer)."""
-    if ctx.stage != "schedule" or not ctx.segment:
+    if not ctx.traits.branches or not ctx.segment:
         return set()
     sev = severities(ctx) if sev is None else sev
     parent = dict(ctx.base_config)

@@ -12,11 +12,27 @@ from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.nodes.stages.learning import LearningStage
 from mart.nodes.stages.schedule import ScheduleStage
 from mart.nodes.stages.system import SystemStage
-from mart.state.models import STAGE_ORDER
+from mart.state.stages import STAGE_ORDER, register_traits, unregister_traits
 
-#: the registered stages, by name (their order is ``mart.state.models.STAGE_ORDER``)
-STAGES: dict[str, StagePolicy] = {s.name: s for s in (SystemStage(), LearningStage(), ScheduleStage())}
-assert tuple(STAGES) == STAGE_ORDER, "every stage named in STAGE_ORDER needs its policy here, in that order"
+#: the registered stages, by name (their order is ``mart.state.stages.STAGE_ORDER``)
+STAGES: dict[str, StagePolicy] = {}
+
+
+def register(policy: StagePolicy, *, after: str | None = None) -> None:
+    """Add a stage: its policy here, its name and traits to the vocabulary (``mart.state.stages``), after the
+    stage ``after`` (by default last). A session runs it once ``TuneOptions.stages`` names it."""
+    register_traits(policy.name, policy.traits, after=after)
+    STAGES[policy.name] = policy
+
+
+def unregister(name: str) -> None:
+    """Remove a stage added by ``register`` (a test's toy stage)."""
+    STAGES.pop(name, None)
+    unregister_traits(name)
+
+
+for _policy in (SystemStage(), LearningStage(), ScheduleStage()):
+    register(_policy)
 
 
 def get(stage: str) -> StagePolicy:
@@ -39,4 +55,5 @@ def next_stage(options: Any, stage: str) -> str | None:
     return later[0] if later else None
 
 
-__all__ = ["Plan", "STAGES", "StagePolicy", "StageView", "get", "next_stage", "session_stages"]
+__all__ = ["Plan", "STAGES", "StagePolicy", "StageView", "get", "next_stage", "register", "session_stages",
+           "unregister"]

@@ -15,21 +15,29 @@ Several trials may be in flight at once (``TuneOptions.parallel``): ``plan`` see
 never starts more than ``free``. Every decision is recomputed from the ledger and the small graph state, so a
 session resumed after a crash decides the same. Stage control (``mart.nodes.stage_control``) only runs this
 protocol; adding a stage is one module with a ``StagePolicy`` subclass plus its registration
-(``mart.nodes.stages.STAGES`` and its name in ``mart.state.models.STAGE_ORDER``).
+(``mart.nodes.stages.register``, which adds its name and ``StageTraits`` to ``mart.state.stages``).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mart.nodes.health_monitor import STOP_PREFIX
 from mart.state.graph_state import running_trials
-from mart.state.models import Stage, TrialRecord, knob_stage
+from mart.state.metrics import StepRecord
+from mart.state.models import TrialRecord, config_hash
+from mart.state.objectives import learning_score, system_outcome, unscored_reason
+from mart.state.search_space import ConfigError
+from mart.state.stages import StageName, StageTraits
 from mart.state.trials import RunningTrial
+
+if TYPE_CHECKING:
+    from mart.nodes.agents.base import AgentContext
 
 
 @dataclass
@@ -53,6 +61,24 @@ class Plan:
     def waits(self) -> bool:
         """Nothing to start now, and not done: wait for a running trial to finish."""
         return not (self.launch or self.propose or self.profile or self.done or self.stop)
+
+
+@dataclass
+class Outcome:
+    """A finished trial's objective as its stage measures it (``StagePolicy.outcome``)."""
+
+    fields: dict[str, Any]
+    """The record's objective fields (``throughput``/``score``, ``peak_memory_gb``)."""
+    feasible: bool = True
+    """False: it broke the stage's constraint (stage 1: above the memory margin) and may not become its best."""
+    infeasible_reason: str | None = None
+    """The ledger's reason for that, when the trial gives none of its own."""
+    unscored: str | None = None
+    """A completed trial without its objective: why (a warning, and part of its reason)."""
+
+
+def finite(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else float(v)
 
 
 class StageView:
@@ -116,14 +142,11 @@ def killed(record: TrialRecord) -> bool:
 class StagePolicy(abc.ABC):
     """One stage of a session (see the module docstring)."""
 
-    name: ClassVar[Stage]
+    name: ClassVar[StageName]
     objective: ClassVar[str]
     """The stage's objective in words, for the agents."""
-
-    @property
-    def knob_stage(self) -> Stage:
-        """The catalogue stage whose knobs this stage's candidates change."""
-        return knob_stage(self.name)
+    traits: ClassVar[StageTraits]
+    """What the lower layers know of it (``mart.state.stages``): registered with the policy."""
 
     # -- what its trials are ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -145,6 +168,10 @@ class StagePolicy(abc.ABC):
         base = self.base_config(view)
         return {k: v for k, v in record.config.items() if base.get(k, object()) != v}
 
+    def current_config(self, view: StageView, record: TrialRecord) -> dict[str, Any]:
+        """What a trial being launched changes against (its progress line's changes): the stage's current best."""
+        return {**self.base_config(view), **(view.state.get("best_overrides") or {}).get(self.name, {})}
+
     def baseline_record(self, view: StageView) -> TrialRecord:
         """The stage's first trial: its base config as it is."""
         return TrialRecord(trial_id=f"{self.name[:3]}-{view.next_seq():02d}-baseline", stage=self.name,
@@ -155,6 +182,14 @@ class StagePolicy(abc.ABC):
         feasible): the same config, its own trial id."""
         return self.baseline_record(view).model_copy(update={
             "trial_id": f"{self.name[:3]}-{view.next_seq():02d}-baseline-retry"})
+
+    def outcome(self, services: Any, records: list[StepRecord], horizon: int, *, completed: bool) -> Outcome:
+        """A finished trial's objective from its metric records. Default (a score stage): the final validation
+        score (a completed trial without one is ``unscored``) and the peak memory, no constraint on it."""
+        prefix = services.backend.score_metric_prefix
+        score = finite(learning_score(records, prefix))
+        fields = {"score": score, "peak_memory_gb": finite(system_outcome(records, horizon, None).peak_memory_gb)}
+        return Outcome(fields, unscored=unscored_reason(records, prefix) if score is None and completed else None)
 
     def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
         """The record as launched (with anything the stage fills in) and its last step."""
@@ -250,6 +285,55 @@ class StagePolicy(abc.ABC):
         base = (state.get("baseline") or {}).get(self.name)
         best = (state.get("best") or {}).get(self.name)
         return (base.objective(self.name) if base else None), (best.objective(self.name) if best else None)
+
+    # -- what the agents ask (``ctx``: their ``mart.nodes.agents.base.AgentContext``) ---------------
+    start_words: ClassVar[str] = "current best configuration"
+    """What a candidate's changes apply to, in words ("changes nothing relative to the ...")."""
+    tried_words: ClassVar[str] = "in this stage"
+    """Where a config counts as tried, in words ("already tried ...")."""
+    tried_scope: ClassVar[str] = ""
+    """The same, when narrower than the stage (" from this checkpoint"), or nothing."""
+
+    def proposal_start(self, ctx: AgentContext) -> dict[str, Any]:
+        """The overrides a proposal's changes go on top of: the stage's best so far."""
+        return dict(ctx.best_overrides)
+
+    def implied(self, ctx: AgentContext, changes: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``changes`` with what they imply, and those moves in words. Default: nothing."""
+        return changes, []
+
+    def stage_refusals(self, ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
+        """Why the stage refuses a candidate beyond its knob catalogue and the backend's rules. Default: never."""
+        return []
+
+    def duplicate(self, key: str, tried: set[str], siblings: set[str]) -> str | None:
+        """Why a candidate (``key``: its full config's hash) is a duplicate, or None: a config already tried
+        (``AgentContext.tried_keys``); ``siblings`` are the candidates judged before it in this round."""
+        return f"duplicate of a config already tried {self.tried_words}" if key in tried else None
+
+    def admissible(self, ctx: AgentContext, overrides: dict[str, Any], *, tried: set[str] | None = None,
+                   siblings: set[str] | None = None) -> list[str]:
+        """Why a candidate may not run in this stage (empty: it may), in the order a reviewer reads them: knobs
+        outside the stage's catalogue or invalid values, the stage's own rule (``stage_refusals``), the backend's
+        constraints (only on well-typed overrides), a duplicate (``duplicate``). The memory rule is the
+        critic's, from ``memory_reference``."""
+        reasons: list[str] = []
+        try:
+            ctx.search_space.validate_overrides(overrides, stage=self.name)
+        except ConfigError as e:
+            reasons.append(str(e))
+        reasons += self.stage_refusals(ctx, overrides)
+        if not reasons:  # the backend's check (verl's validate_config) only on well-typed overrides
+            reasons += ctx.config_errors(overrides)
+        why = self.duplicate(config_hash(ctx.full_config(overrides)),
+                             ctx.tried_keys() if tried is None else tried, set() if siblings is None else siblings)
+        return [*reasons, why] if why else reasons
+
+    def memory_reference(self, ctx: AgentContext) -> float | None:
+        """The predicted peak a candidate's own memory is measured from: None when the whole peak counts (a
+        memory-bound stage), else the base config's (the system config is fixed: only memory a candidate adds
+        can be held against it)."""
+        return None if self.traits.memory_bound else ctx.predict_memory(ctx.base_config)
 
     # -- what people see --------------------------------------------------------------------------
     def review_context(self, view: StageView) -> dict[str, Any]:

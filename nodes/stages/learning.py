@@ -33,8 +33,9 @@ from mart.state.objectives import (
     replicate_noise,
     validation_series,
 )
+from mart.state.stages import LEARNING_TRAITS
+from mart.state.verl_keys import LR_KEY
 
-LR_KEY = "actor_rollout_ref.actor.optim.lr"
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
 FALLBACK_NOISE_SHARE = 0.02  # noise = 2% of the baseline score when no trial has enough validation points
 CLIFF_FACTOR = 2.0  # one doubling of the lr: the step the proposers take
@@ -54,6 +55,7 @@ def learning_lrs(row: dict[str, Any]) -> dict[str, float]:
 
 class LearningStage(StagePolicy):
     name = "learning"
+    traits = LEARNING_TRAITS
     objective = "maximise the final validation score with the system config fixed; unhealthy trials are stopped early"
 
     def budget(self, options: Any) -> int:
@@ -132,30 +134,9 @@ class LearningStage(StagePolicy):
         events: dict[str, list[str]] = {}
         for e in ledger.health_events():
             events.setdefault(e.trial_id, []).append(e.rule)
-        used: list[tuple[str, dict[str, Any], bool, list]] = []
-        estimates: list[tuple[float, int]] = []
-        for tid, row in rows.items():
-            key = row.get("confirms") or tid
-            if key not in rows or rows[key].get("kind") not in ("baseline", "candidate") or row.get("status") == "running":
-                continue
-            usable = row.get("status") == "completed" and row.get("score") is not None
-            if not usable and row.get("kind") != "confirm":
-                continue  # an original that failed is no contender; a failed re-evaluation is evidence against it
-            records = ledger.metric_records(tid)
-            est = noise_estimate(validation_series(records, prefix))
-            if est is not None and usable and not events.get(tid):
-                estimates.append(est)
-            used.append((tid, row, usable, records))
+        used, estimates = _evidence_runs(ledger, rows, events, prefix)
         pooled = pooled_noise(estimates)
-        noise = pooled[0] if pooled else None
-        baseline = (view.state.get("baseline") or {}).get("learning")
-        # per config: the original run first, then its re-evaluations (score or NaN, signals)
-        runs: dict[str, list[tuple[float, list[str]]]] = {}
-        for tid, row, usable, records in sorted(used, key=lambda u: (u[1].get("confirms") is not None, u[1].get("seq") or 0)):
-            signals = collapse_signals(records, events.get(tid, []), noise, prefix) if usable else []
-            if row.get("early_stopped") or not usable:
-                signals.append(f"run {tid} ended {row.get('status')}" + (" early" if row.get("early_stopped") else ""))
-            runs.setdefault(row.get("confirms") or tid, []).append((float(row["score"]) if usable else math.nan, signals))
+        runs = _runs_by_config(used, events, pooled[0] if pooled else None, prefix)
         # the seed-to-seed spread of configs re-run without a collapse signal measures the same noise directly
         for rs in runs.values():
             est = replicate_noise([s for s, _ in rs]) if all(not sig and not math.isnan(s) for s, sig in rs) else None
@@ -163,35 +144,17 @@ class LearningStage(StagePolicy):
                 estimates.append(est)
         pooled = pooled_noise(estimates) or pooled
         noise, dof = pooled if pooled else (None, None)
+        baseline = (view.state.get("baseline") or {}).get("learning")
         if noise is None:
             noise = FALLBACK_NOISE_SHARE * abs(baseline.score or 0.0) if baseline is not None else 0.0
-        # the collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): one or
-        # two lucky seeds of a config near a collapse are no proof of safety. Against the lowest raised lr that
-        # collapsed (stopped by the health monitor, oom or failed) at or above its own: less than one doubling
-        # away = at the cliff edge (never replaces the defaults), less than two = below a collapse (needs a
-        # larger lead), further down = no risk inferred
         collapsed = [(tid, learning_lrs(r)) for tid, r in rows.items()
                      if r.get("early_stopped") or r.get("status") in ("oom", "failed")]
         base_lrs = learning_lrs(rows.get(baseline.trial_id, {})) if baseline is not None else {}
         stage_base = self.base_config(view)
-        contenders = []
-        for key, rs in runs.items():
-            scores = [s for s, _ in rs if not math.isnan(s)]
-            if not scores or math.isnan(rs[0][0]):
-                continue
-            c = Contender(key=key, scores=scores, signals=[x for _, sig in rs for x in sig],
-                          is_baseline=rows[key].get("kind") == "baseline")
-            c.first_signals = list(rs[0][1])
-            c.move = 0.0 if c.is_baseline else move_size(rows[key].get("overrides") or {}, stage_base)
-            # per lr knob it raised (one per agent in a multi-agent job): the nearest collapse at or above it
-            near = sorted((clrs[k] / lr, k, tid) for k, lr in learning_lrs(rows[key]).items()
-                          if k in base_lrs and lr > base_lrs[k]
-                          for tid, clrs in collapsed if tid != key and clrs.get(k, 0.0) >= lr)
-            if near and near[0][0] < CLIFF_FACTOR ** 2:
-                ratio, k, tid = near[0]
-                c.risk = RISK_AT_CLIFF if ratio < CLIFF_FACTOR else RISK_BELOW_COLLAPSE
-                c.risk_why = f"{k} {learning_lrs(rows[key])[k]:g} raised, and a trial at {ratio:.3g}x it collapsed ({tid})"
-            contenders.append(c)
+        contenders = [c for key, rs in runs.items()
+                      if (c := _contender(key, rs, rows, stage_base)) is not None]
+        for c in contenders:
+            _collapse_risk(c, rows, collapsed, base_lrs)
         return contenders, noise, dof, rows
 
     def collected(self, view: StageView, record: TrialRecord, eligible: bool) -> dict[str, Any]:
@@ -289,3 +252,71 @@ class LearningStage(StagePolicy):
         notes = baseline_notes("learning", base, best, (state.get("exhausted") or {}).get("learning"), services,
                                why=sel.get("verdict"))
         return {"learning": part}, notes
+
+
+Run = tuple[str, dict[str, Any], bool, list]
+"""A finished trial as evidence: its id, ledger row, whether it has a usable score, its metric records."""
+
+
+def _evidence_runs(ledger: Any, rows: dict[str, dict[str, Any]], events: dict[str, list[str]], prefix: str
+                   ) -> tuple[list[Run], list[tuple[float, int]]]:
+    """The finished originals and re-runs that count as evidence, and the noise estimates of the healthy scored
+    ones' validation series."""
+    used: list[Run] = []
+    estimates: list[tuple[float, int]] = []
+    for tid, row in rows.items():
+        key = row.get("confirms") or tid
+        if key not in rows or rows[key].get("kind") not in ("baseline", "candidate") or row.get("status") == "running":
+            continue
+        usable = row.get("status") == "completed" and row.get("score") is not None
+        if not usable and row.get("kind") != "confirm":
+            continue  # an original that failed is no contender; a failed re-evaluation is evidence against it
+        records = ledger.metric_records(tid)
+        est = noise_estimate(validation_series(records, prefix))
+        if est is not None and usable and not events.get(tid):
+            estimates.append(est)
+        used.append((tid, row, usable, records))
+    return used, estimates
+
+
+def _runs_by_config(used: list[Run], events: dict[str, list[str]], noise: float | None, prefix: str
+                    ) -> dict[str, list[tuple[float, list[str]]]]:
+    """Per config: the original run first, then its re-evaluations (score or NaN, collapse signals)."""
+    runs: dict[str, list[tuple[float, list[str]]]] = {}
+    for tid, row, usable, records in sorted(used, key=lambda u: (u[1].get("confirms") is not None, u[1].get("seq") or 0)):
+        signals = collapse_signals(records, events.get(tid, []), noise, prefix) if usable else []
+        if row.get("early_stopped") or not usable:
+            signals.append(f"run {tid} ended {row.get('status')}" + (" early" if row.get("early_stopped") else ""))
+        runs.setdefault(row.get("confirms") or tid, []).append((float(row["score"]) if usable else math.nan, signals))
+    return runs
+
+
+def _contender(key: str, rs: list[tuple[float, list[str]]], rows: dict[str, dict[str, Any]],
+               stage_base: dict[str, Any]) -> Contender | None:
+    """A config's runs as a contender, or None when its original run has no score."""
+    scores = [s for s, _ in rs if not math.isnan(s)]
+    if not scores or math.isnan(rs[0][0]):
+        return None
+    c = Contender(key=key, scores=scores, signals=[x for _, sig in rs for x in sig],
+                  is_baseline=rows[key].get("kind") == "baseline")
+    c.first_signals = list(rs[0][1])
+    c.move = 0.0 if c.is_baseline else move_size(rows[key].get("overrides") or {}, stage_base)
+    return c
+
+
+def _collapse_risk(c: Contender, rows: dict[str, dict[str, Any]], collapsed: list[tuple[str, dict[str, float]]],
+                   base_lrs: dict[str, float]) -> None:
+    """The collapse hazard rises steeply with the learning rate (lr 50x too high collapses Qwen3-0.6B): one or
+    two lucky seeds of a config near a collapse are no proof of safety. Against the lowest raised lr that
+    collapsed (stopped by the health monitor, oom or failed) at or above its own: less than one doubling away =
+    at the cliff edge (never replaces the defaults), less than two = below a collapse (needs a larger lead),
+    further down = no risk inferred."""
+    key = c.key
+    # per lr knob it raised (one per agent in a multi-agent job): the nearest collapse at or above it
+    near = sorted((clrs[k] / lr, k, tid) for k, lr in learning_lrs(rows[key]).items()
+                  if k in base_lrs and lr > base_lrs[k]
+                  for tid, clrs in collapsed if tid != key and clrs.get(k, 0.0) >= lr)
+    if near and near[0][0] < CLIFF_FACTOR ** 2:
+        ratio, k, tid = near[0]
+        c.risk = RISK_AT_CLIFF if ratio < CLIFF_FACTOR else RISK_BELOW_COLLAPSE
+        c.risk_why = f"{k} {learning_lrs(rows[key])[k]:g} raised, and a trial at {ratio:.3g}x it collapsed ({tid})"

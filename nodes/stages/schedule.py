@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
-from mart.nodes.stages.learning import LearningStage
+from mart.nodes.stages.capacity import capacity_errors, implied_caps
+from mart.nodes.stages.learning import CONFIRM_SEED_OFFSET, FALLBACK_NOISE_SHARE, LearningStage
 from mart.state.models import TrialRecord
 from mart.state.objectives import baseline_verdict, collapse_signals, validation_noise, validation_series
 from mart.state.schedule import (
@@ -40,12 +41,14 @@ from mart.state.schedule import (
     static_path,
     usable,
 )
+from mart.state.stages import SCHEDULE_TRAITS
 from mart.state.trials import checkpoint_dir
+
+if TYPE_CHECKING:
+    from mart.nodes.agents.base import AgentContext
 
 STAGE = "schedule"
 RECHECK_RUNS = 2  # budget kept for re-evaluating close complete schedules, when the budget has room for it
-CONFIRM_SEED_OFFSET = 1
-FALLBACK_NOISE_SHARE = 0.02  # as stage 2: 2% of the root's score when no path has enough validation points
 
 
 def initial_state() -> dict[str, Any]:
@@ -158,11 +161,95 @@ def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result.get(k) for k in keys}
 
 
+def _result(options: Any, nodes: list[Node], noise: float, static: Any, notes: list[str]) -> dict[str, Any]:
+    """The schedule's result before a winner is named: the tree, the budget, the static schedule's figures."""
+    return {
+        "segments": [], "final_score": None, "final_score_spread": None, "final_score_runs": 0,
+        "static_best_score": _round(static.mean) if static else None, "gain": None,
+        "branches_run": len(nodes), "budget": options.schedule_trial_budget(), "noise": _round(noise),
+        "boundaries": options.schedule_boundaries(), "winner": None,
+        "reevaluated": sorted({n["confirms"] for n in nodes if n.get("confirms")}),
+        "tree": [_tree_row(n) for n in nodes], "notes": list(notes),
+        # issue 24 (port): the schedule's cost beside its score (one training run along the winner's path, the
+        # static path's, and the whole search's)
+        "gpu_hours": None, "static_gpu_hours": _round(path_gpu_hours(nodes, static.key)) if static else None,
+        "search_gpu_hours": _round(search_gpu_hours(nodes)),
+    }
+
+
+@dataclass
+class Frontier:
+    """The schedule's search tree as ``ScheduleStage.plan`` decides from it: the nodes run so far, the budget,
+    the expansion in progress and the static path (the root and its unchanged continuations)."""
+
+    sched: dict[str, Any]
+    """The stage's kept state (``schedule``) this decision started from."""
+    nodes: list[Node]
+    noise: float
+    depth: int
+    """Segments of a complete schedule."""
+    branches: int
+    """Branches per expansion (K), the unchanged continuation among them."""
+    budget: int
+    used: int
+    """Trials of the stage run or queued."""
+    expanding: str | None
+    expanded: list[str]
+    notes: list[str]
+    exhausted: dict[str, str]
+    root: Node | None
+    by_id: dict[str, Node]
+    spine: list[Node]
+    spine_open: bool
+    """The static path still ends above the horizon (its next continuation is due)."""
+    spine_missing: int
+    search_budget: int
+    """The budget less what is kept for re-evaluating close complete schedules."""
+
+    @classmethod
+    def of(cls, view: StageView) -> "Frontier":
+        options = view.options
+        depth, k, budget = len(options.schedule_boundaries()), options.schedule_branches, options.schedule_trial_budget()
+        sched = schedule_state(view.state)
+        nodes, noise = tree_nodes(view.services, prior_noise=((view.state.get("selection") or {}).get("learning")
+                                                              or {}).get("noise"))
+        root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
+        spine = static_path(nodes) if root is not None else []
+        spine_open = bool(spine) and usable(spine[-1]) and spine[-1]["depth"] < depth
+        # one full expansion per boundary down a changed path, and the static path beside it
+        minimal = 1 + (depth - 1) * k + max(0, depth - 2)
+        return cls(sched=sched, nodes=nodes, noise=noise, depth=depth, branches=k, budget=budget,
+                   used=len(nodes) + len(view.queued(STAGE)), expanding=sched["expanding"],
+                   expanded=list(sched["expanded"]), notes=list(sched["notes"]),
+                   exhausted=dict(view.state.get("exhausted") or {}), root=root, by_id={n["id"]: n for n in nodes},
+                   spine=spine, spine_open=spine_open, spine_missing=depth - spine[-1]["depth"] if spine_open else 0,
+                   search_budget=budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0))
+
+    def affordable(self, node: Node) -> int:
+        """How many more branches from ``node`` leave room to carry each to the horizon (one unchanged
+        continuation per later segment) and to complete the static path."""
+        return self.search_budget - self.used - (self.depth - node["depth"] - 1) - self.spine_missing
+
+    def extends_spine(self, node_id: str) -> bool:
+        """Expanding ``node_id`` continues the open static path, and the budget has room for it."""
+        return node_id == self.spine[-1]["id"] and self.spine_open and self.used < self.budget
+
+    def keep(self, **extra: Any) -> dict[str, Any]:
+        """The state update that keeps this decision's expansion, notes and exhausted stages."""
+        return {"schedule": {**self.sched, "expanding": self.expanding, "expanded": self.expanded,
+                             "notes": self.notes, **extra}, "exhausted": self.exhausted}
+
+
 class ScheduleStage(StagePolicy):
     name = "schedule"
+    traits = SCHEDULE_TRAITS
     objective = ("maximise the validation score at the end of training (the last segment's end) by changing learning "
                  "knobs for the next segment, from the checkpoint at its start; branches from the same checkpoint "
                  "compete, the unchanged continuation among them; unhealthy branches are stopped early")
+
+    start_words = "parent branch's configuration"
+    tried_words = "from this checkpoint"
+    tried_scope = " from this checkpoint"
 
     def budget(self, options: Any) -> int:
         return options.schedule_trial_budget()
@@ -193,6 +280,31 @@ class ScheduleStage(StagePolicy):
         parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
         ref = dict(parent.get("config") or {}) if parent else self.start_config(view)
         return {k: v for k, v in record.config.items() if ref.get(k, object()) != v}
+
+    def current_config(self, view: StageView, record: TrialRecord) -> dict[str, Any]:
+        """A branch changes against its parent's config (the root: against the schedule's start config)."""
+        parent = view.ledger.trial(record.parent_trial) if record.parent_trial else None
+        return dict((parent or {}).get("config") or {}) or self.start_config(view)
+
+    # -- what the agents ask ------------------------------------------------------------------------
+    def proposal_start(self, ctx: AgentContext) -> dict[str, Any]:
+        """A transition changes the parent branch's config (the base), not a best-so-far."""
+        return {}
+
+    def implied(self, ctx: AgentContext, changes: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """A longer response limit brings the token caps it implies (``capacity.implied_caps``)."""
+        return implied_caps(ctx, changes)
+
+    def stage_refusals(self, ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
+        """Token caps move only up, with the response limit they follow (``capacity.capacity_errors``)."""
+        return capacity_errors(ctx, overrides)
+
+    def duplicate(self, key: str, tried: set[str], siblings: set[str]) -> str | None:
+        """Tried from this checkpoint, or another transition of this round (each is remembered in ``siblings``)."""
+        why = super().duplicate(key, tried, siblings) or (
+            "duplicate of another transition in this round" if key in siblings else None)
+        siblings.add(key)
+        return why
 
     def prepare(self, view: StageView, record: TrialRecord) -> tuple[TrialRecord, int]:
         """The trial with its place in the tree filled in, and its last global step.
@@ -245,87 +357,68 @@ class ScheduleStage(StagePolicy):
         first = self.baseline_plan(view)
         if first is not None:
             return first
-        options = view.options
-        bounds = options.schedule_boundaries()
-        depth, k = len(bounds), options.schedule_branches
-        budget = options.schedule_trial_budget()
-        sched = schedule_state(view.state)
-        expanded: list[str] = list(sched["expanded"])
-        expanding: str | None = sched["expanding"]
-        notes: list[str] = list(sched["notes"])
-        exhausted = dict(view.state.get("exhausted") or {})
+        fr = Frontier.of(view)
         busy = bool(view.running(STAGE))
-        nodes, noise = tree_nodes(view.services, prior_noise=((view.state.get("selection") or {}).get("learning")
-                                                              or {}).get("noise"))
-        used = len(nodes) + len(view.queued(STAGE))
-
-        def keep(**extra: Any) -> dict[str, Any]:
-            return {"schedule": {**sched, "expanding": expanding, "expanded": expanded, "notes": notes, **extra},
-                    "exhausted": exhausted}
-
-        root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
-        if root is None or not usable(root) or view.out_of_time():
+        if fr.root is None or not usable(fr.root) or view.out_of_time():
             return Plan() if busy else Plan(done=True)
         if free <= 0:
             return Plan()
-
-        spine = static_path(nodes)
-        spine_open = usable(spine[-1]) and spine[-1]["depth"] < depth
-        spine_missing = depth - spine[-1]["depth"] if spine_open else 0
-        # one full expansion per boundary down a changed path, and the static path beside it
-        minimal = 1 + (depth - 1) * k + max(0, depth - 2)
-        search_budget = budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0)
-
-        def affordable(node: Node) -> int:
-            """How many more branches from ``node`` leave room to carry each to the horizon (one unchanged
-            continuation per later segment) and to complete the static path."""
-            return search_budget - used - (depth - node["depth"] - 1) - spine_missing
-
-        by_id = {n["id"]: n for n in nodes}
         while True:
-            if expanding is not None:
-                parent = by_id[expanding]
-                kids = children(nodes, expanding)
-                if exhausted.get(STAGE):  # the agents found nothing (more) for this checkpoint: it is done
-                    notes.append(f"expansion of {expanding} ended after {len(kids)} branches: {exhausted.pop(STAGE)}")
-                    expanding = None
-                    continue
-                if not any(not c["changes"] for c in kids):
-                    extends_spine = expanding == spine[-1]["id"] and spine_open
-                    if used < budget and (extends_spine or affordable(parent) >= 1):
-                        return Plan(launch=[self.child_record(view, parent)], update=keep())
-                elif len(kids) < k and affordable(parent) >= 1:
-                    if view.waiting(STAGE):
-                        return Plan(update=keep())  # nothing new to try until a sibling finishes
-                    return Plan(propose=min(free, k - len(kids), affordable(parent)), update=keep())
-                if busy:  # the expansion's branches still run: the next expansion needs their results
-                    return Plan(update=keep())
-                expanding = None
+            if fr.expanding is not None:
+                plan = self._expand(view, fr, free, busy)
+                if plan is not None:
+                    return plan
             if busy:
-                return Plan(update=keep())
+                return Plan(update=fr.keep())
             # best first among the nodes whose expansion the budget still allows (deeper ones as it runs out)
-            nxt = next((n for n in rank_frontier(nodes, depth, noise, set(expanded))
-                        if (n["id"] == spine[-1]["id"] and spine_open and used < budget) or affordable(n) >= 1), None)
+            nxt = next((n for n in rank_frontier(fr.nodes, fr.depth, fr.noise, set(fr.expanded))
+                        if fr.extends_spine(n["id"]) or fr.affordable(n) >= 1), None)
             if nxt is None:
                 break
-            expanding = nxt["id"]
-            expanded.append(expanding)
-        # the static path to the horizon: the reference every schedule is compared with
-        if spine_open and used < budget:
-            return Plan(launch=[self.child_record(view, spine[-1])], update=keep())
+            fr.expanding = nxt["id"]
+            fr.expanded.append(fr.expanding)
+        return self._complete(view, fr, free)
+
+    def _expand(self, view: StageView, fr: Frontier, free: int, busy: bool) -> Plan | None:
+        """The next step of the expansion in progress (its unchanged continuation, proposals for more branches,
+        or a wait for them), or None once it is over (``fr.expanding`` cleared)."""
+        assert fr.expanding is not None
+        parent = fr.by_id[fr.expanding]
+        kids = children(fr.nodes, fr.expanding)
+        if fr.exhausted.get(STAGE):  # the agents found nothing (more) for this checkpoint: it is done
+            fr.notes.append(f"expansion of {fr.expanding} ended after {len(kids)} branches: {fr.exhausted.pop(STAGE)}")
+            fr.expanding = None
+            return None
+        if not any(not c["changes"] for c in kids):
+            if fr.extends_spine(fr.expanding) or (fr.used < fr.budget and fr.affordable(parent) >= 1):
+                return Plan(launch=[self.child_record(view, parent)], update=fr.keep())
+        elif len(kids) < fr.branches and fr.affordable(parent) >= 1:
+            if view.waiting(STAGE):
+                return Plan(update=fr.keep())  # nothing new to try until a sibling finishes
+            return Plan(propose=min(free, fr.branches - len(kids), fr.affordable(parent)), update=fr.keep())
+        if busy:  # the expansion's branches still run: the next expansion needs their results
+            return Plan(update=fr.keep())
+        fr.expanding = None
+        return None
+
+    def _complete(self, view: StageView, fr: Frontier, free: int) -> Plan:
+        """No expansion left: the static path to the horizon (the reference every schedule is compared with),
+        then the re-evaluations, then the end."""
+        if fr.spine_open and fr.used < fr.budget:
+            return Plan(launch=[self.child_record(view, fr.spine[-1])], update=fr.keep())
         rechecks: list[TrialRecord] = []
-        for leaf_id in recheck_plan(nodes, depth, noise):
-            if any(n.get("confirms") == leaf_id for n in nodes):
+        for leaf_id in recheck_plan(fr.nodes, fr.depth, fr.noise):
+            if any(n.get("confirms") == leaf_id for n in fr.nodes):
                 continue
-            if used + len(rechecks) >= budget or len(rechecks) >= free:
+            if fr.used + len(rechecks) >= fr.budget or len(rechecks) >= free:
                 break
-            leaf = by_id[leaf_id]
-            parent = by_id[leaf["parent"]]
+            leaf = fr.by_id[leaf_id]
+            parent = fr.by_id[leaf["parent"]]
             rechecks.append(self.child_record(view, parent, kind="confirm", confirms=leaf_id,
-                                              seed=options.seed + CONFIRM_SEED_OFFSET, config=leaf["config"]))
+                                              seed=view.options.seed + CONFIRM_SEED_OFFSET, config=leaf["config"]))
         if rechecks:
-            return Plan(launch=rechecks, update=keep())
-        return Plan(done=True, update=keep())
+            return Plan(launch=rechecks, update=fr.keep())
+        return Plan(done=True, update=fr.keep())
 
     def collected(self, view: StageView, record: TrialRecord, eligible: bool) -> dict[str, Any]:
         # a branch is a node of the tree, whose winner is a complete path (``conclude``); only the root counts here
@@ -355,43 +448,15 @@ class ScheduleStage(StagePolicy):
         elif note:
             notes.append(note)
         winner, ranked = pick_schedule_winner(nodes, depth, noise) if nodes else (None, [])
-        by_id = {n["id"]: n for n in nodes}
-        base = LearningStage().base_config(view)
         static = next((c for c in ranked if c.is_baseline), None)
         if winner is not None and winner is static:  # the static schedule kept: say why, as stage 2 does
             verdict = baseline_verdict(ranked, noise, baseline="the static schedule")
             if verdict and not verdict.startswith("no change"):
                 notes.append(f"the static schedule is kept: {verdict}")
-        result: dict[str, Any] = {
-            "segments": [], "final_score": None, "final_score_spread": None, "final_score_runs": 0,
-            "static_best_score": _round(static.mean) if static else None, "gain": None,
-            "branches_run": len(nodes), "budget": options.schedule_trial_budget(), "noise": _round(noise),
-            "boundaries": options.schedule_boundaries(), "winner": None,
-            "reevaluated": sorted({n["confirms"] for n in nodes if n.get("confirms")}),
-            "tree": [_tree_row(n) for n in nodes], "notes": list(notes),
-            # issue 24 (port): the schedule's cost beside its score (one training run along the winner's path, the
-            # static path's, and the whole search's)
-            "gpu_hours": None, "static_gpu_hours": _round(path_gpu_hours(nodes, static.key)) if static else None,
-            "search_gpu_hours": _round(search_gpu_hours(nodes)),
-        }
+        result = _result(options, nodes, noise, static, notes)
         update: dict[str, Any] = {}
         if winner is not None:
-            path = path_to(nodes, winner.key)
-            result["segments"] = [
-                {"from_step": n["from_step"], "to_step": n["to_step"],
-                 "overrides": {k: v for k, v in n["config"].items() if base.get(k, object()) != v},
-                 "changes": dict(n["changes"]), "trial_id": n["id"]} for n in path]
-            result.update(final_score=_round(winner.mean), final_score_spread=_round(winner.spread),
-                          final_score_runs=len(winner.scores), winner=winner.key,
-                          gpu_hours=_round(path_gpu_hours(nodes, winner.key)))
-            if static is not None:
-                result["gain"] = _round(winner.mean - static.mean)
-            leaf = by_id[winner.key]
-            rec = TrialRecord(trial_id=leaf["id"], stage=STAGE, kind=leaf["kind"] or "candidate",
-                              candidate_id=leaf.get("candidate_id"), status=leaf["status"],
-                              score=leaf["score"], steps_done=leaf["to_step"] or 0, parent_trial=leaf["parent"])
-            update["best"] = {**(state.get("best") or {}), STAGE: rec}
-            update["best_overrides"] = {**(state.get("best_overrides") or {}), STAGE: result["segments"][-1]["overrides"]}
+            update = self._crown(view, nodes, winner, static, result)
         elif not any(usable(n) and n["depth"] == depth for n in nodes):
             result["notes"].append("no complete schedule reached the horizon")
         view.ledger.set_stage_result(
@@ -402,6 +467,28 @@ class ScheduleStage(StagePolicy):
         update["schedule"] = {**sched, "expanding": None, "notes": notes, "result": result}
         update["exhausted"] = {k: v for k, v in (state.get("exhausted") or {}).items() if k != STAGE}
         return update, None
+
+    def _crown(self, view: StageView, nodes: list[Node], winner: Any, static: Any, result: dict[str, Any]
+               ) -> dict[str, Any]:
+        """The winner's segments and figures into ``result``; the state update naming it the stage's best."""
+        base = LearningStage().base_config(view)
+        path = path_to(nodes, winner.key)
+        result["segments"] = [
+            {"from_step": n["from_step"], "to_step": n["to_step"],
+             "overrides": {k: v for k, v in n["config"].items() if base.get(k, object()) != v},
+             "changes": dict(n["changes"]), "trial_id": n["id"]} for n in path]
+        result.update(final_score=_round(winner.mean), final_score_spread=_round(winner.spread),
+                      final_score_runs=len(winner.scores), winner=winner.key,
+                      gpu_hours=_round(path_gpu_hours(nodes, winner.key)))
+        if static is not None:
+            result["gain"] = _round(winner.mean - static.mean)
+        leaf = {n["id"]: n for n in nodes}[winner.key]
+        rec = TrialRecord(trial_id=leaf["id"], stage=STAGE, kind=leaf["kind"] or "candidate",
+                          candidate_id=leaf.get("candidate_id"), status=leaf["status"],
+                          score=leaf["score"], steps_done=leaf["to_step"] or 0, parent_trial=leaf["parent"])
+        state = view.state
+        return {"best": {**(state.get("best") or {}), STAGE: rec},
+                "best_overrides": {**(state.get("best_overrides") or {}), STAGE: result["segments"][-1]["overrides"]}}
 
     # -- what people see --------------------------------------------------------------------------
     def review_context(self, view: StageView) -> dict[str, Any]:

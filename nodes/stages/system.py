@@ -12,11 +12,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from mart.nodes.stages._base import Plan, StagePolicy, StageView
+from mart.nodes.stages._base import Outcome, Plan, StagePolicy, StageView, finite
 from mart.state.agents import group_by_agent
 from mart.state.metrics import THROUGHPUT_KEY, StepRecord, mean_over_steps
 from mart.state.models import TrialRecord
-from mart.state.objectives import peak_memory_gb, throughput_window
+from mart.state.objectives import peak_memory_gb, system_outcome, throughput_window
+from mart.state.stages import SYSTEM_TRAITS
 from mart.state.units import fmt_gb, fmt_steps
 
 #: with several slots, the step of each trial after which the job model counts what it measured (the early look):
@@ -34,6 +35,8 @@ EARLY_LOOK_STEP = 2
 CUT_SHARE = 0.85
 #: how the ledger's reason for such a stop starts
 CUT_REASON = "cut at its early look"
+#: the ledger's reason of a completed trial whose peak memory was above the margin (infeasible)
+OVER_MARGIN = "peak memory above the margin"
 
 
 def _clean(v: float | None) -> float | None:
@@ -84,7 +87,7 @@ def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | No
                      f"it has no {objective} and is never reported as one")
     elif base_rec is not None and base_rec.reason and base_rec.objective(stage) is None:
         notes.append(f"{stage} stage: the baseline is {base_rec.reason}")
-    elif stage == "system" and base_rec is not None and base_rec.reason == "peak memory above the margin":
+    elif base_rec is not None and base_rec.reason == OVER_MARGIN:
         notes.append(f"system stage: the baseline's peak memory ({_fmt_gb(base_rec.peak_memory_gb)}) is above "
                      f"the margin limit ({_fmt_gb(services.memory_limit_gb())}): it is not a feasible config")
     if base_rec is not None and best_rec is None:
@@ -100,6 +103,7 @@ def baseline_notes(stage: str, base_rec: Any, best_rec: Any, exhausted: str | No
 
 class SystemStage(StagePolicy):
     name = "system"
+    traits = SYSTEM_TRAITS
     objective = ("maximise end-to-end throughput (mean perf/throughput, tokens/s, over updates 3-5) while the peak "
                  "memory stays within (1 - margin) x capacity")
 
@@ -167,6 +171,12 @@ class SystemStage(StagePolicy):
                 out[tid] = (f"{CUT_REASON}: {own:.0f} tokens/s over {fmt_steps(first, last)}, below {CUT_SHARE:.0%} of "
                             f"{best[1]}'s {best[0]:.0f} over the same steps")
         return out
+
+    def outcome(self, services: Any, records: list[StepRecord], horizon: int, *, completed: bool) -> Outcome:
+        """Throughput over the stage's window and the peak memory; above the margin the trial is infeasible."""
+        outcome = system_outcome(records, horizon, services.memory_limit_gb())
+        return Outcome({"throughput": finite(outcome.throughput), "peak_memory_gb": finite(outcome.peak_memory_gb)},
+                       feasible=outcome.feasible, infeasible_reason=OVER_MARGIN)
 
     def plan(self, view: StageView, free: int) -> Plan:
         cuts = self.cuts(view)

@@ -258,9 +258,9 @@ def test_a_named_categorical_knob_moves_to_another_choice():
 def test_every_rule_moves_catalogue_knobs_and_is_documented():
     from pathlib import Path
 
-    from mart.nodes.agents.schedule import RULES, knob_stage
+    from mart.nodes.agents.schedule import RULES
 
-    learning = [p.key for p in VERL.stage_params(knob_stage("schedule"))]
+    learning = [p.key for p in VERL.stage_params("schedule")]
     docs = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
     for rule in RULES:
         for mv in rule.moves:  # a renamed verl key must not silently switch a rule off

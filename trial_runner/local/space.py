@@ -17,10 +17,8 @@ from typing import Any
 
 from mart.state.agents import NUM_ROUNDS_PARAM
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
+from mart.state.verl_keys import ACTOR, ROLLOUT
 from mart.trial_runner.local.config import DEFAULTS, RULES, parse_overrides
-
-ROLLOUT = "actor_rollout_ref.rollout."
-ACTOR = "actor_rollout_ref.actor."
 
 
 def _p(key: str, kind: str, description: str, **kw: Any) -> ParamSpec:

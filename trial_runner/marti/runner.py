@@ -31,6 +31,7 @@ from mart.state.files import write_atomic
 from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.search_space import ConfigError
+from mart.state.stages import measures_throughput
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import read_status
 from mart.trial_runner.marti.argv import build_argv, build_env
@@ -97,7 +98,7 @@ class MartiRunner(VerlRunner):
         cfg = spec.config
         ckpt = Path(spec.trial_dir).resolve() / "checkpoints"
         horizon = spec.steps
-        if spec.stage == "system":
+        if measures_throughput(spec.stage):
             eval_steps, eval_before = -1, False  # throughput trials: training steps only
         else:
             user = cfg.get("eval_steps")

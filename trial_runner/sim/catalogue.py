@@ -25,10 +25,9 @@ from mart.state.agents import (
     SHAPING_MODE,
 )
 from mart.state.search_space import Constraint, ParamSpec, SearchSpace
+from mart.state.verl_keys import ACTOR as A
+from mart.state.verl_keys import ROLLOUT as R
 from mart.trial_runner.sim.job import MultiAgentScenario, Scenario, is_multi_agent
-
-ARR = "actor_rollout_ref"
-A, R = f"{ARR}.actor.", f"{ARR}.rollout."
 
 #: the verl learning knobs every agent sets for itself (MARTI: each agent's JSON config); the others are shared
 PER_AGENT_KEYS: tuple[str, ...] = (A + "optim.lr", A + "use_kl_loss", A + "kl_loss_coef", A + "entropy_coeff",

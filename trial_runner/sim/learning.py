@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
+from mart.state.verl_keys import ACTOR as A
+from mart.state.verl_keys import ROLLOUT as R
 from mart.trial_runner.sim.job import Scenario
-
-ARR = "actor_rollout_ref"
-A, R = f"{ARR}.actor.", f"{ARR}.rollout."
 
 AGG_SCALE = {"token-mean": 1.0, "seq-mean-token-mean": 1.0, "seq-mean-token-sum-norm": 1.0, "token-sum": 3.0, "seq-mean-token-sum": 2.0}
 AGG_QUALITY = {"token-mean": 1.0, "seq-mean-token-mean": 0.97, "seq-mean-token-sum-norm": 0.99, "token-sum": 0.95, "seq-mean-token-sum": 0.93}

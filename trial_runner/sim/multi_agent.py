@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from mart.state.search_space import SearchSpace
+from mart.state.verl_keys import ARR
 from mart.trial_runner.sim import learning as L
 from mart.trial_runner.sim import system as S
 from mart.trial_runner.sim.catalogue import (
-    ARR,
     ASYNC_KEY,
     HISTORY_SCOPE_KEY,
     HISTORY_SCOPES,

@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from mart.state.verl_keys import ACTOR as A
+from mart.state.verl_keys import MODEL as M
+from mart.state.verl_keys import REF
+from mart.state.verl_keys import ROLLOUT as R
 from mart.trial_runner.sim import memory as torch_memory
 from mart.trial_runner.sim.job import GIB, Scenario
-
-ARR = "actor_rollout_ref"
-R, A, REF, M = f"{ARR}.rollout.", f"{ARR}.actor.", f"{ARR}.ref.", f"{ARR}.model."
 
 #: knob name in this module -> (verl key, default when the config lacks it)
 SYSTEM_KEYS: dict[str, tuple[str, Any]] = {

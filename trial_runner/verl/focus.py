@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from mart.state.search_space import SearchSpace
-
-ARR = "actor_rollout_ref"
+from mart.state.verl_keys import ARR
 
 #: key -> (low, high) for numeric knobs, or None to keep a switch's two values. Order = the perf guide's.
 FOCUS: dict[str, tuple[float, float] | None] = {

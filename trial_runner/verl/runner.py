@@ -37,6 +37,7 @@ from mart.state.metrics import StepRecord
 from mart.state.models import TrialStatus
 from mart.state.objectives import DEVICE_MEMORY_KEY
 from mart.state.search_space import ConfigError
+from mart.state.stages import measures_throughput
 from mart.state.trials import LOG_FILE, METRICS_FILE, TrialHandle, TrialPoll, TrialSpec
 from mart.trial_runner.base import (
     NO_VALIDATION,
@@ -253,7 +254,7 @@ class VerlRunner(TrialRunner):
             loggers += [str(x) for x in user_loggers if str(x) not in loggers]
         resume_path = cfg.get("trainer.resume_from_path")
         horizon = spec.steps
-        if spec.stage == "system":
+        if measures_throughput(spec.stage):
             # throughput trials: nothing but training steps in the step time
             test_freq, val_before = NO_VALIDATION["trainer.test_freq"], NO_VALIDATION["trainer.val_before_train"]
             save_freq = -1

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mart.state.search_space import Constraint, KnobEffect, ParamSpec, SearchSpace
+from mart.state.verl_keys import ARR
 
-ARR = "actor_rollout_ref"
 ACTOR = f"{ARR}.actor"
 ROLLOUT = f"{ARR}.rollout"
 REF = f"{ARR}.ref"

@@ -1,0 +1,85 @@
+"""The schedule stage's capacity rule, which its policy admits candidates by and its agents build them with: a
+segment may lengthen the response limit (``data.max_response_length``), and the system knobs flagged
+``ParamSpec.schedule`` (token caps that must hold the longest sequence) follow it, only up."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mart.nodes.agents.base import AgentContext
+    from mart.state.search_space import ParamSpec
+
+
+def knob_spec(ctx: AgentContext, suffix: str) -> ParamSpec | None:
+    for p in ctx.search_space.stage_params(ctx.stage):
+        if p.key == suffix or p.key.endswith("." + suffix):
+            return p
+    return None
+
+
+def knob_key(ctx: AgentContext, suffix: str) -> str | None:
+    spec = knob_spec(ctx, suffix)
+    return spec.key if spec else None
+
+
+def direction(old: Any, new: Any) -> str | None:
+    if isinstance(new, bool) or isinstance(old, bool):
+        return None if bool(old) == bool(new) else ("up" if new else "down")
+    try:
+        return None if float(new) == float(old) else ("up" if float(new) > float(old) else "down")
+    except (TypeError, ValueError):
+        return None
+
+
+def fmt_value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else repr(v)
+
+
+def grew_capacity(ctx: AgentContext, overrides: dict[str, Any]) -> bool:
+    key = knob_key(ctx, "max_response_length")
+    if key is None or key not in overrides:
+        return False
+    old = ctx.base_config.get(key, ctx.search_space[key].default)
+    return direction(old, overrides[key]) == "up"
+
+
+def implied_caps(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``overrides`` with the token caps a longer response limit implies (the system knobs flagged
+    ``ParamSpec.schedule``: verl's dynamic-batch ``ppo_max_token_len_per_gpu`` must hold the longest sequence, its
+    ``max_num_batched_tokens`` too without chunked prefill), each doubled until the backend's rules hold, and the
+    moves as text. Unchanged when the limit does not grow or no flagged knob is named by a broken rule."""
+    if not grew_capacity(ctx, overrides):
+        return overrides, []
+    flagged = [p for p in ctx.search_space.params if p.schedule and p.kind == "int"]
+    out, moved = dict(overrides), []
+    for _ in range(6):  # 2^6: far past any response-limit stage
+        errors = ctx.config_errors(out)
+        hit = [p for p in flagged if any(p.key.rsplit(".", 1)[-1] in e for e in errors)]
+        if not errors or not hit:
+            break
+        for p in hit:
+            old = ctx.full_config(out).get(p.key, p.default)
+            if not isinstance(old, (int, float)) or old >= (p.high or old):
+                continue
+            out[p.key] = int(min(p.high or 2 * old, 2 * old))
+    for p in flagged:
+        if p.key in out and p.key not in overrides:
+            moved.append(f"{p.key.rsplit('.', 1)[-1]} {fmt_value(ctx.base_config.get(p.key, p.default))}->{fmt_value(out[p.key])}")
+    return out, moved
+
+
+def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
+    """Why a schedule transition's system knobs are refused: a flagged token cap (``ParamSpec.schedule``) may move
+    only up, and only with the response limit it follows (a schedule changes learning knobs, and the capacity they
+    imply)."""
+    out = []
+    grew = grew_capacity(ctx, overrides)
+    for key, value in overrides.items():
+        spec = ctx.search_space[key] if key in ctx.search_space else None
+        if spec is None or spec.stage != "system" or not spec.schedule:
+            continue
+        if not grew or direction(ctx.base_config.get(key, spec.default), value) != "up":
+            out.append(f"`{key}` is a system knob: a schedule may only raise it with data.max_response_length, "
+                       "as the longer limit implies")
+    return out
