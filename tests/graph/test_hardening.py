@@ -152,9 +152,9 @@ def test_bracketed_trial_and_llm_text_prints_as_is():
 
 
 def test_summary_with_bracketed_notes_and_configs_prints(capsys):
-    from mart.graph.cli import _print_summary
+    from mart.graph.cli.output import print_summary
 
-    _print_summary({"run_id": "r[/x]", "status": "completed", "notes": [BRACKETS],
+    print_summary({"run_id": "r[/x]", "status": "completed", "notes": [BRACKETS],
                     "system": {"baseline_throughput": 1.0, "best_throughput": 2.0, "throughput_gain_pct": 100.0,
                                "best_config": {"k": "[/v]"}, "memory_limit_gb": 1.0, "best_peak_memory_gb": 0.5},
                     "learning": {"baseline_score": None, "best_score": None, "score_gain": None, "best_config": None},
