@@ -55,7 +55,7 @@ def export(
     """Print what the run found as your next training config: the final config's overrides, or (--schedule) the
     per-segment schedule and the verl launch of each segment, resuming from the previous one's checkpoint."""
     from mart.graph.export import config_script, final_config, render, schedule_document
-    from mart.graph.report import as_yaml
+    from mart.graph.report_data import as_yaml
     from mart.state.run_store import RunError, RunStore
 
     if fmt not in ("yaml", "json", "sh"):
