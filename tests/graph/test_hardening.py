@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from mart.graph.session import ConsoleProgress, UntrustedRun, resume, tune
+from mart.graph.progress_console import ConsoleProgress
+from mart.graph.session import UntrustedRun, resume, tune
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunOutsideRunsDir, RunStore

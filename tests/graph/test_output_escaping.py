@@ -60,7 +60,7 @@ def hostile_run(tmp_path):
 def test_progress_lines_carry_no_terminal_controls():
     from rich.console import Console
 
-    from mart.graph.session import ConsoleProgress
+    from mart.graph.progress_console import ConsoleProgress
     from mart.nodes.progress import parse_event
 
     progress = ConsoleProgress(quiet=False)
