@@ -114,7 +114,7 @@ def test_runs_resolve_only_inside_the_runs_dir(tmp_path):
 
 def test_slack_server_refuses_a_crafted_run_before_showing_it_decided(tmp_path):
     from mart.graph.session import pending_review
-    from mart.graph.slack_server import SlackReviewService
+    from mart.graph.slack_service import SlackReviewService
 
     run = paused_run(tmp_path)
     store = RunStore.open(run, tmp_path)

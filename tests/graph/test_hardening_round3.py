@@ -220,7 +220,7 @@ def test_a_signed_click_for_a_candidate_not_in_the_batch_is_answered_cleanly(tmp
 
     from mart.graph.reviewers.slack import ACTION_APPROVE, review_blocks, slack_client
     from mart.graph.session import pending_review
-    from mart.graph.slack_server import SlackReviewService
+    from mart.graph.slack_service import SlackReviewService
     from mart.state.ledger import Ledger
     from mart.state.run_store import RunStore
     from tests.graph.test_slack_batch import ALICE, TOKEN, _click, _dispatch

@@ -16,7 +16,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from mart.graph.reviewers.slack import ACTION_APPROVE, ACTION_REJECT, review_blocks, slack_client
 from mart.graph.session import pending_review, tune
-from mart.graph.slack_server import SlackReviewService
+from mart.graph.slack_service import SlackReviewService
 from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore
