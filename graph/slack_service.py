@@ -18,7 +18,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from mart.graph.reviewers.slack import (
+from mart.graph.reviewers.slack import SlackReviewer, mark_decided, partial_decisions, record_partial
+from mart.graph.reviewers.slack_blocks import (
     ACTION_APPROVE,
     ACTION_EDIT,
     ACTION_REJECT,
@@ -27,15 +28,11 @@ from mart.graph.reviewers.slack import (
     FEEDBACK_BLOCK,
     FEEDBACK_INPUT,
     MODAL_CALLBACK,
-    SlackReviewer,
     decided_blocks,
     decision_modal,
     describe_decision,
     esc,
-    mark_decided,
     parse_button_value,
-    partial_decisions,
-    record_partial,
 )
 from mart.state.config_values import parse_assignments, split_assignments
 from mart.state.models import CandidateDecision, ReviewDecision

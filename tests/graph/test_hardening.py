@@ -185,7 +185,7 @@ def test_terminal_review_has_no_control_characters():
 
 
 def test_slack_message_escapes_mentions_and_links():
-    from mart.graph.reviewers.slack import decided_blocks, decision_modal, review_blocks
+    from mart.graph.reviewers.slack_blocks import decided_blocks, decision_modal, review_blocks
 
     decision = ReviewDecision(action="reject", feedback="<!channel> go", reviewer="x", channel="slack")
     blob = json.dumps([review_blocks(evil_request()), decided_blocks(evil_request(), decision, "U1"),
