@@ -24,12 +24,14 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
 def model_options(model: type[BaseModel], *, exclude: Iterable[str] = (),
-                  aliases: Mapping[str, Iterable[str]] | None = None, into: str = "options") -> Callable:
+                  aliases: Mapping[str, Iterable[str]] | None = None, into: str = "options",
+                  own_first: bool = False) -> Callable:
     """Decorator: give a typer command one option per field of ``model``.
 
     The decorated function declares its own command-line-only parameters as usual plus a parameter
     named ``into``; it receives ``{field: value}`` there (every field but ``exclude``, defaults filled
-    in). ``aliases`` adds flag spellings per field (``{"memory_margin": ["--margin"]}``).
+    in). ``aliases`` adds flag spellings per field (``{"memory_margin": ["--margin"]}``). The generated
+    options come first in ``--help``, or after the command's own with ``own_first``.
     """
     aliases = dict(aliases or {})
     generated = {name: field for name, field in model.model_fields.items() if name not in set(exclude)}
@@ -59,8 +61,8 @@ def model_options(model: type[BaseModel], *, exclude: Iterable[str] = (),
                 values[name] = converters[name](value) if name in converters and value is not None else value
             return func(**kwargs, **{into: values})
 
-        # typer reads the parameters from __signature__: the model's first, then the command's own
-        command.__signature__ = inspect.Signature(params + own)  # type: ignore[attr-defined]
+        # typer reads the parameters (and their order in --help) from __signature__
+        command.__signature__ = inspect.Signature(own + params if own_first else params + own)  # type: ignore[attr-defined]
         return command
 
     return decorate
@@ -87,6 +89,8 @@ def _parameter(name: str, field: FieldInfo, extra: list[str]) -> tuple[inspect.P
         choices = enum.Enum(f"{name}_choices", {str(v): str(v) for v in values}, type=str)  # type: ignore[misc]
         py_type: Any = choices
         convert = _enum_value
+    elif origin is list and (field.json_schema_extra or {}).get("repeatable"):
+        py_type = list[str]  # given once per value (--backend-option A=1 --backend-option B=2): a value may hold commas
     elif origin in (tuple, list):
         items = [a for a in typing.get_args(annotation) if a is not Ellipsis]
         extra_schema = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}

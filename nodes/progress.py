@@ -2,7 +2,7 @@
 
 Each event goes to LangGraph's custom stream as plain JSON (``stream_mode="custom"``: Studio, SDK clients;
 ``parse_event`` reads it back) and, typed, to the session's own sink (``Services.progress``: the CLI's
-console, whose formatter per kind lives in ``mart.graph.session``). Progress is best-effort: it never
+console, whose formatter per kind lives in ``mart.graph.progress_console``). Progress is best-effort: it never
 fails a node.
 """
 

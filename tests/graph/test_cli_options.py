@@ -9,7 +9,9 @@ import typer
 from pydantic import BaseModel, Field, ValidationError
 from typer.testing import CliRunner
 
-from mart.graph.cli import TUNE_FLAG_ALIASES, app
+from mart.graph.cli import app
+from mart.graph.cli.flags import BackendFlags
+from mart.graph.cli.tune import TUNE_FLAG_ALIASES
 from mart.graph.cli_options import model_options
 from mart.state.options import TuneOptions
 
@@ -54,6 +56,16 @@ def test_every_field_is_a_flag_with_the_models_default_and_description():
         assert default == want, (name, default, want)
     for name, flags in TUNE_FLAG_ALIASES.items():
         assert set(flags) <= set(params[name].opts), name
+
+
+def test_trial_and_tune_take_the_same_backend_flags_from_one_model():
+    commands = typer.main.get_command(app).commands
+    for command in ("trial", "tune"):
+        params = {p.name: p for p in commands[command].params}
+        for name, field in BackendFlags.model_fields.items():
+            assert params[name].opts == [f"--{name.replace('_', '-')}"], (command, name)
+            assert params[name].help == field.description, (command, name)
+    assert commands["tune"].params[-1].multiple  # --backend-option is given once per value, never split at commas
 
 
 def test_help_shows_every_option_with_help_and_default():

@@ -99,10 +99,10 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
 
 KILL_AT_LAUNCH = """
 import os, signal, sys
-import mart.graph.session as session
+import mart.graph.progress_console as progress_console
 from mart.graph.cli import app
 
-real = session.ConsoleProgress.__call__
+real = progress_console.ConsoleProgress.__call__
 
 def die_after_the_handle(self, event):
     # the launch node emits trial_launched after the ledger holds the handle, before its output is checkpointed
@@ -112,7 +112,7 @@ def die_after_the_handle(self, event):
         os.kill(os.getpid(), signal.SIGKILL)
     return real(self, event)
 
-session.ConsoleProgress.__call__ = die_after_the_handle
+progress_console.ConsoleProgress.__call__ = die_after_the_handle
 app(sys.argv[1:])
 """
 

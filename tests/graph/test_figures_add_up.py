@@ -76,7 +76,7 @@ def test_the_terminal_and_the_report_print_the_gain_beside_the_figures_it_compar
 
 
 def test_the_report_system_plot_draws_the_cut_baseline_as_compared(parallel_run):
-    from mart.graph.report import load_run, system_best
+    from mart.graph.report_data import load_run, system_best
 
     runs, summary = parallel_run
     drawn = system_best(load_run(runs / summary["run_id"]))

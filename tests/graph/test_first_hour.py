@@ -31,9 +31,9 @@ def test_a_mistyped_run_id_names_the_nearest_run(tmp_path):
 
 @pytest.mark.parametrize("width", [200, 90])
 def test_knobs_keys_are_never_wrapped(monkeypatch, width):
-    import mart.graph.cli as cli_module
+    import mart.graph.cli.configs as knobs_module
 
-    monkeypatch.setattr(cli_module, "_console", lambda: Console(width=width, markup=False, highlight=False))
+    monkeypatch.setattr(knobs_module, "new_console", lambda: Console(width=width, markup=False, highlight=False))
     out = cli("knobs", "--backend", "verl")
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from mart.graph.session import ConsoleProgress, UntrustedRun, resume, tune
+from mart.graph.progress_console import ConsoleProgress
+from mart.graph.session import UntrustedRun, resume, tune
 from mart.state.models import ReviewDecision
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunError, RunOutsideRunsDir, RunStore
@@ -113,7 +114,7 @@ def test_runs_resolve_only_inside_the_runs_dir(tmp_path):
 
 def test_slack_server_refuses_a_crafted_run_before_showing_it_decided(tmp_path):
     from mart.graph.session import pending_review
-    from mart.graph.slack_server import SlackReviewService
+    from mart.graph.slack_service import SlackReviewService
 
     run = paused_run(tmp_path)
     store = RunStore.open(run, tmp_path)
@@ -152,9 +153,9 @@ def test_bracketed_trial_and_llm_text_prints_as_is():
 
 
 def test_summary_with_bracketed_notes_and_configs_prints(capsys):
-    from mart.graph.cli import _print_summary
+    from mart.graph.cli.output import print_summary
 
-    _print_summary({"run_id": "r[/x]", "status": "completed", "notes": [BRACKETS],
+    print_summary({"run_id": "r[/x]", "status": "completed", "notes": [BRACKETS],
                     "system": {"baseline_throughput": 1.0, "best_throughput": 2.0, "throughput_gain_pct": 100.0,
                                "best_config": {"k": "[/v]"}, "memory_limit_gb": 1.0, "best_peak_memory_gb": 0.5},
                     "learning": {"baseline_score": None, "best_score": None, "score_gain": None, "best_config": None},
@@ -184,7 +185,7 @@ def test_terminal_review_has_no_control_characters():
 
 
 def test_slack_message_escapes_mentions_and_links():
-    from mart.graph.reviewers.slack import decided_blocks, decision_modal, review_blocks
+    from mart.graph.reviewers.slack_blocks import decided_blocks, decision_modal, review_blocks
 
     decision = ReviewDecision(action="reject", feedback="<!channel> go", reviewer="x", channel="slack")
     blob = json.dumps([review_blocks(evil_request()), decided_blocks(evil_request(), decision, "U1"),

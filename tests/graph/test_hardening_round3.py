@@ -218,9 +218,10 @@ def test_the_session_failed_line_prints_no_terminal_escapes_from_a_trial(tmp_pat
 def test_a_signed_click_for_a_candidate_not_in_the_batch_is_answered_cleanly(tmp_path, caplog):
     import logging
 
-    from mart.graph.reviewers.slack import ACTION_APPROVE, review_blocks, slack_client
+    from mart.graph.reviewers.slack import slack_client
+    from mart.graph.reviewers.slack_blocks import ACTION_APPROVE, review_blocks
     from mart.graph.session import pending_review
-    from mart.graph.slack_server import SlackReviewService
+    from mart.graph.slack_service import SlackReviewService
     from mart.state.ledger import Ledger
     from mart.state.run_store import RunStore
     from tests.graph.test_slack_batch import ALICE, TOKEN, _click, _dispatch

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import mart.graph.session as session
+from mart.graph.progress_console import ConsoleProgress
 from mart.graph.services import build_services
 from mart.graph.session import resume, tune
 from mart.state.ledger import Ledger
@@ -86,7 +86,7 @@ def test_launch_node_run_twice_starts_one_process(tmp_path, launches):
 def test_interrupt_between_handle_and_checkpoint_then_resume_starts_each_trial_once(tmp_path, launches,
                                                                                     monkeypatch):
     # Ctrl-C right after the first candidate's handle reached the ledger, before the node's output is saved
-    real = session.ConsoleProgress.__call__
+    real = ConsoleProgress.__call__
     fired = []
 
     def interrupt_at_launch(self, event):
@@ -95,7 +95,7 @@ def test_interrupt_between_handle_and_checkpoint_then_resume_starts_each_trial_o
             raise KeyboardInterrupt
         return real(self, event)
 
-    monkeypatch.setattr(session.ConsoleProgress, "__call__", interrupt_at_launch)
+    monkeypatch.setattr(ConsoleProgress, "__call__", interrupt_at_launch)
     opts = _options(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         tune(opts)

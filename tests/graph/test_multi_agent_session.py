@@ -9,7 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from mart.graph.cli import _print_summary, app
+from mart.graph.cli import app
+from mart.graph.cli.output import print_summary
 from mart.graph.session import tune
 from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
@@ -46,7 +47,7 @@ def test_one_agents_lr_far_too_high_is_stopped_naming_that_agent(tmp_path):
 
 def test_summary_and_knobs_group_per_agent_knobs_by_agent(capsys):
     best = {lr(1): 5e-4, lr(0): 2e-3, "reward.shaping_alpha": 0.5}
-    _print_summary({"run_id": "r", "status": "completed", "notes": [],
+    print_summary({"run_id": "r", "status": "completed", "notes": [],
                     "system": {"baseline_throughput": 1.0, "best_throughput": 2.0, "throughput_gain_pct": 100.0,
                                "best_config": {}, "memory_limit_gb": 1.0, "best_peak_memory_gb": 0.5},
                     "learning": {"baseline_score": 0.4, "best_score": 0.5, "score_gain": 0.1, "best_config": best},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mart.graph.session import format_event
+from mart.graph.progress_console import format_event
 from mart.nodes.progress import TrialDone
 from mart.state.ledger import Ledger
 from mart.state.units import fmt_gb

@@ -60,7 +60,7 @@ def hostile_run(tmp_path):
 def test_progress_lines_carry_no_terminal_controls():
     from rich.console import Console
 
-    from mart.graph.session import ConsoleProgress
+    from mart.graph.progress_console import ConsoleProgress
     from mart.nodes.progress import parse_event
 
     progress = ConsoleProgress(quiet=False)
@@ -109,7 +109,7 @@ def test_markdown_report_renders_no_html_and_no_remote_image(hostile_run, tmp_pa
 def test_c1_controls_are_dropped_for_the_terminal_and_slack():
     """Issue 28: U+009B (CSI) and the other C1 controls never reach a reviewer's terminal or Slack."""
     from mart.graph.reviewers.base import format_request
-    from mart.graph.reviewers.slack import review_blocks
+    from mart.graph.reviewers.slack_blocks import review_blocks
 
     cand = {"candidate_id": "c1\x9b2J", "source": "llm", "diff": [{"key": "k", "current": 1, "proposed": "\x9b31m"}],
             "rationale": "why\x9b2J\x85\x9d0;t\x9c", "critique": {"risk": "low", "reasons": ["\x90q\x9c"]},

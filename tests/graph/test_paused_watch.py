@@ -137,7 +137,7 @@ def test_the_slack_server_watches_its_paused_runs_trials_and_says_so_in_the_revi
 
     from mart.graph.reviewers.slack import record_message, slack_client
     from mart.graph.session import pending_review
-    from mart.graph.slack_server import SlackReviewService
+    from mart.graph.slack_service import SlackReviewService
     from tests.support.slack_stub import SlackStub
 
     run, sick, store = _paused_with_a_sick_trial_in_flight(tmp_path, approve="slack")

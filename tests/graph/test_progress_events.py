@@ -7,7 +7,7 @@ import io
 import pytest
 from pydantic import ValidationError
 
-from mart.graph.session import FORMATTERS, ConsoleProgress, format_event
+from mart.graph.progress_console import FORMATTERS, ConsoleProgress, format_event
 from mart.nodes import progress
 from mart.nodes.progress import (
     EVENT_TYPES,

@@ -113,7 +113,7 @@ def _run_to_step(runner, handle, step: int) -> None:
 
 @pytest.mark.parametrize("how", ["stopped by mart", "cut at its early look", "killed from outside"])
 def test_a_stopped_or_cut_trial_never_keeps_a_partial_throughput_as_a_result(tmp_path, how):
-    from mart.graph.report import load_run, trial_rows
+    from mart.graph.report_data import load_run, trial_rows
     from mart.nodes.stages.system import CUT_REASON
 
     opts = _toy_options(tmp_path)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mart.graph.report import as_overrides, as_yaml, load_run, write_report
+from mart.graph.report import write_report
+from mart.graph.report_data import as_overrides, as_yaml, load_run
 from mart.graph.session import tune
 from mart.state.models import ReviewDecision
 from tests.graph.test_graph_session import Scripted, options

@@ -105,7 +105,7 @@ def test_terminal_json_and_report_show_the_same_stage2_figures(sim_run):
 
 
 def test_the_learning_plot_draws_only_what_the_verdict_took_and_single_runs_as_points(sim_run):
-    from mart.graph.report import LEARNING_PLOT_RULE, learning_best, load_run
+    from mart.graph.report_data import LEARNING_PLOT_RULE, learning_best, load_run
 
     tmp_path, run = sim_run
     ledger = Ledger.open(tmp_path / run)
@@ -134,7 +134,7 @@ def test_the_learning_plot_draws_only_what_the_verdict_took_and_single_runs_as_p
 
 
 def test_a_kept_baseline_gets_no_taken_line_even_when_a_re_run_change_led_it(tmp_path):
-    from mart.graph.report import learning_best, load_run
+    from mart.graph.report_data import learning_best, load_run
 
     # seed 1 of this scenario keeps the baseline although a change re-run on two seeds led it (the case)
     seed = 1
@@ -150,7 +150,7 @@ def test_a_kept_baseline_gets_no_taken_line_even_when_a_re_run_change_led_it(tmp
 def test_a_multi_agent_report_has_a_panel_only_for_the_curves_it_logged(tmp_path):
     import sqlite3
 
-    from mart.graph.report import CURVES, curve_panels, load_run
+    from mart.graph.report_data import CURVES, curve_panels, load_run
 
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen2.5-3b-debate-2x2", "seed": 0, "clock": "poll"},
                        approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=0.001, system_trials=1,

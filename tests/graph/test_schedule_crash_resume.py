@@ -23,10 +23,10 @@ OPTIONS = TuneOptions(stages=["schedule"], learning_horizon=12, schedule_segment
 
 KILL_AT_LAUNCH = """
 import os, signal, sys
-import mart.graph.session as session
+import mart.graph.progress_console as progress_console
 from mart.graph.cli import app
 
-real = session.ConsoleProgress.__call__
+real = progress_console.ConsoleProgress.__call__
 
 def die_after_the_handle(self, event):
     # a transition branch's launch: the ledger holds its handle, the graph's checkpoint does not yet
@@ -36,7 +36,7 @@ def die_after_the_handle(self, event):
         os.kill(os.getpid(), signal.SIGKILL)
     return real(self, event)
 
-session.ConsoleProgress.__call__ = die_after_the_handle
+progress_console.ConsoleProgress.__call__ = die_after_the_handle
 app(sys.argv[1:])
 """
 

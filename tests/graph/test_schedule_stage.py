@@ -290,7 +290,7 @@ def test_the_winner_is_a_complete_schedule_that_beats_the_static_one_beyond_the_
 
 def test_review_channels_show_the_branch_point_and_segment():
     from mart.graph.reviewers.base import format_request
-    from mart.graph.reviewers.slack import summary_blocks
+    from mart.graph.reviewers.slack_blocks import summary_blocks
 
     request = {"review_no": 3, "run_id": "r", "stage": "schedule", "candidate_id": "sch-03-r0-c0", "source": "rules",
                "diff": [{"key": "actor_rollout_ref.actor.optim.lr", "current": 1e-6, "proposed": 2e-6}],

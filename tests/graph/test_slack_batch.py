@@ -14,9 +14,10 @@ pytest.importorskip("slack_bolt")
 from slack_bolt.request import BoltRequest
 from slack_sdk.signature import SignatureVerifier
 
-from mart.graph.reviewers.slack import ACTION_APPROVE, ACTION_REJECT, review_blocks, slack_client
+from mart.graph.reviewers.slack import slack_client
+from mart.graph.reviewers.slack_blocks import ACTION_APPROVE, ACTION_REJECT, review_blocks
 from mart.graph.session import pending_review, tune
-from mart.graph.slack_server import SlackReviewService
+from mart.graph.slack_service import SlackReviewService
 from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore

@@ -26,9 +26,10 @@ pytest.importorskip("uvicorn")
 from slack_sdk.signature import SignatureVerifier
 
 from mart.graph import slack_server
-from mart.graph.reviewers.slack import ACTION_APPROVE, button_value, slack_client
+from mart.graph.reviewers.slack import slack_client
+from mart.graph.reviewers.slack_blocks import ACTION_APPROVE, button_value
 from mart.graph.session import pending_review, tune
-from mart.graph.slack_server import SlackReviewService
+from mart.graph.slack_service import SlackReviewService
 from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
 from mart.state.run_store import RunStore

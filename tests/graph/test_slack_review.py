@@ -24,7 +24,8 @@ psutil = pytest.importorskip("psutil")
 
 from slack_sdk.signature import SignatureVerifier
 
-from mart.graph.reviewers.slack import (
+from mart.graph.reviewers.slack import posted_messages
+from mart.graph.reviewers.slack_blocks import (
     ACTION_APPROVE,
     ACTION_EDIT,
     ACTION_REJECT,
@@ -33,7 +34,6 @@ from mart.graph.reviewers.slack import (
     FEEDBACK_BLOCK,
     FEEDBACK_INPUT,
     MODAL_CALLBACK,
-    posted_messages,
 )
 from mart.state.ledger import Ledger
 from tests.support.paths import REPO as REPO_ROOT

@@ -12,13 +12,8 @@ pytest.importorskip("slack_sdk")
 from slack_sdk import WebClient
 
 from mart.graph.reviewers import make_reviewer
-from mart.graph.reviewers.slack import (
-    ACTION_APPROVE,
-    SlackReviewer,
-    parse_button_value,
-    posted_messages,
-    review_blocks,
-)
+from mart.graph.reviewers.slack import SlackReviewer, posted_messages
+from mart.graph.reviewers.slack_blocks import ACTION_APPROVE, parse_button_value, review_blocks
 from mart.graph.session import resume, run_status, tune
 from mart.state.models import ReviewDecision
 from mart.state.run_store import RunStore
