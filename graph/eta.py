@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mart.state.options import TuneOptions
+from mart.state.stages import traits
 
 
 @dataclass
@@ -54,7 +55,7 @@ class SessionEta:
     def _count(self, stage: str, kind: str) -> None:
         if stage in self.options.stages:
             self._stage_reached = max(self._stage_reached, self.options.stages.index(stage))
-        if stage == "learning" and kind == "confirm":
+        if kind == "confirm":  # a re-run on another seed, beside the stage's budget
             self.confirms += 1
         else:
             self.launched[stage] = self.launched.get(stage, 0) + 1
@@ -88,14 +89,13 @@ class SessionEta:
 
     def _stage_plan(self, stage: str) -> tuple[int, int]:
         """(trials its budget still allows, steps each)."""
-        o = self.options
-        if stage == "system":
-            budget, horizon = o.system_trials, o.system_horizon
-        elif stage == "learning":
-            budget, horizon = o.learning_trials, o.learning_horizon
-        else:  # a segment-trial runs one segment: T / S steps on average
-            budget, horizon = o.schedule_trial_budget(), max(1, round(o.schedule_total_steps() / o.schedule_segments))
-        return max(0, budget - self.launched.get(stage, 0)), horizon
+        from mart.nodes.stages import get as stage_policy  # the policies: only once a trial has been timed
+
+        o, policy = self.options, stage_policy(stage)
+        horizon = policy.horizon(o)
+        if traits(stage).branches:  # a segment-trial runs one segment: T / S steps on average
+            horizon = max(1, round(horizon / o.schedule_segments))
+        return max(0, policy.budget(o) - self.launched.get(stage, 0)), horizon
 
     def remaining_s(self) -> tuple[float, float, int, int] | None:
         """(seconds left without stage 2's re-runs, with all of them, trials still to launch, re-runs it may still
@@ -116,7 +116,7 @@ class SessionEta:
             steps = left * horizon + sum(max(0, r.horizon - r.step) for r in self.running.values() if r.stage == stage)
             low += steps * per_step
             to_launch += left
-            if stage == "learning":
+            if traits(stage).confirms:
                 reruns = max(0, self.options.learning_confirm_trials - self.confirms)
                 high += reruns * horizon * per_step
         return low / self.slots, (low + high) / self.slots, to_launch, reruns

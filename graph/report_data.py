@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from mart.state.ledger import DB_FILE
+from mart.state.stages import traits
 
 CURVES = (  # (title, metric prefixes tried in order)
     ("reward", ("critic/score/mean", "critic/rewards/mean")),
@@ -303,7 +304,8 @@ def headline(data: RunData) -> list[tuple[str, str]]:
             if s.get("best_trial") and s.get("best_trial") == s.get("baseline_trial"):
                 gain = f" ({KEPT})"
             elif b is not None and v is not None and math.isfinite(b) and math.isfinite(v):
-                gain = f" ({(v / b - 1) * 100:+.1f}%)" if stage == "system" and b else f" ({v - b:+.4f})"
+                relative = traits(stage).objective == "throughput" and b
+                gain = f" ({(v / b - 1) * 100:+.1f}%)" if relative else f" ({v - b:+.4f})"
             text = f"{_fmt(b)} → {_fmt(v)} {unit}{gain}"
         rows.append((f"{stage} stage", f"{text}; best {s.get('best_trial') or '—'}"
                      + (f"; note: {s['note']}" if s.get("note") else "")))
@@ -317,7 +319,7 @@ def stage_verdict(summary: dict[str, Any], stage: str) -> str | None:
     """The numbers behind a stage's verdict, as the session decided it: stage 1's gain from the two figures it
     compares (and over which steps), stage 2's lead, bar, standard error and rule."""
     part = summary.get(stage) or {}
-    if stage == "system":
+    if traits(stage).objective == "throughput":
         c = part.get("comparison") or {}
         if c.get("baseline") is None or c.get("best") is None or c.get("gain_pct") is None:
             return None
@@ -327,9 +329,7 @@ def stage_verdict(summary: dict[str, Any], stage: str) -> str | None:
         return (f"gain {c['gain_pct']:+.1f}% = {c['best']:,.0f} / {c['baseline']:,.0f} - 1, both{where}; "
                 + ("the baseline stayed the best" if part.get("kept_baseline") else "the highest throughput within "
                    "the memory margin is taken"))
-    if stage == "learning":
-        return part.get("verdict")
-    return None
+    return part.get("verdict")
 
 
 def trial_origin(t: dict[str, Any], trials: list[dict[str, Any]]) -> str:

@@ -19,6 +19,7 @@ from mart.graph.report_data import (
     timeline,
 )
 from mart.state.files import ensure_dir, write_atomic
+from mart.state.stages import traits
 from mart.state.units import fmt_gb
 
 PHASES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
@@ -58,7 +59,7 @@ def _plot_learning_best(data: RunData, ax: Any, label: str) -> bool:
 
 
 def _plot_best_so_far(data: RunData, ax: Any, stage: str, label: str) -> bool:
-    if stage == "learning":
+    if traits(stage).confirms:  # means over seeds, with the re-runs drawn
         return _plot_learning_best(data, ax, label)
     sb = system_best(data)
     if not sb.xs:
@@ -101,9 +102,9 @@ def _plot_gantt(data: RunData, ax: Any) -> bool:
 
 def _plot_best_vs_time(data: RunData, ax: Any, stage: str, label: str) -> bool:
     """Best-so-far against wall clock: the stage's best eligible objective as its trials end."""
-    limit = data.memory_limit_gb() if stage == "system" else None
+    limit = data.memory_limit_gb() if traits(stage).memory_bound else None
     rows = sorted((t for t in timeline(data) if t["stage"] == stage), key=lambda t: t["t_end"])
-    if stage == "learning":
+    if traits(stage).confirms:
         return _plot_learning_vs_time(data, ax, rows, label)
     xs, ys, cur = [], [], None
     for t in rows:

@@ -149,7 +149,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("M29", "nodes/health_monitor.py", "services.ledger.add_health_events(events)",
            'services.ledger.add_health_events([e for e in events if record.kind != "baseline"])',
            "a baseline's health events are not recorded", (EARLY_STOP,)),
-    Mutant("M30", "nodes/agents/rules.py", "if config_hash(full) in tried:", "if False:",
+    Mutant("M30", "nodes/stages/_base.py", "{self.tried_words}\" if key in tried else None",
+           "{self.tried_words}\" if False else None",
            "the critic lets a duplicate config through", (CRITIC,)),
     Mutant("M31", "state/health.py", "ref = statistics.median(v for _, v in s[: cfg.warmup])",
            "ref = max(v for _, v in s[: cfg.warmup])", "grad-norm reference is the early max, not the median",
@@ -227,8 +228,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP8", "tools/launch.py", "    free_slots = sorted(set(range(services.trial_slots())) - {r.slot for r in running.values()})",
            "    free_slots = sorted(set(range(services.trial_slots())))", "two running trials hold one slot",
            (PARALLEL_GPUS, "tests/graph/test_parallel_session.py")),
-    Mutant("MP9", "tools/launch.py", '    if existing and existing.get("handle"):\n        emit(services, TrialReattached(',
-           '    if False:\n        emit(services, TrialReattached(', "a resumed session launches a trial again (a new "
+    Mutant("MP9", "tools/launch.py", '    if existing and existing.get("handle"):\n        handle = TrialHandle.model_validate(',
+           '    if False:\n        handle = TrialHandle.model_validate(', "a resumed session launches a trial again (a new "
            "process or Ray job) instead of re-attaching the one whose handle the ledger holds",
            ("tests/graph/test_crash_resume.py", "tests/trial_runner/test_ray_parallel.py"), slow=True),
     Mutant("MP10", "trial_runner/verl/supervise.py", '        result["launch"] = launch', "        pass",

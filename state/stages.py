@@ -36,6 +36,8 @@ class StageTraits:
         branches: its trials grow as a tree from checkpoints of earlier ones (a candidate changes its parent
             branch's config, duplicates are judged per checkpoint, token caps move only up).
         fixes_system: its base config carries the best system overrides of an earlier stage.
+        confirms: its close contenders are re-run on other seeds (``confirm`` trials) before a winner is taken, so
+            its figures are means over seeds.
     """
 
     objective: Literal["throughput", "score"]
@@ -44,6 +46,7 @@ class StageTraits:
     flagged_knobs: bool = False
     branches: bool = False
     fixes_system: bool = True
+    confirms: bool = False
 
     @property
     def health_rules(self) -> KnobStage:
@@ -52,7 +55,7 @@ class StageTraits:
 
 
 SYSTEM_TRAITS = StageTraits(objective="throughput", memory_bound=True, knobs=("system",), fixes_system=False)
-LEARNING_TRAITS = StageTraits(objective="score")
+LEARNING_TRAITS = StageTraits(objective="score", confirms=True)
 SCHEDULE_TRAITS = StageTraits(objective="score", flagged_knobs=True, branches=True)
 
 #: the registered stages' traits, in the order a session runs them (``TuneOptions.stages`` keeps this order)

@@ -21,6 +21,7 @@ from mart.nodes.runtime import Services, services_for
 from mart.nodes.stages import StageView
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.models import TrialRecord, TrialStatus
+from mart.state.stages import branches
 from mart.state.trial_state import TrialState, check_transition
 from mart.state.trials import HANDLE_REFUSED, CheckpointRef, RunningTrial, TrialHandle, TrialSpec
 
@@ -41,7 +42,7 @@ def _rerun_of(view: StageView, record: TrialRecord) -> str | None:
     not as changes against the stage's current best."""
     if record.kind == "confirm":
         return record.confirms
-    if record.kind == "baseline" and record.stage != "schedule":
+    if record.kind == "baseline" and not branches(record.stage):
         return next((r["trial_id"] for r in view.ledger.trials(record.stage)
                      if r["kind"] == "baseline" and r["trial_id"] != record.trial_id), None)
     return None

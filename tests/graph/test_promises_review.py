@@ -14,7 +14,7 @@ import pytest
 from langgraph.errors import UnknownInterruptError
 from langgraph.types import Command
 
-import mart.graph.session as session
+import mart.graph.builder as builder
 from mart.graph.api import open_run
 from mart.graph.builder import compile_graph
 from mart.graph.session import pending_review, resume
@@ -46,7 +46,7 @@ def test_langgraph_strict_resume_stays_on_for_cli_api_and_slack_runs(tmp_path, m
     first = _pending(tmp_path, run)["interrupt_id"]
     # the driver of `mart tune`/`mart review` and of the Slack server (session._drive): the config it hands LangGraph
     seen: list[dict] = []
-    real_compile = session.compile_graph
+    real_compile = builder.compile_graph  # the driver imports it when it runs a graph (light commands)
 
     class Spy:
         def __init__(self, graph):
@@ -59,7 +59,7 @@ def test_langgraph_strict_resume_stays_on_for_cli_api_and_slack_runs(tmp_path, m
             seen.append(config)
             return self._graph.stream(inp, config, **kw)
 
-    monkeypatch.setattr(session, "compile_graph", lambda saver: Spy(real_compile(saver)))
+    monkeypatch.setattr(builder, "compile_graph", lambda saver: Spy(real_compile(saver)))
     out = resume(run, tmp_path, decision=APPROVE, interrupt_id=first, quiet=True)
     monkeypatch.undo()
     assert out["status"] == "paused" and seen  # the next review is pending: `first` is no longer

@@ -90,7 +90,9 @@ def test_foreground_trial_completes(tmp_path, local_tiny_config, capsys):
     code = run_trial("local", 3, out, ["trainer.test_freq=2", "seed=7"], cfg, 0, {"memory_capacity_gb": 2.0})
     assert code == 0, (out / "trial.log").read_text()[-2000:]
     status = json.loads((out / "status.json").read_text())
+    launch = status.pop("launch")  # who started it (the proof a resumed tuner checks): this trial's own worker
     assert status == {"status": "completed", "reason": None, "last_step": 3}
+    assert launch["token"] and launch["pid"] > 0
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
     written = json.loads((out / "config.json").read_text())
