@@ -227,8 +227,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP8", "tools/launch.py", "    free_slots = sorted(set(range(services.trial_slots())) - {r.slot for r in running.values()})",
            "    free_slots = sorted(set(range(services.trial_slots())))", "two running trials hold one slot",
            (PARALLEL_GPUS, "tests/graph/test_parallel_session.py")),
-    Mutant("MP9", "tools/launch.py", '    if existing and existing.get("handle"):\n        emit(services, TrialReattached(',
-           '    if False:\n        emit(services, TrialReattached(', "a resumed session launches a trial again (a new "
+    Mutant("MP9", "tools/launch.py", '    if existing and existing.get("handle"):\n        handle = TrialHandle.model_validate(',
+           '    if False:\n        handle = TrialHandle.model_validate(', "a resumed session launches a trial again (a new "
            "process or Ray job) instead of re-attaching the one whose handle the ledger holds",
            ("tests/graph/test_crash_resume.py", "tests/trial_runner/test_ray_parallel.py"), slow=True),
     Mutant("MP10", "trial_runner/verl/supervise.py", '        result["launch"] = launch', "        pass",
