@@ -42,7 +42,7 @@ class HealthConfig:
     entropy_collapse_ratio: float = 0.15
     """Entropy below this fraction of its early level = collapse."""
     kl_max: float = 1.0
-    """actor/ppo_kl or actor/kl_loss above this = KL blow-up."""
+    """actor/ppo_kl or actor/kl_loss whose magnitude is above this (either sign) = KL blow-up."""
     grad_norm_factor: float = 10.0
     """Grad norm above this multiple of its early median = explosion."""
     reward_collapse_ratio: float = 0.5
@@ -214,10 +214,14 @@ def kl_blowup(trial_id: str, records: list[StepRecord], cfg: HealthConfig) -> He
     s = _series(records, "actor/ppo_kl")
     k = _series(records, "actor/kl_loss")
     for series, name in ((s, "ppo_kl"), (k, "kl_loss")):
+        # By magnitude: verl's ppo_kl and its k1 kl_loss are sample means of a log-ratio, which go negative when
+        # the policy raises the sampled tokens' probability; a true KL is never negative, so a large negative
+        # estimate is as far a move as a large positive one (k2/k3 are never negative and lose nothing here).
         n = persisting(series, lambda v: abs(v) > cfg.kl_max, cfg.window)
         if n:
             return _event(trial_id, series[-1][0], "kl_blowup", n, cfg.window,
-                          f"{name} {series[-1][1]:.3g} > {cfg.kl_max:g}", series[-1][1])
+                          f"|{name}| {abs(series[-1][1]):.3g} > {cfg.kl_max:g} ({name} {series[-1][1]:.3g})",
+                          series[-1][1])
     return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from mart.graph.session import tune
 from mart.state.ledger import Ledger
 from mart.state.options import TuneOptions
+from mart.state.trials import TrialSpec
 from mart.trial_runner import gpu
 from mart.trial_runner.registry import load_backend
 from tests.support.paths import FAKE_VERL
@@ -62,6 +64,48 @@ def test_the_free_gpu_wait_looks_at_the_trials_own_gpus(monkeypatch):
     assert gpu.wait_gpu_memory_free(1.0, timeout_s=0.1, poll_s=0.02, env=slot0) is True
     assert gpu.wait_gpu_memory_free(1.0, timeout_s=0.1, poll_s=0.02, env=slot1) is False
     assert gpu.gpu_processes(slot0) == []
+
+
+# The trainer stand-in: it writes the CUDA_VISIBLE_DEVICES its own process got, then stays up until told to end,
+# so both slots' processes are alive at once (hydra overrides in argv are ignored).
+_REPORT_DEVICES = """
+import os, pathlib, sys, time
+d = pathlib.Path(os.environ["MART_TRIAL_DIR"])
+(d / "seen_devices.tmp").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+(d / "seen_devices.tmp").replace(d / "seen_devices")
+end = time.time() + 30
+while not (d.parent / "release").exists() and time.time() < end:
+    time.sleep(0.02)
+"""
+
+
+def test_each_parallel_trial_process_gets_its_own_slots_gpus(tmp_path, monkeypatch):
+    # what the trial's own process sees, not what mart meant to give it: the slow end-to-end test below reads
+    # launch.json, which only the slow run reaches
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(8))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    script = tmp_path / "report_devices.py"
+    script.write_text(_REPORT_DEVICES)
+    b = load_backend("verl", entrypoint=f"{sys.executable} {script}", prevalidate=False,
+                     base_config={"trainer.n_gpus_per_node": 4})
+    specs = [TrialSpec(trial_id=f"t{slot}", config={}, steps=2, trial_dir=str(tmp_path / "trials" / f"t{slot}"),
+                       devices=b.trial_devices(slot)) for slot in (0, 1)]
+    runner = b.make_runner()
+    handles = []
+    try:
+        handles = [runner.launch(s) for s in specs]
+        seen = [Path(s.trial_dir) / "seen_devices" for s in specs]
+        deadline = time.monotonic() + 20
+        while not all(f.exists() for f in seen) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [runner.poll(h).status for h in handles] == ["running", "running"]  # both at once
+        assert [f.read_text() for f in seen] == ["GPU-00aa,GPU-01aa,GPU-02aa,GPU-03aa",
+                                                 "GPU-04aa,GPU-05aa,GPU-06aa,GPU-07aa"]
+    finally:
+        (tmp_path / "trials" / "release").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "trials" / "release").touch()
+        for h in handles:
+            runner.stop(h, grace_s=2.0)
 
 
 @pytest.mark.slow

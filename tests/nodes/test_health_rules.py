@@ -49,6 +49,18 @@ def test_grad_norm_explosion_kl_blowup_reward_collapse():
         "learning", "t", stream(8, **{**HEALTHY, "reward": lambda s: 0.6 if s < 6 else 0.05}), cfg), "stop")
 
 
+
+def test_a_large_negative_kl_estimate_is_a_blow_up_too():
+    # verl's ppo_kl (and kl_loss with the k1 estimator) can go negative; a sustained large negative value is a
+    # policy far from the one that sampled (or the reference), so it stops the trial like a large positive one
+    cfg = HealthConfig(window=2)
+    ev = evaluate("learning", "t", stream(6, **{**HEALTHY, "kl": lambda s: 0.01 if s < 5 else -3.0}), cfg)
+    assert "kl_blowup" in rules(ev, "stop")
+    assert "|ppo_kl| 3 > 1 (ppo_kl -3)" in next(e.message for e in ev if e.rule == "kl_blowup")
+    # a small negative estimate is the k1 estimator's ordinary noise, not a blow-up
+    small = {**HEALTHY, "kl": lambda s: -0.05 if s % 2 else 0.05}
+    assert "kl_blowup" not in rules(evaluate("learning", "t", stream(12, **small), cfg))
+
 def test_nan_stops_at_once():
     recs = stream(3, **HEALTHY)
     recs.append(StepRecord(step=4, data={"actor/entropy": math.nan, "actor/pg_loss": math.inf}))
