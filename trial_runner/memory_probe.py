@@ -65,7 +65,10 @@ def arch_of(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(config.get("text_config"), dict):
         config = {**config["text_config"], "model_type": config["text_config"].get("model_type",
                                                                                      config.get("model_type"))}
-    return {k: config[k] for k in ARCH_FIELDS if config.get(k) is not None}
+    out = {k: config[k] for k in ARCH_FIELDS if config.get(k) is not None}
+    if "head_dim" not in out and out.get("hidden_size") and out.get("num_attention_heads"):
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]  # transformers' default: one cache key
+    return out
 
 
 def available(arch: dict[str, Any]) -> str | None:
