@@ -65,7 +65,10 @@ def arch_of(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(config.get("text_config"), dict):
         config = {**config["text_config"], "model_type": config["text_config"].get("model_type",
                                                                                      config.get("model_type"))}
-    return {k: config[k] for k in ARCH_FIELDS if config.get(k) is not None}
+    out = {k: config[k] for k in ARCH_FIELDS if config.get(k) is not None}
+    if "head_dim" not in out and out.get("hidden_size") and out.get("num_attention_heads"):
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]  # transformers' default: one cache key
+    return out
 
 
 def available(arch: dict[str, Any]) -> str | None:
@@ -327,24 +330,27 @@ def extrapolate(res: dict[Point, dict[str, float]], depth: int, phase: str, ckpt
     ``PER_TOKEN`` categories / the tokens)."""
     groups = groups or PARTS
     l1, l2 = PROBE_LAYERS
-    lines = []
-    for i, tok in enumerate(PROBE_TOKENS):
-        r1, r2 = res[Point(phase, l1, tok, ckpt, logits)], res[Point(phase, l2, tok, ckpt, logits)]
-        cats = {c for r in (r1, r2) for c in r if c != "total"}
-        if i < len(PROBE_TOKENS) - 1 and any(r2.get(c, 0.0) < r1.get(c, 0.0) - 1.0 for c in cats):
-            # the two instances peaked at different moments (a layer more cannot hold less of anything at the
-            # same moment): no line through them; the largest token count's line is always kept
-            continue
-        row: dict[str, tuple[float, float]] = {}
-        for part, cats in groups.items():
-            def split(r: dict[str, float], cats: tuple[str, ...] = cats, tok: int = tok) -> tuple[float, float]:
-                dyn = sum(r.get(c, 0.0) for c in cats if c in PER_TOKEN)
-                return sum(r.get(c, 0.0) for c in cats) - dyn, dyn / tok
+    tok = PROBE_TOKENS[-1]
+    r1, r2 = res[Point(phase, l1, tok, ckpt, logits)], res[Point(phase, l2, tok, ckpt, logits)]
 
-            (s1, d1), (s2, d2) = split(r1), split(r2)
-            row[part] = (s1 + (depth - l1) * (s2 - s1) / (l2 - l1), d1 + (depth - l1) * (d2 - d1) / (l2 - l1))
-        row["total"] = (sum(a for a, _ in row.values()), sum(b for _, b in row.values()))
-        lines.append(row)
+    def full(cat: str) -> float:
+        return r1.get(cat, 0.0) + (depth - l1) * (r2.get(cat, 0.0) - r1.get(cat, 0.0)) / (l2 - l1)
+
+    line: dict[str, tuple[float, float]] = {}
+    for part, cats in groups.items():
+        line[part] = (sum(full(c) for c in cats if c not in PER_TOKEN), sum(full(c) for c in cats if c in PER_TOKEN)
+                      / tok)
+    line["total"] = (sum(a for a, _ in line.values()), sum(b for _, b in line.values()))
+    lines = [line]
+    if phase == "update":
+        # the optimizer step: every fp32 gradient shard (the size of the parameter shard), the Adam state and the
+        # foreach implementation's one temporary of the parameters' size. A small instance never peaks there (its
+        # logits outweigh it), a large model with checkpointing and short micro batches does
+        at_step = {"sharded_param": full("sharded_param"), "sharded_grad": full("sharded_param"),
+                   "opt": full("opt") * 1.5}
+        opt_line = {part: (sum(at_step.get(c, 0.0) for c in cats), 0.0) for part, cats in groups.items()}
+        opt_line["total"] = (sum(a for a, _ in opt_line.values()), 0.0)
+        lines.append(opt_line)
     return lines
 
 

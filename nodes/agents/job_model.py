@@ -44,6 +44,7 @@ from mart.state.job import JobDescription
 from mart.state.search_space import ParamSpec
 from mart.state.verl_keys import ACTOR as A
 from mart.state.verl_keys import ROLLOUT as R
+from mart.trial_runner.memory_probe import Coefficients
 from mart.trial_runner.verl.space import SEARCH_SPACE as VERL_SPACE
 
 GIB = 1024.0**3
@@ -576,7 +577,9 @@ class JobModel:
         tokens of the largest micro batch; parameters, gathered units, the gradients and Adam state present at
         the peak included), with the job's other residents on top. Knobs the probe does not vary act as the
         formula's deltas: FSDP1's fragmentation, activation offload, entropy chunking/checkpointing."""
-        coef = self.memory.coef
+        if self.memory.coef is None:
+            raise RuntimeError("the probe's figures are needed here")
+        coef: Coefficients = self.memory.coef
         shard = self.P / self.N / GIB
         fsdp1 = 0.93 / frag  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
         others = res["params_all"] - 4 * shard  # a team's other policies on the device

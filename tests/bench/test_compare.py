@@ -204,10 +204,11 @@ def test_scenario_file_and_perturb_reach_the_simulator(compare, tmp_path: Path, 
     assert verdicts[0]["scenarios"][name]["optimum"] != verdicts[1]["scenarios"][name]["optimum"]
 
 
-# the 8B on 8 H100s: the largest cap runs out of memory; the 8B on 48 GB L40S cards: a cap that runs but peaks
-# over 0.9 of the card before one that fits (the margin rule, not only the OOM, decides)
+# the 8B on 8 H100s: a cap that runs but peaks over 0.9 of the card before one that fits (the margin rule, not only
+# the OOM, decides); the 8B on 48 GB L40S cards: the cap above the one that fits runs out of memory. (The two swapped
+# when the simulator's memory began to follow torch's accounting, issue 42.)
 @pytest.mark.parametrize(("sc", "completed_over"), [
-    ("qwen3-8b-1x8", False), (str(ROOT / "examples" / "scenarios" / "llama-3.1-8b-1x8-l40s.yaml"), True)])
+    ("qwen3-8b-1x8", True), (str(ROOT / "examples" / "scenarios" / "llama-3.1-8b-1x8-l40s.yaml"), False)])
 def test_fit_largest_keeps_the_largest_shape_that_fits(compare, tmp_path: Path, sc: str, completed_over: bool) -> None:
     """AReaL/SkyRL's rule: probe token caps from the largest down, keep the first whose peak is within the margin,
     run it as a full trial. The oracle is the simulator's own noise-free peak of each probed shape."""

@@ -90,9 +90,9 @@ def test_json_output_names_phases_parts_fit_and_source(tmp_path):
 
 def test_without_the_probe_the_formula_answers_and_says_so(tmp_path, monkeypatch):
     path = _config(tmp_path, "Qwen3-8B", False, 16384)
-    probe = run(path, [], "H100-80GB", 1, 8)
+    probe = run(path, [], "H100-80GB", 1, 8, logits="fp32")
     monkeypatch.setenv("MART_MEMORY_PROBE", "0")
-    formula = run(path, [], "H100-80GB", 1, 8)
+    formula = run(path, [], "H100-80GB", 1, 8, logits="fp32")
     assert probe["source"] == "probe"
     assert formula["source"] == "formula" and "MART_MEMORY_PROBE" in formula["why_formula"]
     # without checkpointing the textbook count misses the real modules' fp32 norm copies, wide queries and RoPE

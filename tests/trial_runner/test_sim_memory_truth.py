@@ -7,6 +7,7 @@ The judge must not share the tuner's memory code: the simulator reads ``trial_ru
 from __future__ import annotations
 
 import ast
+import dataclasses
 import glob
 import json
 from pathlib import Path
@@ -109,3 +110,57 @@ def test_every_scenarios_optimum_fits_its_card_under_torchs_accounting(spec, mon
     pred = model.predict(gt["config"])
     for phase in ("old_log_prob", "update_actor"):
         assert pred.phase_gb[phase] <= sc.gpu.memory_gb, (phase, pred.phase_gb[phase])
+
+
+def _gen(sc, overrides):
+    cfg = {**base_config(sc), **overrides}
+    w = window_workloads(sc, cfg, 1)[0]
+    out = simulate_step(sc, knobs_from_config(cfg), w)
+    return {k: float(np.asarray(out[k]).reshape(-1)[0]) for k in ("mem_gen", "mem_old")}
+
+
+def test_kv_heads_per_rank_stop_shrinking_beyond_the_kv_heads():
+    m = load_scenario("qwen3-8b-1x8").model  # 8 KV heads
+    assert m.kv_bytes_per_rank_token(8) == m.kv_bytes_per_token / 8
+    assert m.kv_bytes_per_rank_token(16) == m.kv_bytes_per_rank_token(8)  # a head per rank, replicated
+    small = dataclasses.replace(m, kv_heads=2)
+    assert small.kv_bytes_per_rank_token(4) == small.kv_bytes_per_rank_token(2) == small.kv_bytes_per_token / 2
+
+
+def test_cuda_graphs_sit_inside_the_memory_share_from_vllm_0_21():
+    sc = load_scenario("qwen3-8b-1x8")
+    old, new = sc, dataclasses.replace(sc, vllm_version="0.21.0")
+    cfg = {"actor_rollout_ref.rollout.enforce_eager": False}
+    assert not old.graphs_inside_util and new.graphs_inside_util
+    assert _gen(new, cfg)["mem_gen"] < _gen(old, cfg)["mem_gen"] - 0.3  # no longer on top of the share
+    eager = {"actor_rollout_ref.rollout.enforce_eager": True}
+    assert _gen(new, eager)["mem_gen"] == pytest.approx(_gen(old, eager)["mem_gen"])
+
+
+def test_param_offload_does_not_lower_the_log_prob_peak():
+    """verl reloads the actor's parameters for compute_log_prob."""
+    sc = load_scenario("qwen3-8b-1x8")
+    on = _gen(sc, {"actor_rollout_ref.actor.fsdp_config.param_offload": True})["mem_old"]
+    assert on == pytest.approx(_gen(sc, {})["mem_old"])
+
+
+def test_an_moe_scenario_holds_every_expert_and_computes_with_the_active_ones(tmp_path):
+    text = Path(EXAMPLES[0]).read_text()
+    import yaml
+
+    data = yaml.safe_load(text)
+    data["name"] = "moe"
+    data["model"].update({"name": "Qwen3-30B-A3B", "num_parameters": 30.5e9, "num_hidden_layers": 48,
+                          "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 32,
+                          "num_key_value_heads": 4, "head_dim": 128, "model_type": "qwen3_moe", "num_experts": 128,
+                          "num_experts_per_tok": 8, "moe_intermediate_size": 768})
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    sc = load_scenario(str(path))
+    assert sc.model.experts == 128 and 2.5e9 < sc.model.active_params < 4e9  # "A3B"
+    job = SimBackend(scenario_file=str(path)).describe_job()
+    assert job.model.num_experts == 128 and job.model.active_params < 0.2 * job.model.n_params
+    bad = dict(data, model={**data["model"], "num_experts_per_tok": None})
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        load_scenario(str(path))
