@@ -24,7 +24,7 @@ from tests.support.paths import FAKE_VERL
 from tests.support.trials import wait_finished
 
 SCORE = "val-core/openai/gsm8k/reward/mean@1"
-FAST = {"kill_grace_s": 1.0, "oom_exit_grace_s": 0.5, "gpu_free_threshold_gb": None}
+FAST = {"kill_grace_s": 1.0, "oom_exit_grace_s": 0.5, "gpu_free_threshold_gb": None, "leftover_settle_s": 0.5}
 
 
 

@@ -184,6 +184,9 @@ class VerlRunner(TrialRunner):
             When longer than a trial's horizon, verl gets it (warm-up and LR schedule keep their shape) and the
             runner ends the run once the horizon's step is logged.
         python: interpreter that replaces ``python``/``python3`` at the head of the entrypoint (``--verl-python``).
+        leftover_settle_s: once the run's own process group is gone, how long its other processes (Ray workers,
+            the vLLM server: they exit by themselves when their raylet goes) may take before they are ended as
+            leftovers.
     """
 
     # verl's log format, for a transport that reads the console (the Ray job runner)
@@ -208,8 +211,10 @@ class VerlRunner(TrialRunner):
         implicit: dict[str, Any] | None = None,
         schedule_steps: int | None = None,
         python: str | None = None,
+        leftover_settle_s: float = 20.0,
     ) -> None:
         self.entrypoint = split_entrypoint(entrypoint, python=python)
+        self.leftover_settle_s = leftover_settle_s
         self.implicit = dict(implicit or {})
         self.schedule_steps = int(schedule_steps) if schedule_steps else None
         self._startups_s: list[float] = []
@@ -577,7 +582,7 @@ class VerlRunner(TrialRunner):
         from mart.trial_runner.verl.cleanup import end_trial_processes, summary
 
         found = end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=self.kill_grace_s,
-                                    trial_dir=str(Path(handle.trial_dir).resolve()))
+                                    trial_dir=str(Path(handle.trial_dir).resolve()), settle_s=self.leftover_settle_s)
         if not found:
             return None
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
