@@ -52,64 +52,59 @@ def trial_times(db: Path) -> str:
                      f"{(r['ended_at'] or 0) - (r['started_at'] or 0):.0f} s" for r in rows)
 
 
-@pytest.mark.timeout(3000)
-def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
-    """System, learning and schedule stages on real verl: the profile is verl's timing, the learning score verl's
-    validation, and a schedule branch resumes verl's own checkpoint and continues its step count."""
-    t0 = time.time()
-    sys_h, learn_h, sched_h = 4, 2, 4
-    cmd = mart_cmd("tune", "--backend", "verl", "--base-config", str(tiny_job.base_config),
-                   "--stages", "system,learning,schedule", "--system-trials", "2", "--system-horizon", str(sys_h),
-                   "--learning-trials", "1", "--learning-horizon", str(learn_h), "--learning-confirm-trials", "0",
-                   "--schedule-segments", "2", "--schedule-branches", "2", "--schedule-budget", "3",
-                   "--schedule-horizon", str(sched_h), "--candidates", "1", "--approve", "auto",
-                   "--memory-capacity-gb", "64", "--runs-dir", str(runs), "--json", "-q", "--no-report")
-    proc = subprocess.run(cmd, env=mart_env(), cwd=runs, capture_output=True, text=True, timeout=2900)
-    rd = run_dir(runs)
-    assert rd is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
-    db = rd / "mart.sqlite"
-    report("mart tune, three stages", t0, trial_times(db))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    trials = query(db, "SELECT * FROM trials ORDER BY seq")
+SYS_H, LEARN_H, SCHED_H = 4, 2, 4
 
-    # stage 1: the profile's phases, throughput and memory are verl's own metrics of the baseline
-    system = [t for t in trials if t["stage"] == "system" and t["status"] == "completed"]
-    assert len(system) >= 2, [(t["trial_id"], t["status"], t["reason"]) for t in trials]
-    profile = json.loads(query(db, "SELECT profile FROM profiles WHERE stage = 'system'")[0]["profile"])
+
+def check_system(db: Path) -> bool:
+    """Stage 1's profile (phases, bottleneck, throughput) and each trial's memory are verl's own metrics."""
+    rows = query(db, "SELECT profile FROM profiles WHERE stage = 'system'")
+    system = query(db, "SELECT * FROM trials WHERE stage = 'system' AND status = 'completed'")
+    if not rows or len(system) < 2:
+        return False
+    profile = json.loads(rows[0]["profile"])
     base = next(t for t in system if t["trial_id"] == profile["trial_id"])
     recs = verl_records(base["trial_dir"])
-    assert [r["step"] for r in recs] == list(range(1, sys_h + 1))
+    assert [r["step"] for r in recs] == list(range(1, SYS_H + 1))
     phases = {p["name"]: p["mean_s"] for p in profile["phases"]}
     for name in PHASES:
-        assert phases[name] == pytest.approx(window_mean(recs, f"timing_s/{name}", 3, sys_h), rel=1e-6), name
+        assert name in phases, (name, phases)
+        assert phases[name] == pytest.approx(window_mean(recs, f"timing_s/{name}", 3, SYS_H), rel=1e-6), name
     assert profile["bottleneck"] == max(phases, key=phases.get)
-    assert profile["throughput"] == pytest.approx(window_mean(recs, "perf/throughput", 3, sys_h), rel=1e-6)
+    assert profile["throughput"] == pytest.approx(window_mean(recs, "perf/throughput", 3, SYS_H), rel=1e-6)
     for t in system:
         trecs = verl_records(t["trial_dir"])
-        assert t["throughput"] == pytest.approx(window_mean(trecs, "perf/throughput", 3, sys_h), rel=1e-6)
+        assert t["throughput"] == pytest.approx(window_mean(trecs, "perf/throughput", 3, SYS_H), rel=1e-6)
         peak = max(r["data"][MEMORY_KEY] for r in trecs)
-        assert 0.1 < peak < 64 and t["peak_memory_gb"] == pytest.approx(peak, rel=1e-6)
+        assert 0.1 < peak < 64 and t["peak_memory_gb"] == pytest.approx(peak, rel=1e-6), (t["peak_memory_gb"], peak)
         # a throughput trial validates nothing and saves nothing
         assert not any(k.startswith("val-core/") for r in trecs for k in r["data"])
-        assert not (Path(t["trial_dir"]) / "checkpoints").exists() or not any(
-            (Path(t["trial_dir"]) / "checkpoints").rglob("global_step_*"))
+        assert not list((Path(t["trial_dir"]) / "checkpoints").rglob("global_step_*"))
+    return True
 
-    # stage 2: each learning trial's score is verl's validation after its last step (test_freq)
-    learning = [t for t in trials if t["stage"] == "learning"]
+
+def check_learning(db: Path) -> bool:
+    """Each learning trial's score is verl's validation after its last step (``test_freq``)."""
+    if not query(db, "SELECT trial_id FROM trials WHERE stage = 'schedule'"):
+        return False  # stage 2 may still add trials
+    learning = query(db, "SELECT * FROM trials WHERE stage = 'learning'")
     assert learning and all(t["status"] == "completed" for t in learning), learning
     for t in learning:
         trecs = verl_records(t["trial_dir"])
         vals = [(r["step"], v) for r in trecs for k, v in r["data"].items() if k.startswith("val-core/")]
-        assert vals and vals[-1][0] == learn_h, vals
-        assert f"trainer.test_freq={learn_h}" in argv_of(t["trial_dir"])
+        assert vals and vals[-1][0] == LEARN_H, vals
+        assert f"trainer.test_freq={LEARN_H}" in argv_of(t["trial_dir"])
         assert t["score"] == pytest.approx(vals[-1][1]) and math.isfinite(t["score"])
+    return True
 
-    # stage 3: the branches resume verl's own checkpoint of their parent and go on from its step
-    sched = [t for t in trials if t["stage"] == "schedule"]
-    branches = [t for t in sched if t["parent_checkpoint"]]
-    assert branches, [(t["trial_id"], t["status"], t["reason"]) for t in sched]
-    for t in branches:
-        assert t["status"] == "completed", (t["trial_id"], t["reason"])
+
+def check_branches(db: Path, final: bool) -> int:
+    """Every schedule branch resumes verl's own checkpoint of its parent and goes on from the parent's step; the
+    number of branches that got as far as a step."""
+    sched = query(db, "SELECT * FROM trials WHERE stage = 'schedule'")
+    seen = 0
+    for t in sched:
+        if not t["parent_checkpoint"] or not (Path(t["trial_dir"]) / "attempt-1" / "launch.json").exists():
+            continue
         ckpt = Path(t["parent_checkpoint"])
         assert ckpt.name == f"global_step_{t['parent_step']}"
         assert (ckpt / "actor" / "model_world_size_1_rank_0.pt").is_file()
@@ -119,8 +114,55 @@ def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
         argv = argv_of(t["trial_dir"])
         assert "trainer.resume_mode=resume_path" in argv
         assert f"trainer.resume_from_path={ckpt}" in argv
-        steps = [r["step"] for r in verl_records(t["trial_dir"])]
-        assert steps[0] == t["parent_step"] + 1 and steps[-1] == sched_h, steps
+        steps = [r["step"] for r in verl_records(t["trial_dir"])] if (
+            Path(t["trial_dir"]) / "attempt-1" / "metrics.jsonl").exists() else []
+        if steps:
+            assert steps[0] == t["parent_step"] + 1, steps
+            seen += 1
+        if final:
+            assert t["status"] == "completed", (t["trial_id"], t["reason"])
+            assert steps[-1] == SCHED_H, steps
+    return seen
+
+
+@pytest.mark.timeout(3000)
+def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
+    """System, learning and schedule stages on real verl: the profile is verl's timing, the learning score verl's
+    validation, and a schedule branch resumes verl's own checkpoint and continues its step count. Each stage is
+    checked as soon as the ledger has it (a broken reading fails in minutes, not at the end)."""
+    t0 = time.time()
+    cmd = mart_cmd("tune", "--backend", "verl", "--base-config", str(tiny_job.base_config),
+                   "--stages", "system,learning,schedule", "--system-trials", "2", "--system-horizon", str(SYS_H),
+                   "--learning-trials", "1", "--learning-horizon", str(LEARN_H), "--learning-confirm-trials", "0",
+                   "--schedule-segments", "2", "--schedule-branches", "2", "--schedule-budget", "3",
+                   "--schedule-horizon", str(SCHED_H), "--candidates", "1", "--approve", "auto",
+                   "--memory-capacity-gb", "64", "--runs-dir", str(runs), "--json", "-q", "--no-report")
+    out = runs / "tuner.log"
+    with out.open("wb") as log:
+        tuner = subprocess.Popen(cmd, env=mart_env(), cwd=runs, stdout=log, stderr=subprocess.STDOUT)
+    done = {"system": False, "learning": False}
+    try:
+        while True:
+            ended = tuner.poll() is not None
+            rd = run_dir(runs)
+            if rd is not None:
+                db = rd / "mart.sqlite"
+                done["system"] = done["system"] or check_system(db)
+                done["learning"] = done["learning"] or (done["system"] and check_learning(db))
+                check_branches(db, final=False)
+            if ended:
+                break
+            time.sleep(5)
+    except BaseException:
+        tuner.kill()
+        tuner.wait()
+        raise
+    assert rd is not None, out.read_text()[-3000:]
+    report("mart tune, three stages", t0, trial_times(db))
+    assert tuner.returncode == 0, out.read_text()[-5000:]
+    assert done["system"] and check_system(db)
+    assert check_learning(db)
+    assert check_branches(db, final=True) >= 1
     # nothing of any trial is left
     assert wait_gone(runs, GONE_WITHIN_S) == []
 
