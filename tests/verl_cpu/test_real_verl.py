@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import time
@@ -52,17 +53,20 @@ def trial_times(db: Path) -> str:
                      f"{(r['ended_at'] or 0) - (r['started_at'] or 0):.0f} s" for r in rows)
 
 
-SYS_H, LEARN_H, SCHED_H = 4, 2, 4
+SYS_H, LEARN_H, SCHED_H = 5, 2, 4  # SYS_H: MART's throughput window, updates 3-5
+#: the stages the session runs: all three (the default, and CI's); ``schedule`` alone reaches a branch in a third of
+#: the time, for a quick check of the checkpoint and resume keys
+STAGES = os.environ.get("MART_VERL_CPU_STAGES", "system,learning,schedule")
 
 
 def check_system(db: Path) -> bool:
-    """Stage 1's profile (phases, bottleneck, throughput) and each trial's memory are verl's own metrics."""
+    """Stage 1's profile (phases, bottleneck, throughput: checked once the baseline is profiled) and each trial's
+    memory (once both trials ended) are verl's own metrics."""
     rows = query(db, "SELECT profile FROM profiles WHERE stage = 'system'")
-    system = query(db, "SELECT * FROM trials WHERE stage = 'system' AND status = 'completed'")
-    if not rows or len(system) < 2:
+    if not rows:
         return False
     profile = json.loads(rows[0]["profile"])
-    base = next(t for t in system if t["trial_id"] == profile["trial_id"])
+    base = query(db, f"SELECT * FROM trials WHERE trial_id = '{profile['trial_id']}'")[0]
     recs = verl_records(base["trial_dir"])
     assert [r["step"] for r in recs] == list(range(1, SYS_H + 1))
     phases = {p["name"]: p["mean_s"] for p in profile["phases"]}
@@ -71,6 +75,9 @@ def check_system(db: Path) -> bool:
         assert phases[name] == pytest.approx(window_mean(recs, f"timing_s/{name}", 3, SYS_H), rel=1e-6), name
     assert profile["bottleneck"] == max(phases, key=phases.get)
     assert profile["throughput"] == pytest.approx(window_mean(recs, "perf/throughput", 3, SYS_H), rel=1e-6)
+    system = query(db, "SELECT * FROM trials WHERE stage = 'system' AND status = 'completed'")
+    if len(system) < 2:
+        return False
     for t in system:
         trecs = verl_records(t["trial_dir"])
         assert t["throughput"] == pytest.approx(window_mean(trecs, "perf/throughput", 3, SYS_H), rel=1e-6)
@@ -132,7 +139,7 @@ def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
     checked as soon as the ledger has it (a broken reading fails in minutes, not at the end)."""
     t0 = time.time()
     cmd = mart_cmd("tune", "--backend", "verl", "--base-config", str(tiny_job.base_config),
-                   "--stages", "system,learning,schedule", "--system-trials", "2", "--system-horizon", str(SYS_H),
+                   "--stages", STAGES, "--system-trials", "2", "--system-horizon", str(SYS_H),
                    "--learning-trials", "1", "--learning-horizon", str(LEARN_H), "--learning-confirm-trials", "0",
                    "--schedule-segments", "2", "--schedule-branches", "2", "--schedule-budget", "3",
                    "--schedule-horizon", str(SCHED_H), "--candidates", "1", "--approve", "auto",
@@ -140,7 +147,8 @@ def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
     out = runs / "tuner.log"
     with out.open("wb") as log:
         tuner = subprocess.Popen(cmd, env=mart_env(), cwd=runs, stdout=log, stderr=subprocess.STDOUT)
-    done = {"system": False, "learning": False}
+    want = set(STAGES.split(","))
+    done = {"system": "system" not in want, "learning": "learning" not in want}
     try:
         while True:
             ended = tuner.poll() is not None
@@ -160,8 +168,8 @@ def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
     assert rd is not None, out.read_text()[-3000:]
     report("mart tune, three stages", t0, trial_times(db))
     assert tuner.returncode == 0, out.read_text()[-5000:]
-    assert done["system"] and check_system(db)
-    assert check_learning(db)
+    assert "system" not in want or check_system(db)
+    assert "learning" not in want or check_learning(db)
     assert check_branches(db, final=True) >= 1
     # nothing of any trial is left
     assert wait_gone(runs, GONE_WITHIN_S) == []
@@ -266,6 +274,7 @@ ROLLOUT=(
     actor_rollout_ref.rollout.max_num_seqs=16
     actor_rollout_ref.rollout.max_num_batched_tokens=1024
     actor_rollout_ref.rollout.val_kwargs.do_sample=False
+    actor_rollout_ref.rollout.agent.num_workers=1
 )
 
 TRAINER=(
@@ -280,6 +289,7 @@ TRAINER=(
     ray_kwargs.ray_init.num_cpus=16
     +ray_kwargs.ray_init._temp_dir={ray_tmp}
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+    +ray_kwargs.ray_init.include_dashboard=False
 )
 
 python3 -m verl.trainer.main_ppo \\
@@ -287,6 +297,7 @@ python3 -m verl.trainer.main_ppo \\
     algorithm.use_kl_in_reward=False \\
     reward.custom_reward_function.path={reward} \\
     reward.custom_reward_function.name=compute_score \\
+    reward.num_workers=1 \\
     "${{DATA[@]}}" \\
     "${{MODEL[@]}}" \\
     "${{ACTOR[@]}}" \\

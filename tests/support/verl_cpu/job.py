@@ -80,6 +80,9 @@ def verl_cpu_env(ray_tmp: Path | None = None) -> dict[str, str]:
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_AUTH_MODE": "disabled",  # else Ray writes a token to ~/.ray on its first local start
         "RAY_COLOR_PREFIX": "0",
+        # Ray starts one idle Python worker per declared CPU when the driver connects: 16 workers of ~0.6 GB that
+        # nothing uses here (the CPUs are bookkeeping), and minutes of start-up on 2 cores
+        "RAY_prestart_worker_first_driver": "0",
     }
     return env
 
@@ -175,6 +178,9 @@ def base_config(job: TinyJob) -> dict:
         f"{aro}.rollout.max_num_seqs": 16,
         f"{aro}.rollout.max_num_batched_tokens": 1024,
         f"{aro}.rollout.val_kwargs.do_sample": False,
+        # one agent-loop and one reward worker (verl's default is 8 of each: a Ray actor, ~0.5 GB, apiece)
+        f"{aro}.rollout.agent.num_workers": 1,
+        "reward.num_workers": 1,
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,
         "reward.custom_reward_function.path": str(job.reward),
@@ -190,6 +196,7 @@ def base_config(job: TinyJob) -> dict:
         # a Ray cluster of its own (else ray.init joins whatever Ray's default temp dir names); short, as AF_UNIX
         # socket paths are limited to 107 bytes
         "ray_kwargs.ray_init._temp_dir": str(job.ray_tmp),
+        "ray_kwargs.ray_init.include_dashboard": False,
     }
 
 
