@@ -206,6 +206,22 @@ def test_leftover_worker_outside_the_group_is_ended_and_reported(tmp_path):
     assert "leftover process" in (Path(spec.trial_dir) / "trial.log").read_text()
 
 
+def test_a_trial_mart_stops_ends_its_workers_outside_the_group_as_part_of_the_stop(tmp_path):
+    """mart ends a run at its horizon: the Ray-worker-like process in a session of its own goes with the run's
+    group (a driver ended by a signal never shuts its Ray cluster down), and it is no leftover."""
+    backend = VerlBackend(entrypoint=f"{sys.executable} {FAKE_VERL}", prevalidate=False, runner_options=FAST,
+                          base_config={"fake.step_s": 0.05, "fake.leak_worker": True,
+                                       "trainer.total_training_steps": 200})
+    runner = backend.make_runner()
+    spec = TrialSpec(trial_id="w2", config=backend.base_config(), steps=2, trial_dir=str(tmp_path / "w2"))
+    final = _run(runner, runner.launch(spec))
+    assert final.status is TrialStatus.COMPLETED and "horizon" in final.reason and "leftover" not in final.reason
+    assert not (Path(spec.trial_dir) / "attempt-1" / "cleanup.json").exists()
+    from mart.trial_runner.verl.cleanup import trial_processes
+
+    assert trial_processes("w2", 1, str(Path(spec.trial_dir).resolve())) == []
+
+
 def test_nan_in_the_middle_of_a_read_stops_and_a_lone_grad_norm_nan_does_not():
     from mart.nodes.health_rules import HealthConfig, nan_metrics
 

@@ -485,11 +485,21 @@ class VerlRunner(TrialRunner):
         group = self._group(handle)
         return group is not None and group.alive()
 
-    def _kill(self, handle: TrialHandle, grace_s: float) -> None:
-        """SIGTERM to the process group, up to ``grace_s`` to exit, then SIGKILL; returns once it is gone."""
+    def _kill(self, handle: TrialHandle, grace_s: float, *, whole_trial: bool = True) -> None:
+        """SIGTERM to the process group, up to ``grace_s`` to exit, then SIGKILL; returns once it is gone.
+
+        ``whole_trial`` (mart stops the run: horizon, watchdog, OOM, ``stop``): the trial's processes outside the
+        group go with it - verl's Ray workers and vLLM server live in sessions of their own, and a driver ended by
+        a signal never shuts its Ray cluster down, so they would linger - as part of the stop, not as leftovers.
+        """
         group = self._group(handle)
         if group is not None:
             group.terminate(grace_s, kill_wait_s=10.0)
+        if whole_trial:
+            from mart.trial_runner.verl.cleanup import end_trial_processes
+
+            end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=grace_s,
+                                trial_dir=str(Path(handle.trial_dir).resolve()))
 
     def _returncode(self, handle: TrialHandle) -> int | None:
         group = self._groups.get(self._key(handle))
@@ -559,7 +569,7 @@ class VerlRunner(TrialRunner):
             return TrialPoll(status=TrialStatus.RUNNING, last_step=st.progress.last_step)
         # the leader is gone: clean up what is left of its group, read the rest, classify
         if self._group_alive(handle):
-            self._kill(handle, grace_s=2.0)
+            self._kill(handle, grace_s=2.0, whole_trial=False)
         self._update(handle, st, final=True)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
         outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
