@@ -10,23 +10,9 @@ import sys
 from mart.trial_runner.verl.cleanup import end_trial_processes, trial_processes
 
 
-def _marked_sleeper(trial_dir: str, seconds: float = 60) -> subprocess.Popen:
+def _marked_sleeper(trial_dir: str) -> subprocess.Popen:
     env = {**os.environ, "MART_TRIAL_ID": "sys-01-same", "MART_ATTEMPT": "1", "MART_TRIAL_DIR": trial_dir}
-    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env=env)
-
-
-def test_a_worker_that_exits_by_itself_within_the_settle_time_is_no_leftover(tmp_path):
-    """verl's Ray workers exit a few seconds after its driver: that is the run shutting down, not a leftover."""
-    mine = str(tmp_path / "run-a" / "sys-01-same")
-    quitting, stuck = _marked_sleeper(mine, 1.0), _marked_sleeper(mine)
-    try:
-        ended = end_trial_processes("sys-01-same", 1, grace_s=2.0, trial_dir=mine, settle_s=8.0)
-        assert [d["pid"] for d in ended] == [stuck.pid]  # only the one still there after the settle time
-        assert quitting.wait(10) == 0 and stuck.wait(10) is not None
-    finally:
-        for p in (quitting, stuck):
-            p.kill()
-            p.wait(10)
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
 
 
 def test_the_same_trial_id_in_another_run_is_left_alone(tmp_path):

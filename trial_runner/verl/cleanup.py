@@ -64,17 +64,12 @@ def _describe(p: psutil.Process, gpu_gb: dict[int, float]) -> dict[str, Any]:
 
 
 def end_trial_processes(trial_id: str, attempt: int | None = None, grace_s: float = 5.0,
-                        trial_dir: str | None = None, settle_s: float = 0.0) -> list[dict[str, Any]]:
+                        trial_dir: str | None = None) -> list[dict[str, Any]]:
     """End the trial's leftover processes; returns what was found, each with the signal that ended it.
 
-    ``settle_s``: first give them this long to exit by themselves. Once verl's driver has gone, its Ray workers
-    (``ray::TaskRunnerV1``, the vLLM server) see their raylet go and exit within seconds: those are the run
-    shutting down, not leftovers. Safe to call when nothing is left (returns []). GPU memory per process comes
-    from NVML when available.
+    Safe to call when nothing is left (returns []). GPU memory per process comes from NVML when available.
     """
     procs = trial_processes(trial_id, attempt, trial_dir)
-    if procs and settle_s > 0:
-        _, procs = psutil.wait_procs(procs, timeout=settle_s)
     if not procs:
         return []
     from mart.trial_runner.gpu import gpu_processes

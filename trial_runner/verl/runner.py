@@ -160,6 +160,7 @@ class _Follow:
     log_scan_offset: int = 0
     oom_reason: str | None = None
     oom_seen_at: float | None = None
+    ended_seen_at: float | None = None  # when the run's own process group was first seen gone
 
 
 class VerlRunner(TrialRunner):
@@ -211,7 +212,7 @@ class VerlRunner(TrialRunner):
         implicit: dict[str, Any] | None = None,
         schedule_steps: int | None = None,
         python: str | None = None,
-        leftover_settle_s: float = 20.0,
+        leftover_settle_s: float = 60.0,
     ) -> None:
         self.entrypoint = split_entrypoint(entrypoint, python=python)
         self.leftover_settle_s = leftover_settle_s
@@ -570,6 +571,8 @@ class VerlRunner(TrialRunner):
         # the leader is gone: clean up what is left of its group, read the rest, classify
         if self._group_alive(handle):
             self._kill(handle, grace_s=2.0, whole_trial=False)
+        if self._shutting_down(handle, st):
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=st.progress.last_step)
         self._update(handle, st, final=True)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
         outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
@@ -577,6 +580,20 @@ class VerlRunner(TrialRunner):
         if full:  # the run could not write (its log may not even say so): name the cause
             return self._finish(handle, st, outcome.status, f"{full}: {outcome.reason or 'the run failed'}")
         return self._finish(handle, st, outcome.status, outcome.reason)
+
+    def _shutting_down(self, handle: TrialHandle, st: _Follow) -> bool:
+        """Do the run's processes outside its group still exit by themselves (within ``leftover_settle_s`` of
+        the group's end)? verl's Ray workers and vLLM server do once the driver's Ray cluster is gone, seconds
+        later (more on a loaded machine): the trial stays running meanwhile, and whatever is still there after
+        the settle time is a leftover."""
+        if st.ended_seen_at is None:
+            st.ended_seen_at = time.time()
+        if time.time() - st.ended_seen_at >= self.leftover_settle_s:
+            return False
+        from mart.trial_runner.verl.cleanup import trial_processes
+
+        return bool(trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)),
+                                    str(Path(handle.trial_dir).resolve())))
 
     def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
         self._update(handle, st)
@@ -592,7 +609,7 @@ class VerlRunner(TrialRunner):
         from mart.trial_runner.verl.cleanup import end_trial_processes, summary
 
         found = end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=self.kill_grace_s,
-                                    trial_dir=str(Path(handle.trial_dir).resolve()), settle_s=self.leftover_settle_s)
+                                    trial_dir=str(Path(handle.trial_dir).resolve()))
         if not found:
             return None
         adir = Path(handle.extra.get("attempt_dir", handle.trial_dir))
