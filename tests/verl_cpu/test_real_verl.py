@@ -208,8 +208,8 @@ def test_kill_9_of_mart_then_resume_reattaches_the_running_trial(tiny_job, runs)
     assert marked_processes(runs), "the trial died with the tuner"
     steps_at_kill = len(verl_records(trial_dir))
 
-    out = subprocess.run(mart_cmd("resume", str(rd), "--json", "-q"), env=mart_env(), cwd=runs,
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(mart_cmd("resume", rd.name, "--runs-dir", str(runs), "--json", "-q"), env=mart_env(),
+                         cwd=runs, capture_output=True, text=True, timeout=1200)
     ended = time.time()
     report("mart resume to the end", t0)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
