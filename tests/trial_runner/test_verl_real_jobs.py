@@ -24,7 +24,7 @@ from tests.support.paths import FAKE_VERL
 from tests.support.trials import wait_finished
 
 SCORE = "val-core/openai/gsm8k/reward/mean@1"
-FAST = {"kill_grace_s": 1.0, "oom_exit_grace_s": 0.5, "gpu_free_threshold_gb": None}
+FAST = {"kill_grace_s": 1.0, "oom_exit_grace_s": 0.5, "gpu_free_threshold_gb": None, "leftover_settle_s": 0.5}
 
 
 
@@ -204,6 +204,38 @@ def test_leftover_worker_outside_the_group_is_ended_and_reported(tmp_path):
     pid = killed[0]["pid"]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert "leftover process" in (Path(spec.trial_dir) / "trial.log").read_text()
+
+
+def test_workers_that_exit_by_themselves_after_the_run_are_waited_for_not_ended(tmp_path):
+    """verl's Ray workers exit seconds after its driver (more on a loaded machine): the trial stays running until
+    they are gone, up to the settle time, and nothing is reported as a leftover."""
+    backend = VerlBackend(entrypoint=f"{sys.executable} {FAKE_VERL}", prevalidate=False,
+                          runner_options={**FAST, "leftover_settle_s": 30.0},
+                          base_config={"fake.step_s": 0.02, "fake.leak_worker": True, "fake.leak_worker_s": 4})
+    runner = backend.make_runner()
+    spec = TrialSpec(trial_id="w3", config=backend.base_config(), steps=2, trial_dir=str(tmp_path / "w3"))
+    handle = runner.launch(spec)
+    t0 = time.monotonic()
+    final = _run(runner, handle)
+    assert final.status is TrialStatus.COMPLETED and not final.reason
+    assert not (Path(spec.trial_dir) / "attempt-1" / "cleanup.json").exists()
+    assert 3.0 < time.monotonic() - t0 < 20.0  # it waited for the worker, which ended by itself
+
+
+def test_a_trial_mart_stops_ends_its_workers_outside_the_group_as_part_of_the_stop(tmp_path):
+    """mart ends a run at its horizon: the Ray-worker-like process in a session of its own goes with the run's
+    group (a driver ended by a signal never shuts its Ray cluster down), and it is no leftover."""
+    backend = VerlBackend(entrypoint=f"{sys.executable} {FAKE_VERL}", prevalidate=False, runner_options=FAST,
+                          base_config={"fake.step_s": 0.05, "fake.leak_worker": True,
+                                       "trainer.total_training_steps": 200})
+    runner = backend.make_runner()
+    spec = TrialSpec(trial_id="w2", config=backend.base_config(), steps=2, trial_dir=str(tmp_path / "w2"))
+    final = _run(runner, runner.launch(spec))
+    assert final.status is TrialStatus.COMPLETED and "horizon" in final.reason and "leftover" not in final.reason
+    assert not (Path(spec.trial_dir) / "attempt-1" / "cleanup.json").exists()
+    from mart.trial_runner.verl.cleanup import trial_processes
+
+    assert trial_processes("w2", 1, str(Path(spec.trial_dir).resolve())) == []
 
 
 def test_nan_in_the_middle_of_a_read_stops_and_a_lone_grad_norm_nan_does_not():

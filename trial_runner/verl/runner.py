@@ -163,6 +163,7 @@ class _Follow:
     log_scan_offset: int = 0
     oom_reason: str | None = None
     oom_seen_at: float | None = None
+    ended_seen_at: float | None = None  # when the run's own process group was first seen gone
 
 
 class VerlRunner(TrialRunner):
@@ -187,6 +188,9 @@ class VerlRunner(TrialRunner):
             When longer than a trial's horizon, verl gets it (warm-up and LR schedule keep their shape) and the
             runner ends the run once the horizon's step is logged.
         python: interpreter that replaces ``python``/``python3`` at the head of the entrypoint (``--verl-python``).
+        leftover_settle_s: once the run's own process group is gone, how long its other processes (Ray workers,
+            the vLLM server: they exit by themselves when their raylet goes) may take before they are ended as
+            leftovers.
     """
 
     leader_modules = ("mart.trial_runner.verl.supervise",)
@@ -213,8 +217,10 @@ class VerlRunner(TrialRunner):
         implicit: dict[str, Any] | None = None,
         schedule_steps: int | None = None,
         python: str | None = None,
+        leftover_settle_s: float = 60.0,
     ) -> None:
         self.entrypoint = split_entrypoint(entrypoint, python=python)
+        self.leftover_settle_s = leftover_settle_s
         self.implicit = dict(implicit or {})
         self.schedule_steps = int(schedule_steps) if schedule_steps else None
         self._startups_s: list[float] = []
@@ -490,11 +496,21 @@ class VerlRunner(TrialRunner):
         group = self._group(handle)
         return group is not None and group.alive()
 
-    def _kill(self, handle: TrialHandle, grace_s: float) -> None:
-        """SIGTERM to the process group, up to ``grace_s`` to exit, then SIGKILL; returns once it is gone."""
+    def _kill(self, handle: TrialHandle, grace_s: float, *, whole_trial: bool = True) -> None:
+        """SIGTERM to the process group, up to ``grace_s`` to exit, then SIGKILL; returns once it is gone.
+
+        ``whole_trial`` (mart stops the run: horizon, watchdog, OOM, ``stop``): the trial's processes outside the
+        group go with it - verl's Ray workers and vLLM server live in sessions of their own, and a driver ended by
+        a signal never shuts its Ray cluster down, so they would linger - as part of the stop, not as leftovers.
+        """
         group = self._group(handle)
         if group is not None:
             group.terminate(grace_s, kill_wait_s=10.0)
+        if whole_trial:
+            from mart.trial_runner.verl.cleanup import end_trial_processes
+
+            end_trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)), grace_s=grace_s,
+                                trial_dir=str(Path(handle.trial_dir).resolve()))
 
     def _returncode(self, handle: TrialHandle) -> int | None:
         group = self._groups.get(self._key(handle))
@@ -564,7 +580,9 @@ class VerlRunner(TrialRunner):
             return TrialPoll(status=TrialStatus.RUNNING, last_step=st.progress.last_step)
         # the leader is gone: clean up what is left of its group, read the rest, classify
         if self._group_alive(handle):
-            self._kill(handle, grace_s=2.0)
+            self._kill(handle, grace_s=2.0, whole_trial=False)
+        if self._shutting_down(handle, st):
+            return TrialPoll(status=TrialStatus.RUNNING, last_step=st.progress.last_step)
         self._update(handle, st, final=True)
         log_text = read_tail(Path(handle.trial_dir) / LOG_FILE, int(handle.extra.get("log_offset", 0)))
         outcome = classify_exit(self._returncode(handle), log_text, st.progress.last_step, handle.extra.get("steps"))
@@ -572,6 +590,20 @@ class VerlRunner(TrialRunner):
         if full:  # the run could not write (its log may not even say so): name the cause
             return self._finish(handle, st, outcome.status, f"{full}: {outcome.reason or 'the run failed'}")
         return self._finish(handle, st, outcome.status, outcome.reason)
+
+    def _shutting_down(self, handle: TrialHandle, st: _Follow) -> bool:
+        """Do the run's processes outside its group still exit by themselves (within ``leftover_settle_s`` of
+        the group's end)? verl's Ray workers and vLLM server do once the driver's Ray cluster is gone, seconds
+        later (more on a loaded machine): the trial stays running meanwhile, and whatever is still there after
+        the settle time is a leftover."""
+        if st.ended_seen_at is None:
+            st.ended_seen_at = time.time()
+        if time.time() - st.ended_seen_at >= self.leftover_settle_s:
+            return False
+        from mart.trial_runner.verl.cleanup import trial_processes
+
+        return bool(trial_processes(handle.trial_id, int(handle.extra.get("attempt", 1)),
+                                    str(Path(handle.trial_dir).resolve())))
 
     def _finish(self, handle: TrialHandle, st: _Follow, status: TrialStatus, reason: str | None) -> TrialPoll:
         self._update(handle, st)

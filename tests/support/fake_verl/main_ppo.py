@@ -35,7 +35,8 @@
 * The reward follows the training so far: the mean quality of every step's config since step 1 (constant for
   a run without a checkpoint, so such a run's numbers are those of a config alone).
 * ``+fake.gate=PATH``: before each step, wait while the file PATH exists (a test holds a run mid-way).
-* ``+fake.leak_worker=true`` starts a worker in its own session (as Ray does with actors) that outlives the run.
+* ``+fake.leak_worker=true`` starts a worker in its own session (as Ray does with actors) that outlives the run
+  (by ``+fake.leak_worker_s`` seconds from its start, default 600).
 * ``+fake.step_s`` real seconds per step (default 0.05); ``+fake.steps_per_epoch`` (default 1000): with
   ``trainer.total_epochs`` it can end the run early with exit 0, as verl does.
 """
@@ -76,7 +77,7 @@ DEFAULTS = {
     "actor_rollout_ref.actor.checkpoint.save_contents": ["model", "optimizer", "extra"],
     "actor_rollout_ref.actor.checkpoint.load_contents": ["model", "optimizer", "extra"],
     "fake.mode": "normal", "fake.step_s": 0.05, "fake.capacity_gb": 80.0, "fake.params_b": 8.0,
-    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.gate": None, "fake.seed": 0, "fake.leak_worker": False,
+    "fake.steps_per_epoch": 1000, "fake.ignore_sigterm": False, "fake.gate": None, "fake.seed": 0, "fake.leak_worker": False, "fake.leak_worker_s": 600,
 }
 
 
@@ -360,7 +361,8 @@ def main(argv: list[str]) -> int:
     if cfg["fake.leak_worker"]:  # a Ray-actor-like worker in a session of its own: outlives the driver's group
         import subprocess
 
-        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        worker = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({float(cfg['fake.leak_worker_s'])})"],
+                                  start_new_session=True)
         print(f"(WorkerDict pid={worker.pid}) started", flush=True)
     run_dir = cfg.get("hydra.run.dir")
     if run_dir:
