@@ -450,10 +450,9 @@ def check_edit_values(store: RunStore, options: TuneOptions, decision: ReviewDec
     edits = [d for d in decision.decisions if d.type == "edit" and d.edits]
     if not edits:
         return
-    from mart.state.models import knob_stage
     from mart.trial_runner.registry import load_backend
 
     stage = (recorded_snapshot(store) or {}).get("stage")
     space = load_backend(options.backend, **backend_options(options)).search_space()
     for d in edits:
-        space.validate_overrides(space.resolve_keys(d.edits), stage=knob_stage(stage) if stage else None)
+        space.validate_overrides(space.resolve_keys(d.edits), stage=stage)
