@@ -236,3 +236,17 @@ def hardware_from_name(name: str, memory_gb: float) -> Hardware:
 
 
 __all__ = ["GPU_MEMORY_GB", "Hardware", "JobDescription", "KNOWN_GPUS", "gpu_memory", "ModelShape", "Workload", "hardware_from_name", "known_gpu"]
+
+
+def version_at_least(version: str | None, floor: tuple[int, ...]) -> bool:
+    """``"0.21.1" >= (0, 21)``: a vLLM or verl version against the release a rule changed in; None or an unreadable
+    version counts as old."""
+    if not version:
+        return False
+    parts = []
+    for piece in str(version).split(".")[: len(floor)]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return tuple(parts) >= floor

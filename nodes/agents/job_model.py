@@ -40,7 +40,7 @@ import numpy as np
 
 from mart.nodes.agents.memory_source import MemorySource, resolve
 from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
-from mart.state.job import JobDescription
+from mart.state.job import JobDescription, version_at_least
 from mart.state.search_space import ParamSpec
 from mart.state.verl_keys import ACTOR as A
 from mart.state.verl_keys import ROLLOUT as R
@@ -124,19 +124,6 @@ UNTESTED_SAVING_SHARE = 0.5  # of the memory an approximate saver (activation of
 DYN_IMBALANCE = 1.1  # the largest of verl's length-balanced dynamic micro batches vs their mean
 KV_HEADROOM = 1.5  # KV cache for 1.5x the running sequences: response lengths grow, and the context is an estimate
 CPU_FLOPS = 2e10  # an emulated device on one CPU core: tens of GFLOP/s; calibration sets the real scale
-
-
-def _version_at_least(version: str | None, floor: tuple[int, ...]) -> bool:
-    """``"0.21.1" >= (0, 21)``; None or an unreadable version counts as old."""
-    if not version:
-        return False
-    parts = []
-    for piece in str(version).split(".")[: len(floor)]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            return False
-        parts.append(int(digits))
-    return tuple(parts) >= floor
 
 
 def _num(v: Any, default: Any) -> float:
@@ -272,7 +259,7 @@ class JobModel:
         self.kv_heads = m.kv_heads
         self.P_active = m.active_params  # what a token's FLOPs pass through (an MoE routes to a few experts)
         # vLLM >= 0.21 counts its CUDA graphs inside gpu_memory_utilization (they take KV cache), before on top
-        self.graphs_inside = _version_at_least(job.vllm_version, (0, 21))
+        self.graphs_inside = version_at_least(job.vllm_version, (0, 21))
         self.kv_dim = m.kv_heads * m.dhead
         self.gated = m.gated_mlp
         self.C = hw.memory_gb

@@ -15,18 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from mart.state.job import version_at_least
+
 GIB = 1024**3
-
-
-def version_at_least(version: str, floor: tuple[int, ...]) -> bool:
-    """``"0.21.1" >= (0, 21)``; an unreadable version counts as old."""
-    parts = []
-    for piece in str(version).split(".")[: len(floor)]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            return False
-        parts.append(int(digits))
-    return tuple(parts) >= floor
 
 
 @dataclass(frozen=True)
