@@ -204,10 +204,12 @@ def test_kill_minus_9_inside_the_launch_window_adopts_the_started_trial(tmp_path
 @pytest.mark.timeout(900)
 def test_kill_minus_9_with_two_trials_running_re_attaches_both(tmp_path, local_tiny_config):
     # --parallel 2 on the local workload: two trainer processes at once; the tuner dies while both run
+    # trials long enough (60 steps) that two still run when the tuner has logged both's steps: at 12 an idle machine
+    # finished the session before that moment
     runs = tmp_path / "runs"
     sets = [a for k, v in local_tiny_config.items() for a in ("--set", f"{k}={v}")]
     cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--approve", "auto", "--parallel", "2",
-           "--stages", "learning", "--learning-trials", "3", "--learning-horizon", "12", "--learning-confirm-trials",
+           "--stages", "learning", "--learning-trials", "3", "--learning-horizon", "60", "--learning-confirm-trials",
            "0", *sets, "--runs-dir", str(runs), "--quiet", "--json"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     run_dir, at_kill = kill_with_two_running(cmd, runs, 400)
