@@ -86,7 +86,9 @@ from tests.support.llm_helpers import SECRET, FallbackProposer, make_ctx, option
 def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-agent = LLMProposer(options(sys.argv[1]), api_key=SECRET, fallback=FallbackProposer(), max_retries=0,
+# a generous timeout: on a loaded machine the first request (imports, connection) can take seconds; the huge
+# answer is refused by its size, not by time
+agent = LLMProposer(options(sys.argv[1], llm_timeout_s=60.0), api_key=SECRET, fallback=FallbackProposer(), max_retries=0,
                     repair_rounds=0, streaming=sys.argv[2] == "sse")
 agent.propose(make_ctx())  # warm-up: imports, first request
 before = peak_mb()
