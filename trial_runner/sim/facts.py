@@ -227,6 +227,65 @@ def schedule_facts(sc: Scenario, cfg: dict[str, Any], at: int = 60) -> list[Fact
     return out
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """A public step time the simulator was not calibrated on, and the simulator's noise-free figure for it.
+
+    ``low``/``high`` bound the ratio simulator / public: the error found when the check was added (docs/sim.md,
+    "Step time against public points it was not calibrated on") x/÷ 1.4, so a step-time model that moves by 2x
+    leaves every band. A recalibration must not tune the simulator toward these points.
+    """
+
+    scenario: str  # a shipped scenario of ``scenarios/checks/``
+    source: str
+    public_s: float  # the published step time (s)
+    low: float
+    high: float
+    value_s: float = 0.0  # the simulator's step time (s), noise-free, updates 3-5
+    public_phases: tuple[float, float, float] | None = None  # gen / old_log_prob / update_actor, where published
+    phases: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def ratio(self) -> float:
+        return self.value_s / self.public_s
+
+    @property
+    def ok(self) -> bool:
+        return self.low <= self.ratio <= self.high
+
+
+NEMO_V04 = "NVIDIA-NeMo/RL docs/about/performance-summary.md, v0.4 (Megatron, on policy)"
+VERL_ASYNC = "verl recipe/fully_async_policy/README.md, colocate sync (FSDP2 + vLLM)"
+#: the held-out points: (scenario, source, public step s, band low, band high, published phase split or None)
+HELD_OUT_POINTS: tuple[tuple[str, str, float, float, float, tuple[float, float, float] | None], ...] = (
+    ("nemo-rl-llama3.1-8b-2x8-h100", NEMO_V04, 97.7, 1.45, 2.85, None),
+    ("nemo-rl-qwen3-32b-4x8-h100", NEMO_V04, 393.0, 1.5, 3.0, None),
+    ("nemo-rl-qwen3-30b-a3b-4x8-h100", NEMO_V04, 225.0, 2.35, 4.6, None),
+    ("verl-dapo-qwen2.5-math-7b-28k-4x8-h20", VERL_ASYNC, 790.10, 1.0, 1.95, (357.41, 107.71, 269.80)),
+    ("verl-dapo-qwen2.5-math-7b-28k-8x8-h20", VERL_ASYNC, 365.28, 1.4, 2.75, (150.72, 70.26, 133.41)),
+)
+
+
+def measure_held_out(perturb: int | None = None) -> list[HeldOut]:
+    """The simulator's step time (the scenario's own config, noise-free, updates 3-5) on each held-out point."""
+    out = []
+    for name, source, public, low, high, split in HELD_OUT_POINTS:
+        sc = load_scenario(name, perturb)
+        p = step_phases(M.base_config(sc), sc)
+        out.append(HeldOut(name, source, public, low, high, p["t_step"], split, (p["t_gen"], p["t_old"], p["t_update"])))
+    return out
+
+
+def format_held_out(points: list[HeldOut]) -> str:
+    lines = ["| scenario | public step s (gen / old_log_prob / update) | sim step s (gen / old_log_prob / update) "
+             "| sim / public | band | ok |", "|---|---|---|---|---|---|"]
+    for h in points:
+        pub = f"{h.public_s:.1f}" + (" ({:.0f} / {:.0f} / {:.0f})".format(*h.public_phases) if h.public_phases else "")
+        sim = "{:.1f} ({:.0f} / {:.0f} / {:.0f})".format(h.value_s, *h.phases)
+        lines.append(f"| {h.scenario} | {pub} | {sim} | {h.ratio:.2f} | [{h.low}, {h.high}] | {'yes' if h.ok else 'NO'} |")
+    return "\n".join(lines)
+
+
 def format_facts(facts: list[Fact]) -> str:
     lines = ["| fact | public | sim | band | ok |", "|---|---|---|---|---|"]
     for f in facts:
@@ -239,3 +298,5 @@ if __name__ == "__main__":  # pragma: no cover - a report for docs/sim.md
 
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else None
     print(format_facts(measure_facts(seed)))
+    print()
+    print(format_held_out(measure_held_out(seed)))

@@ -311,6 +311,9 @@ def _shipped(sub: str = "") -> dict[str, Scenario]:
 SCENARIOS: dict[str, Scenario] = _shipped()
 #: Jobs with public step timings, used to calibrate the simulator (docs/sim.md, "Public facts").
 CALIBRATION: dict[str, Scenario] = _shipped("calibration")
+#: Jobs with public step times the simulator was never calibrated on: held-out checks (docs/sim.md, "Step time
+#: against public points it was not calibrated on"); a recalibration must not fit them.
+CHECKS: dict[str, Scenario] = _shipped("checks")
 #: Multi-agent jobs (MARTI-style workflows of several trained agents; docs/sim.md, "Multi-agent scenarios").
 MULTI_AGENT: dict[str, Scenario] = _shipped("multi-agent")
 
@@ -321,7 +324,7 @@ def get_scenario(name: str) -> Scenario:
     Raises:
         ValueError: unknown name (the message lists the known ones).
     """
-    for table in (SCENARIOS, CALIBRATION, MULTI_AGENT):
+    for table in (SCENARIOS, CALIBRATION, CHECKS, MULTI_AGENT):
         if name in table:
             return table[name]
     raise ValueError(f"unknown sim scenario {name!r}: use one of {sorted(SCENARIOS) + sorted(MULTI_AGENT)} "
@@ -342,7 +345,7 @@ def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Sc
     else:
         text = str(spec)
         path = Path(text).expanduser()
-        if text in SCENARIOS or text in CALIBRATION or text in MULTI_AGENT:
+        if text in SCENARIOS or text in CALIBRATION or text in CHECKS or text in MULTI_AGENT:
             sc = get_scenario(text)
         elif text.endswith((".yaml", ".yml")) or path.exists():
             try:
@@ -357,6 +360,6 @@ def load_scenario(spec: str | Path | Scenario, perturb: int | None = None) -> Sc
     return sc.perturbed(perturb) if perturb is not None else sc
 
 
-__all__ = ["CALIBRATION", "GPUS", "MULTI_AGENT", "PERTURB_RANGES", "SCENARIOS", "GPU", "LearningProfile", "ModelSpec",
+__all__ = ["CALIBRATION", "CHECKS", "GPUS", "MULTI_AGENT", "PERTURB_RANGES", "SCENARIOS", "GPU", "LearningProfile", "ModelSpec",
            "MultiAgentScenario", "Scenario", "ScenarioError", "ScenarioFile", "SimConstants", "get_scenario", "load_scenario",
            "parse_scenario", "perturbed_constants"]
