@@ -1000,13 +1000,13 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
     first, last = window
     rows = [r for r in records if first <= r.step <= last] or list(records)
 
-    def mean(key: str, read=None) -> float | None:
-        vals = [read(r) if read else r.data.get(key) for r in rows]
-        vals = [v for v in vals if v is not None and math.isfinite(v)]
+    def mean(key: str) -> float | None:
+        vals = [r.data[key] for r in rows if key in r.data and r.data[key] is not None and math.isfinite(r.data[key])]
         return sum(vals) / len(vals) if vals else None
 
     def phase(p: str) -> float | None:  # on the clock the throughput is compared on (the local trainer's CPU time)
-        return mean("", lambda r: phase_seconds(r, p))
+        vals = [v for r in rows if (v := phase_seconds(r, p)) is not None and math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
 
     phases: dict[str, float] = {}
     for p in ("gen", "old_log_prob", "ref", "update_actor"):
