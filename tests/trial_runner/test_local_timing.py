@@ -118,3 +118,18 @@ def test_records_without_a_compared_figure_compare_verls_wall_clock_throughput()
     assert step_throughput(verl) == 500.0 and step_throughput(local) == 900.0
     assert phase_seconds(verl, "gen") == 2.0 and phase_seconds(local, "gen") == 1.1
     assert system_throughput([verl], 3) == 500.0 and system_throughput([local], 3) == 900.0
+
+
+def test_the_job_model_and_the_progress_lines_read_the_compared_clock():
+    from mart.nodes.agents.job_model import observation_from_records
+    from mart.state.models import TrialRecord
+    from mart.tools.watch import _progress_event
+
+    rec = StepRecord(3, {"perf/throughput": 500.0, "mart/compared_throughput": 900.0, "timing_s/gen": 2.0,
+                         "mart/compared_s/gen": 1.1, "timing_s/update_actor": 3.0, "mart/compared_s/update_actor": 1.5,
+                         "timing_s/step": 5.5, "mart/compared_s/step": 2.8})
+    obs = observation_from_records({}, [rec], peak_gb=None, oom=False, throughput=900.0, window=(3, 5))
+    assert obs.phases["gen"] == 1.1 and obs.phases["update_actor"] == 1.5
+    assert obs.phases["other"] == pytest.approx(2.8 - 1.1 - 1.5)
+    trial = TrialRecord(trial_id="sys-01", stage="system", config={})
+    assert _progress_event(trial, rec).throughput == 900.0
