@@ -48,6 +48,13 @@ def phase_seconds(rec: StepRecord, phase: str) -> float:
     return rec.get(f"timing_s/{phase}") if v is None or math.isnan(v) else v
 
 
+def compared_phase_times(rec: StepRecord) -> dict[str, float]:
+    """Every ``timing_s/<name>`` the step logged (phases, ``step``, ``testing`` ...), each on its compared clock
+    (``phase_seconds``): what a per-phase judgement of a stage-1 measurement reads."""
+    n = len("timing_s/")
+    return {k[n:]: phase_seconds(rec, k[n:]) for k in rec.data if k.startswith("timing_s/")}
+
+
 def _to_float(value: Any) -> float | None:
     """A JSON value as a metric: numbers (and bools) as floats, null as NaN, anything else (a string, a list)
     is not a metric (None). verl's console logger prints numbers only, so both routes carry the same keys."""

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from mart.state.metrics import StepRecord, phase_seconds, step_throughput
+from mart.state.metrics import StepRecord, compared_phase_times, phase_seconds, step_throughput
 from mart.state.objectives import system_throughput
 from mart.trial_runner.local import grpo
 from mart.trial_runner.local.config import load_config
@@ -117,6 +117,7 @@ def test_records_without_a_compared_figure_compare_verls_wall_clock_throughput()
                            "mart/compared_s/gen": 1.1})
     assert step_throughput(verl) == 500.0 and step_throughput(local) == 900.0
     assert phase_seconds(verl, "gen") == 2.0 and phase_seconds(local, "gen") == 1.1
+    assert compared_phase_times(verl) == {"gen": 2.0} and compared_phase_times(local) == {"gen": 1.1}
     assert system_throughput([verl], 3) == 500.0 and system_throughput([local], 3) == 900.0
 
 
