@@ -15,7 +15,7 @@ from mart.nodes.stages import StageView
 from mart.nodes.stages.schedule import diagnosis_input
 from mart.nodes.stages.system import CUT_REASON, EARLY_LOOK_STEP
 from mart.state.graph_state import running_trials
-from mart.state.metrics import THROUGHPUT_KEY, mean_over_steps
+from mart.state.metrics import mean_throughput
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.objectives import peak_memory_gb, throughput_window
 from mart.state.stages import measures_throughput
@@ -72,7 +72,7 @@ def _from_look(config: dict[str, Any], records: list, look: int, horizon: int, *
     """A stage-1 trial as measured from its early look's step on: phase times, throughput and peak so far (``peak_gb``
     when the ledger has it already), with what was predicted before it ran."""
     window = (look, horizon)
-    thr = mean_over_steps(records, THROUGHPUT_KEY, *window)
+    thr = mean_throughput(records, *window)
     if peak_gb is None:
         peak = peak_memory_gb(records)
         peak_gb = None if math.isnan(peak) else peak

@@ -16,7 +16,7 @@ from langgraph.types import Command
 from mart.nodes import stages
 from mart.nodes.runtime import Services, services_for
 from mart.state.graph_state import TuningState
-from mart.state.metrics import StepRecord, last_value, mean_over_steps
+from mart.state.metrics import StepRecord, last_value, mean_over_steps, mean_throughput
 from mart.state.models import PhaseProfile, Profile, TrialRecord
 from mart.state.objectives import peak_memory_gb, throughput_window
 from mart.state.stages import StageName, measures_throughput
@@ -53,7 +53,7 @@ def build_profile(
     return Profile(
         trial_id=trial.trial_id,
         stage=trial.stage,
-        throughput=trial.throughput if trial.throughput is not None else mean("perf/throughput"),
+        throughput=trial.throughput if trial.throughput is not None else mean_throughput(records, first, last),
         step_time_s=0.0 if math.isnan(step_time) else step_time,
         phases=phases,
         bottleneck=bottleneck,

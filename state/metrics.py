@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 THROUGHPUT_KEY = "perf/throughput"
+#: the throughput stage 1 compares, when a backend writes one beside verl's wall-clock ``perf/throughput``: the local
+#: trainer times its steps on its own CPU time, which a busy machine does not stretch (trial_runner/local/timing.py);
+#: ``mart/compared_s/<phase>`` are its phase times on the same clock. Other backends' records compare perf/throughput.
+COMPARED_THROUGHPUT_KEY = "mart/compared_throughput"
+COMPARED_TIMING_PREFIX = "mart/compared_s/"
 #: verl 0.9 renames the actor's memory metrics to actor/perf/...; accept both.
 MEMORY_KEYS = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
 #: the device-wide peak a runner measured with NVML (whole GPU, less what other processes held before launch);
@@ -27,6 +32,27 @@ class StepRecord:
 
     def get(self, key: str, default: float = math.nan) -> float:
         return self.data.get(key, default)
+
+
+def step_throughput(rec: StepRecord) -> float:
+    """The throughput a stage compares for this step: the backend's compared figure when it wrote one, else
+    ``perf/throughput`` (NaN if neither)."""
+    v = rec.data.get(COMPARED_THROUGHPUT_KEY)
+    return rec.get(THROUGHPUT_KEY) if v is None or math.isnan(v) else v
+
+
+def phase_seconds(rec: StepRecord, phase: str) -> float:
+    """A phase's time (``step`` for the whole step) on the clock its throughput is compared on: the backend's
+    ``mart/compared_s/<phase>`` when it wrote one, else verl's wall-clock ``timing_s/<phase>`` (NaN if neither)."""
+    v = rec.data.get(COMPARED_TIMING_PREFIX + phase)
+    return rec.get(f"timing_s/{phase}") if v is None or math.isnan(v) else v
+
+
+def compared_phase_times(rec: StepRecord) -> dict[str, float]:
+    """Every ``timing_s/<name>`` the step logged (phases, ``step``, ``testing`` ...), each on its compared clock
+    (``phase_seconds``): what a per-phase judgement of a stage-1 measurement reads."""
+    n = len("timing_s/")
+    return {k[n:]: phase_seconds(rec, k[n:]) for k in rec.data if k.startswith("timing_s/")}
 
 
 def _to_float(value: Any) -> float | None:
@@ -61,6 +87,13 @@ def parse_line(line: str) -> StepRecord | None:
 def mean_over_steps(records: list[StepRecord], key: str, first: int, last: int) -> float:
     """Mean of ``key`` over steps first..last inclusive (NaN values skipped; NaN if none)."""
     vals = [r.get(key) for r in records if first <= r.step <= last]
+    vals = [v for v in vals if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def mean_throughput(records: list[StepRecord], first: int, last: int) -> float:
+    """Mean compared throughput (``step_throughput``) over steps first..last inclusive (NaN if none)."""
+    vals = [step_throughput(r) for r in records if first <= r.step <= last]
     vals = [v for v in vals if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else math.nan
 

@@ -1,7 +1,8 @@
 """The two stage objectives, as pure functions of a trial's metric records.
 
-Stage 1 (system): mean ``perf/throughput`` over updates 3-5 (MART's window; fewer steps -> the last ones),
-feasible only when the peak memory stays within ``(1 - margin) x capacity``.
+Stage 1 (system): mean compared throughput (``mart.state.metrics.step_throughput``: ``perf/throughput``, or a
+backend's own ``mart/compared_throughput`` such as the local trainer's CPU-timed one) over updates 3-5 (MART's
+window; fewer steps -> the last ones), feasible only when the peak memory stays within ``(1 - margin) x capacity``.
 Stage 2 (learning): the final validation score (last ``val-core/...`` value after training). A validation
 logged at step 0 (verl's ``val_before_train``) scores the untrained model and is never a trial's result.
 """
@@ -19,6 +20,7 @@ from mart.state.metrics import (  # noqa: F401 - the metric keys the objectives 
     StepRecord,
     last_value,
     mean_over_steps,
+    mean_throughput,
 )
 from mart.state.trajectory import Trajectory, not_nan, residual_std
 
@@ -46,7 +48,7 @@ def throughput_window(horizon: int) -> tuple[int, int]:
 
 def system_throughput(records: list[StepRecord], horizon: int) -> float:
     first, last = throughput_window(horizon)
-    return mean_over_steps(records, THROUGHPUT_KEY, first, last)
+    return mean_throughput(records, first, last)
 
 
 def memory_limit_gb(capacity_gb: float | None, margin: float) -> float | None:

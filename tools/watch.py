@@ -30,7 +30,7 @@ from mart.nodes.progress import TrialQueued, TrialStarted, TrialStep, emit
 from mart.nodes.runtime import Services, services_for
 from mart.state.graph_state import TuningState, running_trials
 from mart.state.ledger import Ledger
-from mart.state.metrics import StepRecord
+from mart.state.metrics import StepRecord, step_throughput
 from mart.state.models import TrialRecord
 from mart.state.trial_state import ALIVE, TrialState
 from mart.state.trials import RunningTrial
@@ -195,8 +195,9 @@ def _progress_event(record: TrialRecord, rec: StepRecord) -> TrialStep:
         return None if math.isnan(v) else v
 
     score = next((v for k, v in rec.data.items() if k.startswith("val-core/") and not math.isnan(v)), None)
+    thr = step_throughput(rec)  # the figure the stage compares (the local trainer's is CPU-timed)
     return TrialStep(
-        trial_id=record.trial_id, stage=record.stage, step=rec.step, throughput=val("perf/throughput"),
+        trial_id=record.trial_id, stage=record.stage, step=rec.step, throughput=None if math.isnan(thr) else thr,
         memory_gb=val("perf/max_memory_allocated_gb") or val("actor/perf/max_memory_allocated_gb"),
         reward=val("critic/score/mean"), entropy=val("actor/entropy"), val_score=score,
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mart.state.config_values import load_config_file, parse_assignments
+from mart.state.metrics import COMPARED_THROUGHPUT_KEY, THROUGHPUT_KEY
 from mart.state.models import TrialStatus
 from mart.state.search_space import ConfigError
 from mart.state.trials import METRICS_FILE, STATUS_FILE, TrialSpec
@@ -135,8 +136,10 @@ def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file:
             while True:
                 for rec in tail.read_new():
                     val = next((v for k, v in rec.data.items() if k.startswith(score_prefix)), val)
-                    info = (f"reward {_fmt(rec.get('critic/score/mean'))}  val {_fmt(val)}  "
-                            f"{_fmt(rec.get('perf/throughput'), '.0f')} tok/s  "
+                    thr = f"{_fmt(rec.get(THROUGHPUT_KEY), '.0f')} tok/s"
+                    if COMPARED_THROUGHPUT_KEY in rec.data:  # the figure a tuning session would compare
+                        thr += f" (compared {_fmt(rec.get(COMPARED_THROUGHPUT_KEY), '.0f')})"
+                    info = (f"reward {_fmt(rec.get('critic/score/mean'))}  val {_fmt(val)}  {thr}  "
                             f"mem {_fmt(rec.get('perf/max_memory_allocated_gb'), '.3f')} GB")
                     progress.update(task, completed=rec.step, info=info)
                 poll = runner.poll(handle)

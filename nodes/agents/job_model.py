@@ -41,6 +41,7 @@ import numpy as np
 from mart.nodes.agents.memory_source import MemorySource, resolve
 from mart.state.agents import ASYNC_TASKS_PARAM, agent_knob, agents_in_config
 from mart.state.job import JobDescription, version_at_least
+from mart.state.metrics import phase_seconds
 from mart.state.search_space import ParamSpec
 from mart.state.verl_keys import ACTOR as A
 from mart.state.verl_keys import ROLLOUT as R
@@ -1003,13 +1004,17 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
         vals = [r.data[key] for r in rows if key in r.data and r.data[key] is not None and math.isfinite(r.data[key])]
         return sum(vals) / len(vals) if vals else None
 
+    def phase(p: str) -> float | None:  # on the clock the throughput is compared on (the local trainer's CPU time)
+        vals = [v for r in rows if (v := phase_seconds(r, p)) is not None and math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
+
     phases: dict[str, float] = {}
     for p in ("gen", "old_log_prob", "ref", "update_actor"):
-        v = mean(f"timing_s/{p}")
+        v = phase(p)
         if v is not None:
             phases[p] = v
-    step = mean("timing_s/step")
-    other = [mean(f"timing_s/{p}") for p in OTHER_TIMINGS]
+    step = phase("step")
+    other = [phase(p) for p in OTHER_TIMINGS]
     if any(v is not None for v in other):
         phases["other"] = sum(v for v in other if v is not None)
     elif step is not None and phases:

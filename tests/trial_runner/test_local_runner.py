@@ -25,7 +25,7 @@ from tests.support.trials import wait_finished
 pytestmark = pytest.mark.timeout(180)
 
 NOT_DETERMINISTIC = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "perf/max_memory",
-                     "perf/cpu_memory")
+                     "perf/cpu_memory", "mart/compared_", "mart/cpu_share")
 
 
 def _spec(tmp_path: Path, name: str, overrides: dict, steps: int, **kw) -> TrialSpec:
@@ -93,10 +93,16 @@ def test_two_trials_complete_with_verl_metrics_and_equal_seeds_give_equal_metric
                     "perf/max_memory_allocated_gb", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac",
                     "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/lr", "critic/score/mean",
                     "critic/score/max", "critic/score/min", "response_length/mean", "response_length/max",
-                    "response_length/min", "response_length/clip_ratio", "training/global_step"):
+                    "response_length/min", "response_length/clip_ratio", "training/global_step",
+                    "mart/compared_s/gen", "mart/compared_s/update_actor", "mart/compared_s/step",
+                    "mart/compared_throughput", "mart/cpu_share"):
             assert key in r.data and math.isfinite(r.data[key]), (r.step, key)
         assert r.data["training/global_step"] == r.step
         assert r.data["perf/throughput"] == pytest.approx(r.data["perf/total_num_tokens"] / r.data["timing_s/step"])
+        # stage 1's figure: tokens per CPU-second of the trainer thread (one torch thread), never above wall time
+        assert r.data["mart/compared_throughput"] == pytest.approx(
+            r.data["perf/total_num_tokens"] / r.data["mart/compared_s/step"])
+        assert 0 < r.data["mart/compared_s/step"] <= r.data["timing_s/step"] + 0.02
         assert r.data["perf/max_memory_allocated_gb"] > 0
         phases = sum(r.data[f"timing_s/{k}"] for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor"))
         assert phases <= r.data["timing_s/step"] + 1e-6

@@ -97,6 +97,7 @@ class LocalConfig:
     base_max_ramble: int = knob("local.base_model.max_ramble", 6, "Most extra repeats in such a demonstration.", low=0, high=64)
     base_peer_prob: float = knob("local.base_model.peer_prob", 0.0, "Share of warm-up prompts that carry 1-2 other (rough) answers after the task prompt, the multi-agent prompt format, so the base model can read it as a pretrained LLM reads a transcript; the demonstration still just sorts the task's digits. 0 = the single-agent base model.", low=0.0, high=1.0)
     num_threads: int = knob("local.num_threads", 0, "torch threads; 0 = $MART_NUM_THREADS, else 1: the matrices are small, a second thread gains little alone and collapses under CPU contention (parallel trials).", low=0, high=1024)
+    throughput_clock: str = knob("local.throughput_clock", "auto", "What mart/compared_throughput, the figure stage 1 compares, is timed on: auto = the trainer thread's CPU time with one torch thread on the CPU (the same on an idle and a busy machine), else the wall clock; wall = the wall clock always. perf/throughput is wall-clock in either case (docs/backends.md).", choices=("auto", "wall"))
     device: str = knob("local.device", "cpu", "cpu (the default: the same workload and capacity on every machine), cuda, or auto = CUDA when present; one code path (scripts/gpu_check.sh runs it on CUDA).", choices=("auto", "cpu", "cuda"))
 # fmt: on
 

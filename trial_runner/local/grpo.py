@@ -1,4 +1,4 @@
-"""One GRPO step as verl runs it, phase by phase, each phase timed on its own.
+"""One GRPO step as verl runs it, phase by phase, each phase timed on its own (``timing.py``).
 
     gen           rollout: sample rollout.n responses per prompt (chunks of max_num_seqs)
     reward        rule-based verifier
@@ -18,9 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -29,6 +27,7 @@ from mart.trial_runner.local import task as T
 from mart.trial_runner.local.config import LocalConfig
 from mart.trial_runner.local.model import GPT, GPTConfig
 from mart.trial_runner.local.rollout import generate, logprobs_entropy, pack, response_logits
+from mart.trial_runner.local.timing import Timer
 
 
 def model_config(cfg: LocalConfig) -> GPTConfig:
@@ -114,34 +113,6 @@ def agg(loss: torch.Tensor, mask: torch.Tensor, mode: str, n_tokens: float, n_se
     if mode == "seq-mean-token-mean":
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / n_seqs
     return masked.sum(-1).sum() / (n_seqs * horizon)  # seq-mean-token-sum-norm
-
-
-class Timer:
-    """Collects ``timing_s/<phase>``; synchronises CUDA so a phase owns its kernels.
-
-    ``on_enter(name)`` / ``on_exit(name)`` run around each phase (the worker names the phase for the
-    memory watchdog and checks the peak after it).
-    """
-
-    def __init__(self, device: torch.device, on_enter: Callable[[str], None] | None = None,
-                 on_exit: Callable[[str], None] | None = None) -> None:
-        self.device = device
-        self.on_enter, self.on_exit = on_enter, on_exit
-        self.times: dict[str, float] = {}
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if self.on_enter is not None:
-            self.on_enter(name)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
-        if self.on_exit is not None:
-            self.on_exit(name)
 
 
 class GRPOTrainer:

@@ -91,7 +91,8 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     import torch
 
     from mart.trial_runner.local.base_model import load_base_model
-    from mart.trial_runner.local.grpo import GRPOTrainer, Timer
+    from mart.trial_runner.local.grpo import GRPOTrainer
+    from mart.trial_runner.local.timing import CPU, Timer, compared_clock
 
     torch.set_num_threads(resolve_threads(cfg))
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -103,7 +104,9 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
     monitor = memory.MemoryMonitor(args.memory_capacity_gb, device.type)
     monitor.start()
     kind = "GRPO" if team is None else f"multi-agent GRPO ({team.workflow}, {team.num_agents} agents)"
+    clock = compared_clock(cfg.throughput_clock, device.type, torch.get_num_threads())
     print(f"local {kind} trial: {steps} steps on {device} ({torch.get_num_threads()} threads, "
+          f"throughput compared on {'CPU time' if clock == CPU else 'the wall clock'}, "
           f"capacity {args.memory_capacity_gb} GB, seed {cfg.seed}, pid {os.getpid()})", flush=True)
 
     base = load_base_model(cfg, device, log=lambda s: print(s, flush=True))
@@ -154,22 +157,16 @@ def run(args: argparse.Namespace, out: Path, progress: dict) -> None:
             print(_console(start, metrics), flush=True)
         for step in range(start + 1, steps + 1):
             monitor.reset_peak()
-            timer = Timer(device, on_enter=monitor.enter, on_exit=monitor.check)
-            sync()
-            t0 = time.perf_counter()
-            metrics = trainer.step(timer)
-            sync()
-            step_s = time.perf_counter() - t0
+            timer = Timer(device, on_enter=monitor.enter, on_exit=monitor.check, clock=clock)
+            with timer.step():
+                metrics = trainer.step(timer)
             tokens = metrics["perf/total_num_tokens"]
             n_resp = getattr(trainer, "last_num_responses", 0) or cfg.train_batch_size * cfg.rollout_n
             n_resp *= metrics["response_length/mean"]
-            metrics.update({f"timing_s/{k}": v for k, v in timer.times.items()})
+            metrics.update(timer.metrics(tokens))
             metrics.update({
-                "timing_s/step": step_s,
                 "timing_per_token_ms/gen": 1000 * timer.times["gen"] / max(n_resp, 1),
                 "timing_per_token_ms/update_actor": 1000 * timer.times["update_actor"] / tokens,
-                "perf/time_per_step": step_s,
-                "perf/throughput": tokens / step_s,
                 "perf/max_memory_allocated_gb": monitor.peak_gb(),
                 "perf/cpu_memory_used_gb": monitor.used_gb(),
             })
