@@ -217,3 +217,25 @@ def test_the_re_measurement_pairs_the_same_step_of_the_two_trials_of_a_round():
     assert iv is not None and iv.method == "paired-t-log" and iv.estimate == pytest.approx(10.0, abs=0.01)
     assert iv.hi - iv.lo < 0.1 and math.isclose(iv.n_baseline, 6)
     assert remeasured_gain([({3: 1.0}, {4: 2.0})]) is None  # no step in common: no pair
+
+
+def test_stage_2s_gain_interval_comes_from_its_verdicts_figures():
+    from mart.nodes.stages.learning import _gain_interval
+    from mart.state.objectives import Contender
+
+    base = Contender(key="lea-01-baseline", scores=[0.50, 0.52], signals=[], is_baseline=True)
+    change = Contender(key="lea-02-a", scores=[0.60, 0.61], signals=[])
+    one = Contender(key="lea-03-b", scores=[0.58], signals=[])
+    # both ran on two seeds: their own spread (Welch t on the scores)
+    iv = Interval.from_json(_gain_interval([base, change, one], change, noise=0.01, dof=12))
+    assert iv.method == "welch-t" and iv.estimate == pytest.approx(0.095) and (iv.n_baseline, iv.n_candidate) == (2, 2)
+    # one run of a config: the pooled noise the verdict's standard error uses, t with its degrees of freedom
+    iv = Interval.from_json(_gain_interval([base, one], one, noise=0.01, dof=12))
+    from scipy import stats
+
+    half = stats.t.ppf(0.95, 12) * 0.01 * math.sqrt(1 / 2 + 1)
+    assert iv.method == "pooled-t" and iv.hi - iv.lo == pytest.approx(2 * half)
+    # a kept baseline: the interval of the change that led it (re-run ones first); none when nothing led it
+    assert Interval.from_json(_gain_interval([base, change, one], base, 0.01, 12)).estimate == pytest.approx(0.095)
+    low = Contender(key="lea-04-c", scores=[0.40], signals=[])
+    assert _gain_interval([base, low], base, 0.01, 12) is None
