@@ -65,6 +65,9 @@ class LearningStage(StagePolicy):
     def horizon(self, options: Any) -> int:
         return options.learning_horizon
 
+    def max_reruns(self, options: Any) -> int:
+        return int(getattr(options, "learning_confirm_trials", 0) or 0)
+
     def base_config(self, view: StageView) -> dict[str, Any]:
         """The backend's base and ``--set`` values, with stage 1's best system overrides fixed."""
         base = super().base_config(view)

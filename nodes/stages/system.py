@@ -168,6 +168,10 @@ class SystemStage(StagePolicy):
     def horizon(self, options: Any) -> int:
         return options.system_horizon
 
+    def max_reruns(self, options: Any) -> int:
+        """The re-measurement's trials (two a round); a disturbed measurement's rare repeats are not counted."""
+        return 2 * remeasure_rounds(options)
+
     def _looks_early(self, view: StageView) -> bool:
         return view.services.trial_slots() > 1 and view.services.job_description() is not None \
             and self.horizon(view.options) > EARLY_LOOK_STEP
