@@ -22,7 +22,7 @@ __all__ = ["FACTS", "KnobEffect", "effect_of", "knob_facts", "reference_record"]
 
 #: the fields of a record that say what the tuner knows about the knob. ``model`` only passes to a record of the
 #: same key (the job model reads verl's keys, a per-agent copy's too), never to another backend's name for it.
-FACTS = ("effect", "model", "prior", "move", "zero_start", "aliases")
+FACTS = ("effect", "model", "prior", "move", "zero_start", "aliases", "phases")
 
 #: the records that define the facts, by their key without verl's ``actor_rollout_ref.`` prefix
 _REFERENCE: dict[str, ParamSpec] = {

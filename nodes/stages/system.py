@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mart.nodes.agents.knob_effects import knob_facts
 from mart.nodes.progress import HealthNotice, emit
 from mart.nodes.stages._base import Outcome, Plan, StagePolicy, StageView, finite
 from mart.state.agents import group_by_agent
@@ -266,7 +267,8 @@ class SystemStage(StagePolicy):
         out: set[str] = set()
         for k, v in config.items():
             if base.get(k, object()) != v:
-                out |= set(space[k].acts_on) if k in space else {"all"}
+                # a local or MARTI knob, a per-agent copy: the phases of the verl record it names
+                out |= set(knob_facts(space[k]).acts_on) if k in space else {"all"}
         return out
 
     def disturbed(self, view: StageView, trial_id: str, config: Mapping[str, Any], reference: str) -> list[str]:
