@@ -15,6 +15,7 @@ from typing import Any
 from mart.state.agents import group_by_agent
 from mart.state.config_values import format_value
 from mart.state.search_space import display_names
+from mart.state.stages import traits
 from mart.state.units import fmt_steps
 
 KEPT = "kept the baseline"
@@ -70,7 +71,7 @@ def _num(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def interval_text(part: dict[str, Any]) -> str | None:
+def interval_text(part: dict[str, Any], stage: str) -> str | None:
     """A stage's ``gain_interval`` in words, with the number of measurements behind it: what was measured (stage 1:
     the interleaved re-measurement), the interval, and, for a kept baseline, that it is the gain not confirmed.
     None when the stage has none (no candidate above the baseline, or nothing re-measured)."""
@@ -84,7 +85,7 @@ def interval_text(part: dict[str, Any]) -> str | None:
         text = iv.describe()
     except (KeyError, TypeError, ValueError):
         return None
-    if "remeasure" in part:  # stage 1: measured again, interleaved with the baseline, not the selecting run
+    if traits(stage).remeasures:  # stage 1: measured again, interleaved with the baseline, not the selecting run
         rounds = (part.get("remeasure") or {}).get("rounds")
         text = f"re-measured interleaved ({rounds} round(s)): {text}"
     if part.get("kept_baseline"):
@@ -116,7 +117,7 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         out.append(StageFigure(
             "system", "tok/s/GPU", base, best,
             KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config")),
-            interval=interval_text(sys_)))
+            interval=interval_text(sys_, "system")))
     learn = summary.get("learning") or {}
     if "learning" in ran and learn:
         kept = bool(learn.get("kept_baseline"))
@@ -126,7 +127,7 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         out.append(StageFigure(
             "learning", "val score", _num(learn.get("baseline_score"), ".4f"), best,
             KEPT if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, knob_lines(learn.get("best_config")),
-            interval=interval_text(learn)))
+            interval=interval_text(learn, "learning")))
     sched = summary.get("schedule")
     if sched is not None:
         segs = sched.get("segments") or []
@@ -142,5 +143,5 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
             "schedule", f"val score, {sched.get('branches_run')} segment-trials",
             _num(sched.get("static_best_score"), ".4f"), _num(sched.get("final_score"), ".4f"),
             KEPT_STATIC if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, lines, hours,
-            interval=interval_text(sched)))
+            interval=interval_text(sched, "schedule")))
     return out

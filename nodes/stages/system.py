@@ -1,9 +1,13 @@
 """Stage 1, ``system``: short trials of system knobs for throughput, within the GPU-memory margin.
 
 The baseline runs alone and is profiled; then each decision fills the free slots with candidates (one
-review), until the budget is spent or the agents find nothing new. The winner is the fastest trial that stayed
+review), until the budget is spent or the agents find nothing new. The incumbent is the fastest trial that stayed
 within the margin (``mart.state.objectives.system_outcome``); when none did, later stages are skipped: they
-would only re-run an infeasible config.
+would only re-run an infeasible config. Before it is declared the winner, the incumbent and the baseline are
+re-measured interleaved (``StageTraits.remeasures``, within ``--system-remeasure-share``), and it is taken only
+when the interval of its gain from those fresh measurements excludes zero (``SystemStage.choice``). A candidate
+whose phases its changed knobs do not act on moved beyond their noise is disturbed: not believed, repeated once.
+See docs/runtime.md, "Stage 1's verdict under noise".
 """
 
 from __future__ import annotations
@@ -252,7 +256,7 @@ class SystemStage(StagePolicy):
         plan = candidate_plan(view, self.name, self.budget(view.options), free, kinds=("baseline", "candidate"))
         if plan.done and self._rerun_cut_baseline(view):
             return Plan(launch=[self.baseline_retry_record(view)])
-        if plan.done and not view.out_of_time():
+        if plan.done and not view.out_of_time() and self.traits.remeasures:
             return self._remeasure_plan(view, free)
         return plan
 
