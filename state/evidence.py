@@ -17,6 +17,7 @@ Pure functions of metric records (the policy that acts on them is ``mart.nodes.s
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ from mart.state.stats import LEVEL, Interval, gain_interval, relative_spread
 
 #: the metric keys of a step's phase times (``timing_s/<phase>``); these are totals or not phases
 TIMING_PREFIX = "timing_s/"
+#: a phase name as a trainer writes one: metric keys come from a trial's own log (untrusted), and a disturbed
+#: phase's name reaches the ledger, the notes and the terminal, so any other key is not read as a phase
+_PHASE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 NOT_PHASES = frozenset({"step", "testing", "save_checkpoint"})
 
 #: a phase below this share of the baseline's step time is not judged (its relative jitter says little)
@@ -54,8 +58,10 @@ def phase_times(records: Sequence[StepRecord], first: int, last: int) -> dict[st
         if not first <= r.step <= last:
             continue
         for k, v in r.data.items():
-            if k.startswith(TIMING_PREFIX) and k[len(TIMING_PREFIX):] not in NOT_PHASES and math.isfinite(v) and v > 0:
-                out.setdefault(k[len(TIMING_PREFIX):], []).append(v)
+            name = k[len(TIMING_PREFIX):]
+            if k.startswith(TIMING_PREFIX) and name not in NOT_PHASES and _PHASE_NAME.match(name) \
+                    and math.isfinite(v) and v > 0:
+                out.setdefault(name, []).append(v)
     return out
 
 

@@ -239,3 +239,10 @@ def test_stage_2s_gain_interval_comes_from_its_verdicts_figures():
     assert Interval.from_json(_gain_interval([base, change, one], base, 0.01, 12)).estimate == pytest.approx(0.095)
     low = Contender(key="lea-04-c", scores=[0.40], signals=[])
     assert _gain_interval([base, low], base, 0.01, 12) is None
+
+
+def test_a_phase_name_from_a_trials_log_with_terminal_controls_is_never_read_as_a_phase():
+    from mart.state.evidence import phase_times
+
+    recs = [StepRecord(step=3, data={"timing_s/gen": 1.0, "timing_s/\x1b[2Jevil": 2.0, "timing_s/step": 3.0})]
+    assert phase_times(recs, 3, 5) == {"gen": [1.0]}
