@@ -116,7 +116,7 @@ class ParamSpec:
         aliases: what people call it in free-text feedback, beside the names read off its key.
         means: the verl key of the knob this one is under another backend's name (MARTI's
             ``actor_learning_rate`` means ``actor_rollout_ref.actor.optim.lr``): the facts it leaves unset are
-            that knob's (``mart.nodes.agents.knob_effects.knob_facts``; a verl key, or a per-agent copy of one,
+            that knob's (``mart.nodes.knob_effects.knob_facts``; a verl key, or a per-agent copy of one,
             means itself).
         schedule: a system knob the schedule stage (stage 3) may move too, because a capacity change of a
             segment implies it (a token cap that must hold the longest sequence once the response limit grows).

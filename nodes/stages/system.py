@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mart.nodes.agents.knob_effects import knob_facts
+from mart.nodes.knob_effects import knob_facts
 from mart.nodes.progress import HealthNotice, emit
 from mart.nodes.stages._base import Outcome, Plan, StagePolicy, StageView, finite
 from mart.state.agents import group_by_agent
