@@ -53,15 +53,18 @@ QUICK_SCENARIOS = ["qwen3-0.6b-1x8", "qwen3-8b-1x8"]
 # The sim integration points: a shipped scenario name or a user's scenario file, and the model-mismatch
 # seed, both passed to the sim backend as options (``scenario_file=PATH``, ``perturb=SEED``).
 def backend_options(workload: str, scenario: str, seed: int, scenario_file: str | None = None,
-                    perturb: int | None = None) -> dict[str, Any]:
+                    perturb: int | None = None, noise_scale: float | None = None) -> dict[str, Any]:
     """Options of the backend a run uses. The sim runs on its poll clock: one metric line per poll, so a
-    trial's wall time does not depend on machine load and a health monitor can stop it at any step."""
+    trial's wall time does not depend on machine load and a health monitor can stop it at any step.
+    ``noise_scale``: the sim's timing noise multiplier (``bench/noise.py``)."""
     if workload != "sim":
         return {}
     opts: dict[str, Any] = {"seed": seed, "clock": "poll"}
     opts.update({"scenario_file": scenario_file} if scenario_file else {"scenario": scenario})
     if perturb is not None:
         opts["perturb"] = perturb
+    if noise_scale is not None:
+        opts["noise_scale"] = noise_scale
     return opts
 
 
@@ -117,8 +120,10 @@ def run_mart(task: dict[str, Any], budget: Budget, workdir: Path) -> MethodResul
     where = (task.get("scenario_file"), task.get("perturb"))
     result = MethodResult(method="mart", scenario=scenario, seed=seed)
     t0 = time.monotonic()
+    stages = {"stages": task["stages"]} if task.get("stages") else {}
     opts = TuneOptions(
-        backend=workload, backend_options=backend_options(workload, scenario, seed, *where), approve="auto", agents="rules",
+        **stages, backend=workload, approve="auto", agents="rules",
+        backend_options=backend_options(workload, scenario, seed, *where, noise_scale=task.get("noise_scale")),
         runs_dir=str(workdir), seed=seed, system_trials=budget.system_trials, learning_trials=budget.learning_trials,
         system_horizon=budget.system_horizon, learning_horizon=budget.learning_horizon,
         memory_margin=budget.memory_margin, quiet=True, watch_interval_s=0.01 if workload == "sim" else 0.5,
@@ -153,6 +158,7 @@ def run_mart(task: dict[str, Any], budget: Budget, workdir: Path) -> MethodResul
             gpu_hours=float(usage.get("gpu_hours", wall / 3600.0)),
             planned_gpu_hours=float(usage.get("planned_gpu_hours", wall / 3600.0)),
             steps_done=int(row.get("steps_done") or 0), reason=row.get("reason"),
+            rerun=row.get("kind") == "confirm", trial_id=row.get("trial_id"),
         )
         if stage == "system":
             out.feasible = (status == "completed" and out.throughput is not None
@@ -298,12 +304,16 @@ def summarize(run: dict[str, Any], optimum: float | None, budget: Budget, limit_
     learn = [t for t in run["trials"] if t["stage"] == "learning"]
     curve, best, gpu_curve, spent_sys = [], None, [], 0.0
     for t in sys_trials:
+        spent_sys += float(t.get("gpu_hours") or 0.0)
+        if t.get("rerun"):  # mart's re-measurement or repeat: GPU-hours spent, no new config found
+            gpu_curve.append((spent_sys, best))
+            continue
         if t["feasible"] and t["throughput"] is not None:
             best = t["throughput"] if best is None else max(best, t["throughput"])
         curve.append(best)
-        spent_sys += float(t.get("gpu_hours") or 0.0)
         gpu_curve.append((spent_sys, best))
-    best_thr = max((t["throughput"] for t in sys_trials if t["feasible"] and t["throughput"] is not None), default=None)
+    best_thr = max((t["throughput"] for t in sys_trials if t["feasible"] and t["throughput"] is not None
+                    and not t.get("rerun")), default=None)
     to95 = None
     if optimum:
         for i, b in enumerate(curve, start=1):

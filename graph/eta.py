@@ -3,8 +3,9 @@ measured so far (the console's progress prints it beside each trial's own ETA).
 
 Each stage still to run contributes its unlaunched trials x their steps, and each running trial its steps left;
 steps are timed by the stage's own measured seconds per step (a trial's wall clock over its steps, start-up
-included), or the last measured stage's before a stage has any. The work is spread over the slots. Stage 2's
-re-runs on a second seed happen only for close contenders, so they make the upper end of a range.
+included), or the last measured stage's before a stage has any. The work is spread over the slots. Re-runs on
+another seed (stage 2's of close contenders, stage 1's re-measurement of its best beside the baseline;
+``StagePolicy.max_reruns``) happen only when needed, so they make the upper end of a range.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class SessionEta:
     options: TuneOptions
     slots: int = 1
     launched: dict[str, int] = field(default_factory=dict)  # stage -> trials launched that use its budget
-    confirms: int = 0  # stage 2's re-runs launched
+    confirms: dict[str, int] = field(default_factory=dict)  # stage -> its re-runs (``confirm`` trials) launched
     running: dict[str, _Running] = field(default_factory=dict)
     per_step: dict[str, list[float]] = field(default_factory=dict)  # stage -> measured seconds per step
     last_stage: str | None = None
@@ -56,7 +57,7 @@ class SessionEta:
         if stage in self.options.stages:
             self._stage_reached = max(self._stage_reached, self.options.stages.index(stage))
         if kind == "confirm":  # a re-run on another seed, beside the stage's budget
-            self.confirms += 1
+            self.confirms[stage] = self.confirms.get(stage, 0) + 1
         else:
             self.launched[stage] = self.launched.get(stage, 0) + 1
 
@@ -116,9 +117,12 @@ class SessionEta:
             steps = left * horizon + sum(max(0, r.horizon - r.step) for r in self.running.values() if r.stage == stage)
             low += steps * per_step
             to_launch += left
-            if traits(stage).confirms:
-                reruns = max(0, self.options.learning_confirm_trials - self.confirms)
-                high += reruns * horizon * per_step
+            # stage 2's re-runs of close contenders, stage 1's re-measurement of its best beside the baseline
+            from mart.nodes.stages import get as stage_policy
+
+            more = max(0, stage_policy(stage).max_reruns(self.options) - self.confirms.get(stage, 0))
+            reruns += more
+            high += more * horizon * per_step
         return low / self.slots, (low + high) / self.slots, to_launch, reruns
 
     def text(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from mart.state.agents import group_by_agent
 from mart.state.config_values import format_value
 from mart.state.search_space import display_names
+from mart.state.stages import traits
 from mart.state.units import fmt_steps
 
 KEPT = "kept the baseline"
@@ -51,11 +52,14 @@ class StageFigure:
     #: the schedule stage's cost as text: GPU-hours of one run with the static config, with the schedule, and of the
     #: whole search (None where the backend reports no step timings, and for the other stages)
     hours: tuple[str, str, str] | None = None
+    #: how sure the gain is: its interval and the measurements behind it (``interval_text``), or None
+    interval: str | None = None
 
     def sentence(self) -> str:
-        """``learning stage (val score): 0.5304 → 0.5304, kept the baseline``; a schedule's GPU-hours after it."""
+        """``learning stage (val score): 0.5304 → 0.5304, kept the baseline``; the gain's interval and a
+        schedule's GPU-hours after it."""
         text = f"{self.stage} stage ({self.label}): {self.baseline} → {self.best}, {self.gain}"
-        return text + (f"; {self.hours_text()}" if self.hours else "")
+        return text + (f"; {self.interval}" if self.interval else "") + (f"; {self.hours_text()}" if self.hours else "")
 
     def hours_text(self) -> str:
         """``GPU-hours of one run 7.06 → 7.06 (search 16.3)``."""
@@ -65,6 +69,28 @@ class StageFigure:
 
 def _num(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def interval_text(part: dict[str, Any], stage: str) -> str | None:
+    """A stage's ``gain_interval`` in words, with the number of measurements behind it: what was measured (stage 1:
+    the interleaved re-measurement), the interval, and, for a kept baseline, that it is the gain not confirmed.
+    None when the stage has none (no candidate above the baseline, or nothing re-measured)."""
+    from mart.state.stats import Interval
+
+    raw = part.get("gain_interval")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        iv = Interval.from_json(raw)
+        text = iv.describe()
+    except (KeyError, TypeError, ValueError):
+        return None
+    if traits(stage).remeasures:  # stage 1: measured again, interleaved with the baseline, not the selecting run
+        rounds = (part.get("remeasure") or {}).get("rounds")
+        text = f"re-measured interleaved ({rounds} round(s)): {text}"
+    if part.get("kept_baseline"):
+        text = f"not confirmed: {text}"
+    return text
 
 
 def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
@@ -90,7 +116,8 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
                          f"{fmt_steps(*own) if own else 'its own steps'})")
         out.append(StageFigure(
             "system", "tok/s/GPU", base, best,
-            KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config"))))
+            KEPT if kept else ("-" if gain is None else f"{gain:+.1f}%"), kept, knob_lines(sys_.get("best_config")),
+            interval=interval_text(sys_, "system")))
     learn = summary.get("learning") or {}
     if "learning" in ran and learn:
         kept = bool(learn.get("kept_baseline"))
@@ -99,7 +126,8 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         best = _num(learn.get("best_score"), ".4f") + (f" (mean of {runs} runs)" if runs > 1 and not kept else "")
         out.append(StageFigure(
             "learning", "val score", _num(learn.get("baseline_score"), ".4f"), best,
-            KEPT if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, knob_lines(learn.get("best_config"))))
+            KEPT if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, knob_lines(learn.get("best_config")),
+            interval=interval_text(learn, "learning")))
     sched = summary.get("schedule")
     if sched is not None:
         segs = sched.get("segments") or []
@@ -114,5 +142,6 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         out.append(StageFigure(
             "schedule", f"val score, {sched.get('branches_run')} segment-trials",
             _num(sched.get("static_best_score"), ".4f"), _num(sched.get("final_score"), ".4f"),
-            KEPT_STATIC if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, lines, hours))
+            KEPT_STATIC if kept else ("-" if gain is None else f"{gain:+.4f}"), kept, lines, hours,
+            interval=interval_text(sched, "schedule")))
     return out

@@ -297,7 +297,8 @@ def headline(data: RunData) -> list[tuple[str, str]]:
             continue
         f = figures.get(stage)
         if f is not None:
-            text = f"{f.baseline} → {f.best} {unit} ({f.gain})" + (f"; {f.hours_text()}" if f.hours else "")
+            text = (f"{f.baseline} → {f.best} {unit} ({f.gain})" + (f"; {f.interval}" if f.interval else "")
+                    + (f"; {f.hours_text()}" if f.hours else ""))
         else:
             b, v = s.get("baseline_value"), s.get("best_value")
             gain = ""
@@ -326,9 +327,14 @@ def stage_verdict(summary: dict[str, Any], stage: str) -> str | None:
         from mart.state.units import fmt_steps
 
         where = f" over {fmt_steps(*c['steps'])}" if c.get("steps") else ""
-        return (f"gain {c['gain_pct']:+.1f}% = {c['best']:,.0f} / {c['baseline']:,.0f} - 1, both{where}; "
-                + ("the baseline stayed the best" if part.get("kept_baseline") else "the highest throughput within "
-                   "the memory margin is taken"))
+        if (part.get("remeasure") or {}).get("trials"):
+            rule = ("one measurement each, the selecting one; the best config is taken only when its gain, "
+                    "re-measured interleaved with the baseline, has an interval that excludes zero")
+        elif part.get("kept_baseline"):
+            rule = "the baseline stayed the best"
+        else:
+            rule = "the highest throughput within the memory margin is taken"
+        return f"gain {c['gain_pct']:+.1f}% = {c['best']:,.0f} / {c['baseline']:,.0f} - 1, both{where}; {rule}"
     return part.get("verdict")
 
 

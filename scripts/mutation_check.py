@@ -70,6 +70,7 @@ LLM_HARDENING = "tests/nodes/test_llm_hardening.py"
 Q_TRIALS = "tests/graph/test_promises_trials.py"
 Q_REVIEW = "tests/graph/test_promises_review.py"
 Q_DECISIONS = "tests/nodes/test_promises_decisions.py"
+NOISE = "tests/nodes/test_decisions_under_noise.py"
 WATCHDOG_RULE = "tests/graph/test_watchdog.py::test_the_stall_limit_is_five_times_the_median_step_not_the_slowest_step"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -265,6 +266,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MF2", "tools/launch.py", "        return record.confirms\n", "        return None\n",
            "a re-run on a second seed is announced as changes against the current best (issue 47: `lea-07-baseline-s2: n 16→8`)",
            ("tests/graph/test_progress_events.py",)),
+    # -- issue 43: stage 1 decides under noise (ids MN*) --------------------------------------------------------
+    Mutant("MN1", "nodes/stages/system.py", "            elif iv.confirms_gain:", "            elif iv.known:",
+           "stage 1 takes a re-measured gain whose interval covers zero", (f"{NOISE}::test_a_noisy_gain_whose_"
+                                                                           "interval_covers_zero_keeps_the_baseline",)),
+    Mutant("MN2", "nodes/stages/system.py",
+           '            if is_repeat(tid) or f"{tid}{_REPEAT}" in ids or repeats >= MAX_REPEATS:',
+           "            if True:", "a disturbed measurement is never repeated",
+           (f"{NOISE}::test_a_disturbed_measurement_is_not_believed_and_is_repeated_once",)),
+    Mutant("MN3", "state/evidence.py", "    return gain_interval(b, c, level=level, paired=True)",
+           "    return gain_interval(b, c, level=level, paired=False)",
+           "the re-measurement's pairs are compared unpaired: the machine's drift between rounds counts as noise",
+           (f"{NOISE}::test_the_re_measurement_pairs_the_same_step_of_the_two_trials_of_a_round",)),
     # -- issue 46: the promises of parallel trials, the watch and the review (ids MQ*) ---------------------------
     Mutant("MQ1", "nodes/agents/batch.py", "    taken: list[dict[str, Any]] = list(anchors)",
            "    taken: list[dict[str, Any]] = []", "a batch can hold a config still running",

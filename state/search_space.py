@@ -116,10 +116,14 @@ class ParamSpec:
         aliases: what people call it in free-text feedback, beside the names read off its key.
         means: the verl key of the knob this one is under another backend's name (MARTI's
             ``actor_learning_rate`` means ``actor_rollout_ref.actor.optim.lr``): the facts it leaves unset are
-            that knob's (``mart.nodes.agents.knob_effects.knob_facts``; a verl key, or a per-agent copy of one,
+            that knob's (``mart.nodes.knob_effects.knob_facts``; a verl key, or a per-agent copy of one,
             means itself).
         schedule: a system knob the schedule stage (stage 3) may move too, because a capacity change of a
             segment implies it (a token cap that must hold the longest sequence once the response limit grows).
+        phases: every step phase the knob's value can move (its time), when that is more than its own ``phase``
+            (``use_dynamic_bsz`` packs the log-prob passes too); empty: its ``phase`` alone. Stage 1 judges a
+            trial on these (``acts_on``): a phase none of its changed knobs acts on that moved beyond its noise
+            marks the measurement disturbed (``mart.state.objectives.disturbed_phases``).
     """
 
     key: str
@@ -139,6 +143,7 @@ class ParamSpec:
     aliases: tuple[str, ...] = ()
     means: str | None = None
     schedule: bool = False
+    phases: tuple[str, ...] = ()
 
     def in_stage(self, stage: StageSelector) -> bool:
         """Whether a stage's candidates may change this knob (its traits: the catalogues, and the flagged knobs)."""
@@ -218,6 +223,14 @@ class ParamSpec:
                 return phase
         return "all"
 
+    @property
+    def acts_on(self) -> tuple[str, ...]:
+        """The step phases whose time the knob can move: ``phases`` when given, else its ``phase`` (``("all",)``:
+        every phase, e.g. a learning knob that changes the workload)."""
+        if self.phases:
+            return self.phases
+        return ("all",) if self.phase in ("all", "learning") else (self.phase,)
+
     def range_text(self) -> str:
         if self.choices:
             return "one of " + ", ".join(map(str, self.choices))
@@ -235,6 +248,8 @@ class ParamSpec:
         for k in ("model", "prior", "move", "zero_start", "means"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
+        if self.phases:
+            d["phases"] = list(self.phases)
         if self.aliases:
             d["aliases"] = list(self.aliases)
         return d

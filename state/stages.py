@@ -38,6 +38,8 @@ class StageTraits:
         fixes_system: its base config carries the best system overrides of an earlier stage.
         confirms: its close contenders are re-run on other seeds (``confirm`` trials) before a winner is taken, so
             its figures are means over seeds.
+        remeasures: its best is re-measured interleaved with its baseline (``confirm`` trials) before it is taken,
+            and its gain's interval comes from those fresh measurements, not from the one that selected it.
     """
 
     objective: Literal["throughput", "score"]
@@ -47,6 +49,7 @@ class StageTraits:
     branches: bool = False
     fixes_system: bool = True
     confirms: bool = False
+    remeasures: bool = False
 
     @property
     def health_rules(self) -> KnobStage:
@@ -54,7 +57,8 @@ class StageTraits:
         return "system" if self.objective == "throughput" else "learning"
 
 
-SYSTEM_TRAITS = StageTraits(objective="throughput", memory_bound=True, knobs=("system",), fixes_system=False)
+SYSTEM_TRAITS = StageTraits(objective="throughput", memory_bound=True, knobs=("system",), fixes_system=False,
+                            remeasures=True)
 LEARNING_TRAITS = StageTraits(objective="score", confirms=True)
 SCHEDULE_TRAITS = StageTraits(objective="score", flagged_knobs=True, branches=True)
 

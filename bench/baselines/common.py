@@ -48,6 +48,11 @@ class TrialOutcome:
     ended_s: float | None = None
     probe: bool = False
     """a fit probe (a short run that measures memory only: no throughput, never a pick)"""
+    trial_id: str | None = None  # mart's ledger id (the other methods number their trials by ``seq``)
+    rerun: bool = False
+    """a re-run of a config already measured (mart's stage-1 re-measurement of the baseline and its best, or the
+    repeat of a disturbed measurement): its GPU-hours count, but it finds no new config, so it is no point of the
+    best-so-far curve (``bench.compare.summarize``)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

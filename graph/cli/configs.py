@@ -99,7 +99,7 @@ def knobs(
         space = load_backend(backend, **parse_backend_options(backend_option)).search_space()
     except (ValueError, TypeError) as e:
         fail(str(e))
-    from mart.nodes.agents.knob_effects import knob_facts
+    from mart.nodes.knob_effects import knob_facts
     from mart.state.agents import knob_agent
 
     params = [knob_facts(p) for p in space.params if stage is None or p.stage == stage]  # what the agents know of each

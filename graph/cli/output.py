@@ -55,6 +55,8 @@ def print_summary(summary: dict, ref: str | None = None) -> None:
 
     for f in stage_figures(summary):  # the same figures and names as the report and Slack
         table.add_row(f"{f.stage} ({f.label})", f.baseline, f.best, f.gain, "\n".join(f.config) or "baseline")
+        if f.interval:  # how sure the gain is, and the measurements behind it
+            table.add_row(f"{f.stage} (gain's interval)", "", "", "", f.interval)
         if f.hours is not None:  # what one training run costs, beside what it scores
             table.add_row(f"{f.stage} (GPU-hours of one run)", f.hours[0], f.hours[1], "", f"search: {f.hours[2]}")
     console.print(table)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mart.nodes.agents.knob_effects import knob_facts
+from mart.nodes.knob_effects import knob_facts
 from mart.state.search_space import SearchSpace
 
 # intent words -> kind; multi-word phrases first (matched as whole words)

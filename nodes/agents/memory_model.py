@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mart.nodes.agents.knob_effects import KnobEffect, effect_of
+from mart.nodes.knob_effects import KnobEffect, effect_of
 from mart.state.models import TrialRecord, TrialStatus
 from mart.state.search_space import ParamSpec
 

@@ -24,9 +24,9 @@ import mart.state.agents as names
 from mart.nodes.agents.base import AgentContext, Critic, CriticVerdict, Proposer
 from mart.nodes.agents.batch import phase_distance, select_batch
 from mart.nodes.agents.feedback import FeedbackRules, parse_feedback
-from mart.nodes.agents.knob_effects import effect_of, knob_facts
 from mart.nodes.agents.model_search import Scored, is_hedge, search
 from mart.nodes.agents.schedule import transition_candidates, transition_score
+from mart.nodes.knob_effects import effect_of, knob_facts
 from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
 from mart.state.search_space import ParamSpec

@@ -157,6 +157,11 @@ class StagePolicy(abc.ABC):
     def horizon(self, options: Any) -> int:
         """Steps of one of its trials (the schedule stage: the last global step of a schedule)."""
 
+    def max_reruns(self, options: Any) -> int:
+        """The most re-runs (``confirm`` trials) it may start beside its budget (the session's ETA counts them as
+        the upper end of its range). Default: none."""
+        return 0
+
     def base_config(self, view: StageView) -> dict[str, Any]:
         """The full config its candidates apply to: the backend's base with the session's ``--set`` values."""
         base = dict(view.services.backend.base_config())

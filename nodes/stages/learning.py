@@ -34,6 +34,7 @@ from mart.state.objectives import (
     validation_series,
 )
 from mart.state.stages import LEARNING_TRAITS
+from mart.state.stats import difference_interval, pooled_difference_interval
 from mart.state.verl_keys import LR_KEY
 
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
@@ -63,6 +64,9 @@ class LearningStage(StagePolicy):
 
     def horizon(self, options: Any) -> int:
         return options.learning_horizon
+
+    def max_reruns(self, options: Any) -> int:
+        return int(getattr(options, "learning_confirm_trials", 0) or 0)
 
     def base_config(self, view: StageView) -> dict[str, Any]:
         """The backend's base and ``--set`` values, with stage 1's best system overrides fixed."""
@@ -190,6 +194,7 @@ class LearningStage(StagePolicy):
                             "signals": c.signals + ([c.risk_why] if c.risk_why else [])}
                            for c in ranked],
         }
+        selection["interval"] = _gain_interval(contenders, winner, noise, dof)
         update: dict[str, Any] = {"selection": {**(view.state.get("selection") or {}), "learning": selection}}
         best = dict(view.state.get("best") or {})
         incumbent = best.get("learning")
@@ -248,10 +253,35 @@ class LearningStage(StagePolicy):
             "contenders": sel.get("contenders", []),
             # the verdict in numbers (lead, bar, standard error, rule), taken or kept: the report shows it
             "verdict": sel.get("verdict") or sel.get("why"),
+            # the winner's score difference over the baseline with its interval (Interval.to_json()); with a kept
+            # baseline, that of the change that led it; None when no change scored above it
+            "gain_interval": sel.get("interval"),
         }
         notes = baseline_notes("learning", base, best, (state.get("exhausted") or {}).get("learning"), services,
                                why=sel.get("verdict"))
         return {"learning": part}, notes
+
+
+def _gain_interval(contenders: list[Contender], winner: Contender, noise: float, dof: float | None
+                   ) -> dict[str, Any] | None:
+    """The score difference over the baseline of the winner (a kept baseline: of the change that led it, re-run
+    ones first, as ``baseline_verdict`` names it) with its interval: from the two configs' own seed-to-seed spread
+    (``difference_interval``, Welch) when both ran on two seeds or more, else from the pooled noise the verdict's
+    standard error uses (``pooled_difference_interval``). None without a measured baseline or a change above it."""
+    base = next((c for c in contenders if c.is_baseline), None)
+    if base is None:
+        return None
+    if winner is base:
+        rivals = sorted((c for c in contenders if not c.is_baseline and c.mean > base.mean),
+                        key=lambda c: (len(c.scores) < 2, -c.mean, c.key))
+        if not rivals:
+            return None
+        winner = rivals[0]
+    if len(base.scores) >= 2 and len(winner.scores) >= 2:
+        iv = difference_interval(base.scores, winner.scores)
+    else:
+        iv = pooled_difference_interval(base.scores, winner.scores, noise, dof)
+    return iv.to_json()
 
 
 Run = tuple[str, dict[str, Any], bool, list]

@@ -67,8 +67,10 @@ def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_pat
     assert summary["status"] == "completed"
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     trials = ledger.trials()
-    # budgets are kept: 9 stage-1 trials, 5 stage-2 ones plus re-runs
-    assert sum(t["stage"] == "system" for t in trials) == 9
+    # budgets are kept: 9 stage-1 trials plus the re-measurement of the best beside the baseline (one round at the
+    # default share: 2 trials), 5 stage-2 ones plus re-runs
+    assert sum(t["stage"] == "system" and t["kind"] != "confirm" for t in trials) == 9
+    assert sum(t["stage"] == "system" and t["kind"] == "confirm" for t in trials) <= 2
     assert sum(t["stage"] == "learning" and t["kind"] != "confirm" for t in trials) == 5
     # never more than 4 at once, each in a slot of its own, and some really side by side
     assert {t["slot"] for t in trials} <= {0, 1, 2, 3}
@@ -130,9 +132,15 @@ def test_a_freed_slot_starts_the_next_trial_the_instant_it_frees(tmp_path):
         times[m["spec"]["trial_id"]] = (m["sim_start"], m["sim_start"] + state["sim_elapsed_s"])
     ledger = Ledger.open(run)
     by_slot: dict[int, list[tuple[float, float]]] = {}
-    for t in ledger.trials():
-        by_slot.setdefault(t["slot"], []).append(times[t["trial_id"]])
+    rows = ledger.trials()
+    for t in rows:
+        if t["kind"] != "confirm":  # the search's trials; the re-measurement waits for its end (below)
+            by_slot.setdefault(t["slot"], []).append(times[t["trial_id"]])
     ledger.close()
+    # the baseline and the best are re-measured once the search is over: the best is known only then
+    search_end = max(e for _, e in (times[t["trial_id"]] for t in rows if t["kind"] != "confirm"))
+    remeasured = [times[t["trial_id"]] for t in rows if t["kind"] == "confirm"]
+    assert remeasured and all(s0 == pytest.approx(search_end, abs=1e-6) for s0, _ in remeasured)
     refills = [(prev, nxt) for runs in by_slot.values() for prev, nxt in zip(sorted(runs), sorted(runs)[1:])]
     assert refills
     for prev, nxt in refills:  # no idle slot time between a trial's end and its successor's start

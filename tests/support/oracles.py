@@ -12,8 +12,9 @@ README_SUMMARY = {
     "run_id": None,
     "status": None,
     "system": {"baseline_throughput", "baseline_steps", "baseline_cut", "best_throughput", "best_steps",
-               "throughput_gain_pct", "comparison", "best_config", "memory_limit_gb", "best_peak_memory_gb"},
-    "learning": {"baseline_score", "best_score", "score_gain", "best_config", "verdict"},
+               "throughput_gain_pct", "comparison", "best_config", "memory_limit_gb", "best_peak_memory_gb",
+               "gain_interval", "decision", "remeasure", "spread_pct", "disturbed", "gpu_hours"},
+    "learning": {"baseline_score", "best_score", "score_gain", "best_config", "verdict", "gain_interval"},
     "trials": {"total", "early_stopped", "failed"},
 }
 
@@ -34,7 +35,10 @@ def best_from_ledger(trials: list[dict[str, Any]], stage: str, limit_gb: float |
     base = next((t for t in rows if t["kind"] == "baseline"), None)
     best = base if base is not None and base.get(key) is not None else None
     for t in rows:
-        if t["kind"] != "candidate" or t["status"] != "completed" or t["early_stopped"] or t.get(key) is None:
+        # stage 1: a disturbed measurement is not believed; its clean repeat (``<id>-repeat``) stands for it
+        repeat = stage == "system" and t["kind"] == "confirm" and str(t.get("trial_id")).endswith("-repeat")
+        if t["kind"] != "candidate" and not repeat or t["status"] != "completed" or t["early_stopped"] \
+                or t.get(key) is None or (t.get("reason") or "").startswith("disturbed"):
             continue
         peak = t.get("peak_memory_gb")
         if stage == "system" and limit_gb is not None and peak is not None and not math.isnan(peak) \

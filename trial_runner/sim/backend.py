@@ -50,6 +50,8 @@ class SimBackend(Backend):
         clock: ``wall`` (default) or ``poll`` (each poll advances ``steps_per_poll`` metric lines).
         steps_per_poll: cap on the metric lines one poll may reveal (default 1 with the poll clock).
         ray_address: accepted for CLI symmetry and ignored.
+        noise_scale: multiplier of the timing measurement noise (default 1; 0: no jitter; ``bench/noise.py``
+            runs 0, 1, 3 and 5).
         base_config: the user's base config (YAML/JSON of verl keys, e.g. from ``mart import-verl``): its keys replace
             the scenario's baseline values (catalogue knobs checked by the catalogue), so an imported job can be tried
             on the simulator; the cluster, the model and the workload's shape stay the scenario's.
@@ -67,7 +69,8 @@ class SimBackend(Backend):
     def __init__(self, scenario: str | Scenario | None = None, seed: int = 0, time_scale: float | None = None,
                  memory_capacity_gb: float | None = None, ray_address: str | None = None, clock: str = "wall",
                  steps_per_poll: int | None = None, scenario_file: str | None = None,
-                 perturb: int | str | None = None, base_config: str | None = None) -> None:
+                 perturb: int | str | None = None, base_config: str | None = None,
+                 noise_scale: float | str | None = None) -> None:
         if perturb is not None and str(perturb).strip().lower() not in ("", "none", "null"):
             try:
                 perturb = int(perturb)
@@ -79,6 +82,12 @@ class SimBackend(Backend):
         self.scenario = load_scenario(spec, perturb)
         if base_config:
             self.scenario = _with_base_config(self.scenario, Path(base_config))
+        if noise_scale is not None and str(noise_scale).strip() != "":
+            try:
+                scale = float(noise_scale)
+            except (TypeError, ValueError):
+                raise ValueError(f"`noise_scale` must be a number >= 0, but got {noise_scale!r}.") from None
+            self.scenario = self.scenario.with_noise(scale)
         self.perturb = perturb
         self.seed = int(seed)
         self._capacity = float(memory_capacity_gb) if memory_capacity_gb is not None else None

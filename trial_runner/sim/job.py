@@ -203,6 +203,10 @@ class Scenario:
     rollout_engine: str = "vllm-v1"  # vllm-v0: the pre-2025 engine, ~3x the CPU cost per engine step
     verl_version: str = "0.9.1"  # whose defaults and rules the job runs under
     vllm_version: str = "0.11.0"  # since 0.21 vLLM counts its CUDA graphs inside gpu_memory_utilization
+    noise_scale: float = 1.0
+    """Multiplier of the timing (throughput) measurement noise, ``trial.TIMING_NOISE``: 0 measures every step
+    without jitter, 3 triples it (``bench/noise.py``). The draws stay the same, only scaled, so two scales of
+    one seed see the same noise; memory readings and the workload's own variation are not scaled."""
 
     @property
     def graphs_inside_util(self) -> bool:
@@ -224,6 +228,12 @@ class Scenario:
 
     def with_memory(self, memory_gb: float) -> Scenario:
         return replace(self, gpu=replace(self.gpu, memory_gb=float(memory_gb)))
+
+    def with_noise(self, scale: float) -> Scenario:
+        """This job with its timing measurement noise scaled (``noise_scale``)."""
+        if not scale >= 0:
+            raise ValueError(f"`noise_scale` must be >= 0, but got {scale!r}.")
+        return replace(self, noise_scale=float(scale))
 
     def perturbed(self, seed: int | None) -> Scenario:
         """This job with the hidden constants redrawn from ``seed`` (``None``: the central values)."""

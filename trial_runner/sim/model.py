@@ -160,7 +160,7 @@ def simulate(
         phases = {}
         for name, key in (("gen", "t_gen"), ("old_log_prob", "t_old"), ("ref", "t_ref"), ("update_actor", "t_update"),
                           ("update_weights", "t_weights"), ("reward", "t_reward"), ("adv", "t_adv")):
-            phases[name] = scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE)))
+            phases[name] = scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE * sc.noise_scale)))
         mems = {
             "gen": scalar(o["mem_gen"]),
             "old_log_prob": scalar(o["mem_old"]),

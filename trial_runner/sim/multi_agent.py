@@ -501,7 +501,7 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
         phases = {}
         for name, key in (("gen", "t_gen"), ("old_log_prob", "t_old"), ("ref", "t_ref"), ("update_actor", "t_update"),
                           ("update_weights", "t_weights"), ("reward", "t_reward"), ("adv", "t_adv")):
-            phases[name] = scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE)))
+            phases[name] = scalar(o[key]) * slow * float(np.exp(rng_sys.normal(0, TIMING_NOISE * sc.noise_scale)))
         mems = {"gen": scalar(o["mem_gen"]), "old_log_prob": scalar(o["mem_old"]), "ref": scalar(o["mem_ref"]),
                 "update_actor": scalar(o["mem_update"])}
         mems = {p: m + float(rng_sys.normal(0, MEMORY_NOISE_GB)) if m > 0 else 0.0 for p, m in mems.items()}
