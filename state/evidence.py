@@ -21,14 +21,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mart.state.metrics import THROUGHPUT_KEY, StepRecord
+from mart.state.metrics import StepRecord, compared_phase_times, step_throughput
 from mart.state.stats import LEVEL, Interval, gain_interval, relative_spread
 
-#: the metric keys of a step's phase times (``timing_s/<phase>``); these are totals or not phases
-TIMING_PREFIX = "timing_s/"
 #: a phase name as a trainer writes one: metric keys come from a trial's own log (untrusted), and a disturbed
 #: phase's name reaches the ledger, the notes and the terminal, so any other key is not read as a phase
 _PHASE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: ``timing_s/`` names that are totals or not phases
 NOT_PHASES = frozenset({"step", "testing", "save_checkpoint"})
 
 #: a phase below this share of the baseline's step time is not judged (its relative jitter says little)
@@ -40,27 +39,26 @@ DISTURB_Z = 4.0
 DISTURB_FLOOR = 0.15
 
 
-def window_throughputs(records: Sequence[StepRecord], first: int, last: int,
-                       key: str = THROUGHPUT_KEY) -> dict[int, float]:
-    """step -> the throughput logged at that step, over ``first..last`` (finite, positive values only)."""
+def window_throughputs(records: Sequence[StepRecord], first: int, last: int) -> dict[int, float]:
+    """step -> the throughput compared at that step (``step_throughput``: the backend's compared clock where it
+    writes one, e.g. the local trainer's CPU time), over ``first..last`` (finite, positive values only)."""
     out: dict[int, float] = {}
     for r in records:
-        v = r.get(key)
+        v = step_throughput(r)
         if first <= r.step <= last and math.isfinite(v) and v > 0:
             out[r.step] = v
     return out
 
 
 def phase_times(records: Sequence[StepRecord], first: int, last: int) -> dict[str, list[float]]:
-    """phase -> its times over steps ``first..last`` (``timing_s/<phase>``, finite and positive)."""
+    """phase -> its times over steps ``first..last`` (each ``timing_s/<phase>`` the step logged, read on the clock
+    its throughput is compared on: ``compared_phase_times``; finite and positive)."""
     out: dict[str, list[float]] = {}
     for r in records:
         if not first <= r.step <= last:
             continue
-        for k, v in r.data.items():
-            name = k[len(TIMING_PREFIX):]
-            if k.startswith(TIMING_PREFIX) and name not in NOT_PHASES and _PHASE_NAME.match(name) \
-                    and math.isfinite(v) and v > 0:
+        for name, v in compared_phase_times(r).items():
+            if name not in NOT_PHASES and _PHASE_NAME.match(name) and math.isfinite(v) and v > 0:
                 out.setdefault(name, []).append(v)
     return out
 

@@ -23,7 +23,7 @@ from mart.nodes.progress import HealthNotice, emit
 from mart.nodes.stages._base import Outcome, Plan, StagePolicy, StageView, finite
 from mart.state.agents import group_by_agent
 from mart.state.evidence import disturbed_phases, phase_noise, remeasured_gain, spread_pct, window_throughputs
-from mart.state.metrics import THROUGHPUT_KEY, StepRecord, mean_over_steps
+from mart.state.metrics import StepRecord, mean_throughput
 from mart.state.models import TrialRecord
 from mart.state.objectives import peak_memory_gb, system_outcome, throughput_window
 from mart.state.schedule import gpu_hours
@@ -227,10 +227,10 @@ class SystemStage(StagePolicy):
             tid = rt.record.trial_id
             mine = refs.get(tid) or ledger.metric_records(tid)
             first, last = rt.look_at or EARLY_LOOK_STEP, max((r.step for r in mine), default=0)
-            own = mean_over_steps(mine, THROUGHPUT_KEY, first, last)
+            own = mean_throughput(mine, first, last)
             if math.isnan(own):
                 continue
-            best = max(((mean_over_steps(recs, THROUGHPUT_KEY, first, last), other) for other, recs in refs.items()
+            best = max(((mean_throughput(recs, first, last), other) for other, recs in refs.items()
                         if other != tid), key=lambda t: -1.0 if math.isnan(t[0]) else t[0], default=None)
             if best is not None and not math.isnan(best[0]) and own < CUT_SHARE * best[0]:
                 out[tid] = (f"{CUT_REASON}: {own:.0f} tokens/s over {fmt_steps(first, last)}, below {CUT_SHARE:.0%} of "
@@ -492,8 +492,8 @@ class SystemStage(StagePolicy):
             # cut at its look: the baseline and the best compared over the steps the baseline ran (both carry the
             # same warm-up there; the best's whole-window figure against the baseline's early one would not)
             steps = [EARLY_LOOK_STEP, max(EARLY_LOOK_STEP, base.steps_done)]
-            b_thr = _clean(mean_over_steps(services.ledger.metric_records(base.trial_id), THROUGHPUT_KEY, *steps))
-            same = _clean(mean_over_steps(services.ledger.metric_records(best.trial_id), THROUGHPUT_KEY, *steps))
+            b_thr = _clean(mean_throughput(services.ledger.metric_records(base.trial_id), *steps))
+            same = _clean(mean_throughput(services.ledger.metric_records(best.trial_id), *steps))
             gain = (same / b_thr - 1) * 100 if b_thr and same else None
         else:
             same = t_thr
