@@ -588,7 +588,52 @@ def build_report(runs: list[dict[str, Any]], bud: ScheduleBudget, refs: dict[str
                                                           "population_median": pg["median"],
                                                           "at_least": mg["median"] >= pg["median"]}
     out["mart_below_static_beyond_noise"] = None if not below else {"runs": len(below), "below": sum(below)}
+    out["targets"] = issue44_targets(out, by, refs, methods)
     return out
+
+
+#: issue 44's targets: mart's median gain over grid-eq at least this share of the oracle's, per model family
+ORACLE_SHARE = 0.6
+
+
+def issue44_targets(out: dict[str, Any], by: dict, refs: dict[str, dict[str, Any]], methods: list[str]
+                    ) -> dict[str, Any]:
+    """Per scenario ``oracle_gain_pct`` (the noise-free best schedule from the start over grid-eq, median over
+    seeds) beside ``mart_gain_pct``; per model family (``family`` of each scenario's reference, else its name)
+    whether mart's median gain is at least ``ORACLE_SHARE`` of the oracle's; mart >= the population method pair by
+    pair (a population run that completed no schedule counts as below mart); mart below the static path beyond
+    its noise."""
+    fam: dict[str, dict[str, list[float]]] = {}
+    for sc, rep in out["scenarios"].items():
+        oracle = refs.get(sc, {}).get("oracle_schedule_from_defaults")
+        seeds = sorted({s for (c, s, _m) in by if c == sc})
+        o_gains = [100 * (oracle / by[(sc, s, REFERENCE)]["noise_free"] - 1) for s in seeds
+                   if oracle is not None and (by.get((sc, s, REFERENCE)) or {}).get("noise_free")]
+        m_gains = _gains(by, sc, seeds, "mart", REFERENCE) if "mart" in methods else []
+        rep["oracle_gain_pct"] = statistics.median(o_gains) if o_gains else None
+        rep["mart_gain_pct"] = statistics.median(m_gains) if m_gains else None
+        f = fam.setdefault(refs.get(sc, {}).get("family") or sc, {"oracle": [], "mart": []})
+        f["oracle"] += o_gains
+        f["mart"] += m_gains
+    families = {}
+    for name, f in fam.items():
+        om = statistics.median(f["oracle"]) if f["oracle"] else None
+        mm = statistics.median(f["mart"]) if f["mart"] else None
+        families[name] = {"oracle_gain_pct": om, "mart_gain_pct": mm, "pairs": len(f["mart"]),
+                          "share": None if not om or mm is None else mm / om,
+                          "met": None if om is None or mm is None else mm >= ORACLE_SHARE * om}
+    pop = next((m for m in ("pb2", "pbt") if m in methods), None)
+    pairs = []
+    for (sc, s, m), r in by.items():
+        if m != "mart" or r.get("noise_free") is None or pop is None:
+            continue
+        other = (by.get((sc, s, pop)) or {}).get("noise_free")
+        pairs.append(other is None or r["noise_free"] >= other)
+    below = out.get("mart_below_static_beyond_noise") or {}
+    return {"families": families, "oracle_share": ORACLE_SHARE,
+            "mart_at_least_population": None if not pairs else {"method": pop, "pairs": len(pairs),
+                                                                 "at_least": sum(pairs), "share": sum(pairs) / len(pairs)},
+            "mart_below_static_beyond_noise": below.get("below")}
 
 
 def _cell(st: dict[str, float] | None, fmt: str) -> str:
@@ -644,6 +689,19 @@ def render(report: dict[str, Any], methods: list[str]) -> str:
     if report.get("mart_below_static_beyond_noise"):
         b = report["mart_below_static_beyond_noise"]
         lines.append(f"- mart below the static path beyond the noise: {b['below']} of {b['runs']} runs")
+    t = report.get("targets") or {}
+    for sc, rep in report["scenarios"].items():
+        if rep.get("oracle_gain_pct") is not None:
+            lines.append(f"- {sc}: oracle {rep['oracle_gain_pct']:+.2f}% vs mart "
+                         f"{'—' if rep.get('mart_gain_pct') is None else format(rep['mart_gain_pct'], '+.2f')}% over grid-eq")
+    for name, f in (t.get("families") or {}).items():
+        if f.get("met") is not None:
+            lines.append(f"- family {name}: mart {f['mart_gain_pct']:+.2f}% vs oracle {f['oracle_gain_pct']:+.2f}% "
+                         f"over grid-eq ({f['pairs']} pairs): ≥ {t['oracle_share']:.0%} of the oracle's: "
+                         f"{'yes' if f['met'] else 'no'}")
+    if t.get("mart_at_least_population"):
+        p = t["mart_at_least_population"]
+        lines.append(f"- mart ≥ {p['method']} in {p['at_least']} of {p['pairs']} pairs ({p['share']:.0%})")
     return "\n".join(lines) + "\n"
 
 
@@ -840,7 +898,7 @@ def references(scenario: str, scenario_file: str | None, perturb: int | None, bu
     sc = sim_scenario(scenario, scenario_file, perturb)
     gt = ground_truth_learning(sc, bud.total_steps)
     out: dict[str, Any] = {"default": gt["baseline_score"], "static_optimum": gt["score"],
-                           "static_optimum_overrides": gt["overrides"]}
+                           "static_optimum_overrides": gt["overrides"], "family": sc.model.name}
     if oracle:
         base = base_config(sc)
         for name, first in (("oracle_schedule", None), ("oracle_schedule_from_defaults", base)):
