@@ -564,6 +564,12 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         if built is None:
             continue
         overrides, moved = built
+        if rule.led and len(moved) > 1 and make(dict(overrides), 0.0, "") is None:
+            # the companions do not fit (a KL anchor's reference model over the memory limit): the lead move alone
+            lead = _spec(ctx, rule.moves[0].suffix)
+            if lead is not None and lead.key in overrides:
+                overrides = {**start, lead.key: overrides[lead.key]}
+                moved = moved[:1]
         score = sev[answer] * rule.prior
         focus = [k for k in overrides if k in fb.focus and k not in start]
         if focus:
@@ -653,7 +659,7 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
     finding of the diagnosis, merged into one transition - regularisation towards what the trajectory needs, one
     capacity move when a finding asks for it (clipped responses), the step size - then the same without the
     step-size move (so the branches from a checkpoint test the larger
-    step against the same moves without it). Knob by knob the option with the higher score wins; none when fewer
+    step against the same moves without it), then without the capacity move. Knob by knob the option with the higher score wins; none when fewer
     than two families answer.
 
     Why: each knob alone moves the final score by about one measurement's noise, so single-knob branches are
@@ -678,8 +684,10 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
         merged.update(extra)
         parts.append(o)
     out: list[_Option] = []
-    for without in (None, "step"):
-        use = [o for o in parts if o.family != without]
+    # the whole, then without the larger step, then without the capacity move (a longer limit predicted near the
+    # memory limit must not sink the rest: the critic weighs a candidate by its memory risk)
+    for without in (None, "step", CAPACITY_FAMILIES):
+        use = [o for o in parts if not (o.family == without or (isinstance(without, tuple) and o.family in without))]
         if len(use) < 2 or (without and len(use) == len(parts)):
             continue
         over = dict(start)

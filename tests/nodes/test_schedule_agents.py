@@ -367,8 +367,10 @@ def test_a_coordinated_transition_comes_first_and_answers_every_finding_at_once(
     both = diagnose(trajectory(**COLLAPSE, **CLIPPING))
     cx = ctx(diag=both, base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=4)
     c = all_transitions(cx)
-    assert coordinated(c[0]) and coordinated(c[1]) and not coordinated(c[2])
+    assert coordinated(c[0]) and coordinated(c[1]) and coordinated(c[2]) and not coordinated(c[3])
     first, second = c[0].overrides, c[1].overrides
+    # the third: the same without the capacity move (one predicted near the memory limit must not sink the rest)
+    assert MAX_LEN not in c[2].overrides and c[2].overrides[LR] == pytest.approx(2e-6)
     assert first[CLIP_HIGH] == 0.28 and first[MAX_LEN] == 1024  # the entropy fall's and the clipping's answers
     assert first[LR] == pytest.approx(2e-6) and first[KL_ON] is True  # the larger step, anchored
     assert LR not in second and KL_ON not in second and {k: v for k, v in first.items() if k not in (LR, KL_ON)} == second
@@ -390,3 +392,13 @@ def test_the_larger_step_is_taken_once_per_schedule_and_only_with_its_kl_anchor(
     drifting = all_transitions(ctx(diag=diagnose(trajectory(**DRIFT)), base={**VERL_BASE, LR: 1e-6},
                                    history=[_root()], k=6))
     assert all(o.overrides.get(LR, 0) <= 1e-6 for o in drifting)
+
+
+def test_a_larger_step_whose_kl_anchor_does_not_fit_in_memory_goes_alone():
+    def mem(cfg):  # the reference model of a KL loss is what does not fit
+        return 50.0 if cfg.get(KL_ON) else 40.0
+
+    c = all_transitions(ctx(diag=diagnose(trajectory()), base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=6,
+                            predict_memory=mem, memory_limit_gb=45.0))
+    assert {LR: pytest.approx(2e-6)} in [o.overrides for o in c]
+    assert all(not o.overrides.get(KL_ON) for o in c)
