@@ -496,14 +496,18 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 _BASES: dict[tuple, dict[str, Any]] = {}
 
 
-def base_get(task: dict[str, Any], key: str) -> Any:
+def base_of(scenario: str, scenario_file: str | None, perturb: int | None) -> dict[str, Any]:
     from bench.compare import sim_scenario
     from mart.trial_runner.sim import model
 
-    k = (task["scenario"], task.get("scenario_file"), task.get("perturb"))
+    k = (scenario, scenario_file, perturb)
     if k not in _BASES:
         _BASES[k] = model.base_config(sim_scenario(*k))
-    return _BASES[k].get(key)
+    return _BASES[k]
+
+
+def base_get(task: dict[str, Any], key: str) -> Any:
+    return base_of(task["scenario"], task.get("scenario_file"), task.get("perturb")).get(key)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -584,7 +588,52 @@ def build_report(runs: list[dict[str, Any]], bud: ScheduleBudget, refs: dict[str
                                                           "population_median": pg["median"],
                                                           "at_least": mg["median"] >= pg["median"]}
     out["mart_below_static_beyond_noise"] = None if not below else {"runs": len(below), "below": sum(below)}
+    out["targets"] = issue44_targets(out, by, refs, methods)
     return out
+
+
+#: issue 44's targets: mart's median gain over grid-eq at least this share of the oracle's, per model family
+ORACLE_SHARE = 0.6
+
+
+def issue44_targets(out: dict[str, Any], by: dict, refs: dict[str, dict[str, Any]], methods: list[str]
+                    ) -> dict[str, Any]:
+    """Per scenario ``oracle_gain_pct`` (the noise-free best schedule from the start over grid-eq, median over
+    seeds) beside ``mart_gain_pct``; per model family (``family`` of each scenario's reference, else its name)
+    whether mart's median gain is at least ``ORACLE_SHARE`` of the oracle's; mart >= the population method pair by
+    pair (a population run that completed no schedule counts as below mart); mart below the static path beyond
+    its noise."""
+    fam: dict[str, dict[str, list[float]]] = {}
+    for sc, rep in out["scenarios"].items():
+        oracle = refs.get(sc, {}).get("oracle_schedule_from_defaults")
+        seeds = sorted({s for (c, s, _m) in by if c == sc})
+        o_gains = [100 * (oracle / by[(sc, s, REFERENCE)]["noise_free"] - 1) for s in seeds
+                   if oracle is not None and (by.get((sc, s, REFERENCE)) or {}).get("noise_free")]
+        m_gains = _gains(by, sc, seeds, "mart", REFERENCE) if "mart" in methods else []
+        rep["oracle_gain_pct"] = statistics.median(o_gains) if o_gains else None
+        rep["mart_gain_pct"] = statistics.median(m_gains) if m_gains else None
+        f = fam.setdefault(refs.get(sc, {}).get("family") or sc, {"oracle": [], "mart": []})
+        f["oracle"] += o_gains
+        f["mart"] += m_gains
+    families = {}
+    for name, f in fam.items():
+        om = statistics.median(f["oracle"]) if f["oracle"] else None
+        mm = statistics.median(f["mart"]) if f["mart"] else None
+        families[name] = {"oracle_gain_pct": om, "mart_gain_pct": mm, "pairs": len(f["mart"]),
+                          "share": None if not om or mm is None else mm / om,
+                          "met": None if om is None or mm is None else mm >= ORACLE_SHARE * om}
+    pop = next((m for m in ("pb2", "pbt") if m in methods), None)
+    pairs = []
+    for (sc, s, m), r in by.items():
+        if m != "mart" or r.get("noise_free") is None or pop is None:
+            continue
+        other = (by.get((sc, s, pop)) or {}).get("noise_free")
+        pairs.append(other is None or r["noise_free"] >= other)
+    below = out.get("mart_below_static_beyond_noise") or {}
+    return {"families": families, "oracle_share": ORACLE_SHARE,
+            "mart_at_least_population": None if not pairs else {"method": pop, "pairs": len(pairs),
+                                                                 "at_least": sum(pairs), "share": sum(pairs) / len(pairs)},
+            "mart_below_static_beyond_noise": below.get("below")}
 
 
 def _cell(st: dict[str, float] | None, fmt: str) -> str:
@@ -640,6 +689,19 @@ def render(report: dict[str, Any], methods: list[str]) -> str:
     if report.get("mart_below_static_beyond_noise"):
         b = report["mart_below_static_beyond_noise"]
         lines.append(f"- mart below the static path beyond the noise: {b['below']} of {b['runs']} runs")
+    t = report.get("targets") or {}
+    for sc, rep in report["scenarios"].items():
+        if rep.get("oracle_gain_pct") is not None:
+            lines.append(f"- {sc}: oracle {rep['oracle_gain_pct']:+.2f}% vs mart "
+                         f"{'—' if rep.get('mart_gain_pct') is None else format(rep['mart_gain_pct'], '+.2f')}% over grid-eq")
+    for name, f in (t.get("families") or {}).items():
+        if f.get("met") is not None:
+            lines.append(f"- family {name}: mart {f['mart_gain_pct']:+.2f}% vs oracle {f['oracle_gain_pct']:+.2f}% "
+                         f"over grid-eq ({f['pairs']} pairs): ≥ {t['oracle_share']:.0%} of the oracle's: "
+                         f"{'yes' if f['met'] else 'no'}")
+    if t.get("mart_at_least_population"):
+        p = t["mart_at_least_population"]
+        lines.append(f"- mart ≥ {p['method']} in {p['at_least']} of {p['pairs']} pairs ({p['share']:.0%})")
     return "\n".join(lines) + "\n"
 
 
@@ -683,6 +745,151 @@ def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None =
     return schedule_score_noise_free(best, sc, bud.total_steps), best
 
 
+def _moves(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, str]:
+    """knob -> ``up``/``down``/``on``/``off``/new value: what changes between two consecutive segments' configs."""
+    out = {}
+    for k in sorted(set(prev) | set(cur)):
+        a, b = prev.get(k), cur.get(k)
+        if a == b:
+            continue
+        if isinstance(b, bool) or isinstance(a, bool):
+            out[k] = "on" if b else "off"
+        elif isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            out[k] = "up" if b > a else "down"
+        else:
+            out[k] = f"-> {b}"
+    return out
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def diagnose_run(run: dict[str, Any], oracle_segs: list[dict[str, Any]], start: dict[str, Any], sc: Any,
+                 bud: ScheduleBudget, base: dict[str, Any]) -> dict[str, Any]:
+    """Where a mart run stands against the oracle's best schedule from the same start, boundary by boundary:
+    for each knob move the oracle makes there, whether mart's tree ever moved that knob that way at that
+    checkpoint (``not proposed``), and if it did, what became of the branch: ``taken`` (on the winning path),
+    ``lost to noise`` (its noise-free value, continued unchanged to T, beats the node mart carried on from that
+    boundary, but it measured lower), ``worse`` (the branch as proposed - with its other moves - is worth less
+    noise-free than the node carried on), ``kept out by the evidence rule`` (it reached T and led by measured
+    score, but the static schedule was kept), or ``pruned`` (it measured at least as well and was not carried
+    on). Noise-free values from ``schedule_score_noise_free``."""
+    from mart.trial_runner.sim.learning import schedule_score_noise_free
+
+    sched = (run.get("extra") or {}).get("summary_schedule") or {}
+    tree = sched.get("tree") or []
+    by_id = {t["trial_id"]: t for t in tree}
+    total = bud.total_steps
+
+    def path(tid: str) -> list[dict[str, Any]]:
+        out = []
+        while tid:
+            t = by_id.get(tid)
+            if t is None:
+                break
+            out.append(t)
+            tid = t.get("parent")
+        return out[::-1]
+
+    def config(tid: str) -> dict[str, Any]:
+        cfg = dict(start)
+        for t in path(tid):
+            cfg.update(t.get("changes") or {})
+        return cfg
+
+    def value(tid: str) -> float:
+        segs = [(t["from_step"], t["to_step"], config(t["trial_id"])) for t in path(tid)]
+        a, _, c = segs[-1]
+        return schedule_score_noise_free([*segs[:-1], (a, total, c)], sc, total)
+
+    winner = sched.get("winner")
+    win_path = {t["trial_id"] for t in path(winner)} if winner else set()
+    leaves = [t for t in tree if t["to_step"] == total and t.get("score") is not None and not t.get("confirms")]
+    best_leaf = max(leaves, key=lambda t: t["score"])["trial_id"] if leaves else None
+    best_path = {t["trial_id"] for t in path(best_leaf)} if best_leaf else set()
+    rows = []
+    ends = [s["to_step"] for s in oracle_segs]
+    for i in range(1, len(oracle_segs)):
+        b = ends[i - 1]
+        prev = {**base, **oracle_segs[i - 1]["overrides"]}
+        cur = {**base, **oracle_segs[i]["overrides"]}
+        here = [t for t in tree if t["from_step"] == b and not t.get("confirms") and t.get("changes")]
+        carried = [t for t in tree if t["from_step"] == b and not t.get("confirms")
+                   and any(c.get("parent") == t["trial_id"] for c in tree)]
+        ref = next((t for t in carried if t["trial_id"] in win_path), carried[0] if carried else None)
+        for knob, how in _moves(prev, cur).items():
+            props = []
+            for t in here:
+                parent = config(t["parent"])
+                mv = _moves({knob: parent.get(knob)}, {knob: config(t["trial_id"]).get(knob)})
+                if mv.get(knob) == how:
+                    props.append(t)
+            if not props:
+                verdict = "not proposed"
+            elif any(t["trial_id"] in win_path for t in props):
+                verdict = "taken"
+            else:
+                t = max(props, key=lambda t: value(t["trial_id"]))
+                v, meas = value(t["trial_id"]), t.get("score")
+                if t["trial_id"] in best_path:
+                    verdict = "kept out by the evidence rule"
+                elif ref is None or meas is None:
+                    verdict = "pruned"
+                elif v < value(ref["trial_id"]):
+                    verdict = "worse"
+                elif meas < (ref.get("score") or -1):
+                    verdict = "lost to noise"
+                else:
+                    verdict = "pruned"
+            rows.append({"step": b, "knob": _short(knob), "oracle": how,
+                         "mart": [f"{t['trial_id']}: {', '.join(f'{_short(k)} {v}' for k, v in (t.get('changes') or {}).items())}"
+                                  for t in props], "verdict": verdict})
+    proposed = [{"step": t["from_step"], "id": t["trial_id"], "score": t.get("score"),
+                 "noise_free": round(value(t["trial_id"]), 4),
+                 "moves": {_short(k): v for k, v in _moves(config(t["parent"]), config(t["trial_id"])).items()}}
+                for t in tree if t.get("parent") and not t.get("confirms") and t.get("changes")]
+    oracle_moves = [{"step": ends[i - 1], "moves": {_short(k): v for k, v in _moves(
+        {**base, **oracle_segs[i - 1]["overrides"]}, {**base, **oracle_segs[i]["overrides"]}).items()}}
+        for i in range(1, len(oracle_segs))]
+    return {"scenario": run["scenario"], "seed": run["seed"], "oracle_moves": oracle_moves, "winner_changes": [
+        {_short(k): v for k, v in (s.get("overrides") or {}).items()} for s in run.get("segments") or []],
+        "moves": rows, "proposed": proposed, "winner_is_static": bool(winner) and all(
+            not by_id[t]["changes"] for t in win_path if t in by_id)}
+
+
+def render_diagnosis(diags: list[dict[str, Any]], refs: dict[str, dict[str, Any]]) -> str:
+    lines = ["# Where mart's schedule search stands against the oracle's (per scenario and seed)", ""]
+    for sc in sorted({d["scenario"] for d in diags}):
+        first = next(d for d in diags if d["scenario"] == sc)
+        ref = refs.get(sc, {})
+        lines.append(f"## {sc}")
+        if ref.get("oracle_schedule_from_defaults") is not None:
+            lines.append(f"Oracle from the start {ref['oracle_schedule_from_defaults']:.4f} vs the static path "
+                         f"{ref['default']:.4f} ({100 * (ref['oracle_schedule_from_defaults'] / ref['default'] - 1):+.1f}%).")
+        for m in first["oracle_moves"]:
+            lines.append(f"- oracle at step {m['step']}: " + (", ".join(f"{k} {v}" for k, v in m["moves"].items()) or "unchanged"))
+        lines += ["", "| seed | step | knob | oracle | verdict | mart's branches that made the move |", "|---|---|---|---|---|---|"]
+        for d in sorted((d for d in diags if d["scenario"] == sc), key=lambda d: d["seed"]):
+            for r in d["moves"]:
+                lines.append(f"| {d['seed']} | {r['step']} | {r['knob']} | {r['oracle']} | {r['verdict']} | "
+                             f"{'; '.join(r['mart'])[:120]} |")
+            lines.append(f"| {d['seed']} | | winner | | {'static' if d['winner_is_static'] else 'schedule'} | "
+                         f"{' / '.join(', '.join(f'{k} {v}' for k, v in w.items()) or '-' for w in d['winner_changes'])[:160]} |")
+        lines.append("")
+        lines.append("mart's transitions (step: moves -> measured / noise-free continued to T):")
+        for d in sorted((d for d in diags if d["scenario"] == sc), key=lambda d: d["seed"]):
+            lines.append(f"- seed {d['seed']}: " + "; ".join(
+                f"{p['step']}: {', '.join(f'{k} {v}' for k, v in p['moves'].items())} -> "
+                f"{'—' if p['score'] is None else format(p['score'], '.4f')} / {p['noise_free']:.4f}" for p in d["proposed"]))
+        lines.append("")
+    from collections import Counter
+
+    tally = Counter(r["verdict"] for d in diags for r in d["moves"])
+    lines.append("Verdicts over all oracle moves: " + ", ".join(f"{k} {v}" for k, v in tally.most_common()))
+    return "\n".join(lines) + "\n"
+
+
 def references(scenario: str, scenario_file: str | None, perturb: int | None, bud: ScheduleBudget,
                oracle: bool = False) -> dict[str, Any]:
     from bench.compare import sim_scenario
@@ -691,7 +898,7 @@ def references(scenario: str, scenario_file: str | None, perturb: int | None, bu
     sc = sim_scenario(scenario, scenario_file, perturb)
     gt = ground_truth_learning(sc, bud.total_steps)
     out: dict[str, Any] = {"default": gt["baseline_score"], "static_optimum": gt["score"],
-                           "static_optimum_overrides": gt["overrides"]}
+                           "static_optimum_overrides": gt["overrides"], "family": sc.model.name}
     if oracle:
         base = base_config(sc)
         for name, first in (("oracle_schedule", None), ("oracle_schedule_from_defaults", base)):
@@ -722,6 +929,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--oracle", action="store_true",
                    help="also a noise-free beam search over schedules (a reference: how much a schedule can gain "
                         "over a static config on this simulator; ~20 s per scenario)")
+    p.add_argument("--diagnose", action="store_true",
+                   help="(implies --oracle) per scenario and seed: the oracle's best schedule's moves at each boundary "
+                        "against what mart's tree proposed there, and what became of those branches")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the JSON verdict as the last line of stdout")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -734,6 +944,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bench.compare import check_perturb_supported, sim_scenario
 
     args = parse_args(argv)
+    args.oracle = args.oracle or args.diagnose
     if args.perturb is not None:
         check_perturb_supported()
     bud = ScheduleBudget(args.steps, args.segments, args.branches, args.budget)
@@ -786,6 +997,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run_all([t for t in tasks if t["method"] not in statics])
     refs = {sc: references(sc, path, args.perturb, bud, args.oracle) for sc, path in files.items()}
     report = build_report(runs, bud, refs, methods, args.start)
+    if args.diagnose and "mart" in methods:
+        diags = []
+        for r in runs:
+            if r["method"] != "mart" or r.get("error"):
+                continue
+            where = (r["scenario"], files.get(r["scenario"]), args.perturb)
+            sc = sim_scenario(*where)
+            start = {**base_of(*where), **((r.get("extra") or {}).get("start") or {})}
+            diags.append(diagnose_run(r, refs[r["scenario"]].get("oracle_schedule_from_defaults_segments") or [],
+                                      start, sc, bud, base_of(*where)))
+        report["diagnosis"] = diags
+        print(render_diagnosis(diags, refs), file=sys.stderr if args.json else sys.stdout)
     report["wall_s"] = time.monotonic() - t0
     out = Path(args.out) / time.strftime("schedules-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from mart.state.objectives import Z_LEAD, Contender, learning_choice, pick_learning_winner
+from mart.state.stats import Interval, difference_interval, noise_difference_interval
 
 Node = dict[str, Any]
 
@@ -117,16 +118,32 @@ def recheck_plan(nodes: list[Node], depth: int, noise: float) -> list[str]:
     return [c.key for c in plan]
 
 
+def gain_interval(static: Contender, c: Contender, noise: float) -> Interval:
+    """A complete schedule's final score minus the static schedule's, with its interval (``stats.LEVEL``): the
+    spread is the measured noise of one validation score (``noise``, from the tree's validation curves) over the
+    runs of each side; without a noise, the runs' own spread (``stats.difference_interval``)."""
+    if noise and noise > 0:
+        return noise_difference_interval(static.scores, c.scores, noise)
+    return difference_interval(static.scores, c.scores)
+
+
 def pick_schedule_winner(nodes: list[Node], depth: int, noise: float) -> tuple[Contender | None, list[Contender]]:
-    """The winning complete schedule and all contenders ranked by mean, by stage 2's evidence rule
-    (``objectives.learning_choice``, the static schedule as the defaults): a schedule replaces the static one only
-    when it was re-run and beats it by more than 2 standard errors of the difference, so a gain from one run that
-    stage 2 would reject from two is never claimed."""
+    """The winning complete schedule and all contenders ranked by mean. A schedule replaces the static one only
+    when its gain interval over it (``gain_interval``) lies above zero, it ran on two seeds (a re-evaluation of its
+    last segment), its re-run alone beats the static schedule's mean, and no run of it showed a collapse signal;
+    among those, the best mean. A gain seen on one run is never claimed. Without a complete static schedule,
+    stage 2's rule over the rest (``objectives.learning_choice``)."""
     contenders = leaf_contenders(nodes, depth)
     if not contenders:
         return None, []
-    winner, _ = learning_choice(contenders, noise)
-    return winner, sorted(contenders, key=lambda c: -c.mean)
+    ranked = sorted(contenders, key=lambda c: -c.mean)
+    static = next((c for c in contenders if c.is_baseline), None)
+    if static is None:
+        winner, _ = learning_choice(contenders, noise)
+        return winner, ranked
+    proven = [c for c in ranked if not c.is_baseline and len(c.scores) >= 2 and not c.signals
+              and all(x > static.mean for x in c.scores[1:]) and gain_interval(static, c, noise).confirms_gain]
+    return (proven[0] if proven else static), ranked
 
 
 # --- GPU-hours: what a schedule costs beside what it scores ----------------------------------------------------------

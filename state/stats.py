@@ -26,7 +26,7 @@ from scipy import stats as _st
 #: The default two-sided level of every interval mart reports (a 90% interval: a one-sided 95% test of "better").
 LEVEL = 0.9
 
-Method = Literal["welch-t-log", "paired-t-log", "welch-t", "paired-t", "pooled-t", "bootstrap-log", "none"]
+Method = Literal["welch-t-log", "paired-t-log", "welch-t", "paired-t", "bootstrap-log", "known-noise-t", "none"]
 
 
 @dataclass(frozen=True)
@@ -180,15 +180,20 @@ def relative_spread(samples: Sequence[float]) -> float | None:
     return float(a.std(ddof=1) / abs(a.mean()))
 
 
-def pooled_difference_interval(baseline: Sequence[float], candidate: Sequence[float], noise: float,
-                               dof: float | None, *, level: float = LEVEL) -> Interval:
-    """The candidate's mean score minus the baseline's with a t interval whose standard error comes from a noise
-    measured elsewhere (stage 2's pooled noise of the validation series, ``dof`` its degrees of freedom; None: a
-    guess, taken as normal): for configs run on one seed each, where their own spread says nothing."""
+def noise_difference_interval(baseline: Sequence[float], candidate: Sequence[float], noise: float, *,
+                              dof: float | None = None, level: float = LEVEL) -> Interval:
+    """The candidate's score minus the baseline's, with a t interval whose spread is a measurement noise known
+    from elsewhere (``noise``: the std of one measurement, e.g. the residual noise of many validation points;
+    ``dof``: its degrees of freedom, None = many) rather than from the few scores themselves: two runs a side
+    say almost nothing of their own spread, while the trajectories behind them measured it many times (stage 3),
+    or stage 2's pooled noise of the validation series for configs run on one seed each."""
     b, c = _clean(baseline, False), _clean(candidate, False)
     if not len(b) or not len(c):
         raise ValueError("a difference needs at least one measurement on each side")
     est = float(c.mean() - b.mean())
-    se = float(noise) * math.sqrt(1 / len(b) + 1 / len(c))
-    q = float(_st.t.ppf(0.5 + level / 2, dof)) if dof and dof > 0 else float(_st.norm.ppf(0.5 + level / 2))
-    return Interval(est, est - q * se, est + q * se, len(b), len(c), level, "pooled-t", False)
+    if not math.isfinite(noise) or noise <= 0:
+        return Interval(est, None, None, len(b), len(c), level, "none", False)
+    half = float(_st.t.ppf(0.5 + level / 2, dof if dof and dof > 0 else math.inf)) * noise * math.sqrt(
+        1 / len(b) + 1 / len(c))
+    return Interval(est, est - half, est + half, len(b), len(c), level, "known-noise-t", False)
+

@@ -285,7 +285,8 @@ class Move:
     how: str
     """``x2``, ``/2``, ``+0.1``, ``atleast:0.28``, ``atmost:0.2``, ``on``, ``off``, ``ent+``/``ent-`` (Skywork-OR1's
     entropy controller over one segment), ``temp+`` (POLARIS: +0.05 after a slight entropy fall, +0.1 after a
-    large one), ``stage+`` (DeepScaleR's staged response limit: the schedule's start limit added)."""
+    large one), ``stage+`` (DeepScaleR's staged response limit: the schedule's start limit added), ``step+`` (twice the
+    schedule's starting learning rate, once)."""
 
 
 @dataclass
@@ -302,6 +303,8 @@ class Rule:
     """Candidates of one family test the same hypothesis: K transitions cover distinct families first."""
     blocked_by: tuple[str, ...] = ()
     """Not offered while one of these pathologies is present."""
+    led: bool = False
+    """The moves after the first only go with it (the KL anchor of a larger step): no first move, no rule."""
 
 
 RULES: list[Rule] = [
@@ -350,6 +353,13 @@ RULES: list[Rule] = [
          [Move("optim.lr", "/2"), Move("clip_ratio_high", "atmost:0.28")],
          "halve the learning rate (too large a step collapses GRPO runs; verl uses 1e-6..1e-5) and cap "
          "clip-higher at DAPO's 0.28", 0.75, "lr"),
+    # the step size: raised once per schedule (twice the start's lr at most), inside a KL anchor
+    Rule("larger-step", ("healthy", "plateau"), [Move("optim.lr", "step+"), Move("use_kl_loss", "on")],
+         "a healthy run learns no faster than its step allows: double the schedule's starting learning rate "
+         "once, anchored to the reference by a KL loss (PPO's trust region, arXiv 1707.06347; verl's "
+         "kl_loss_coef 0.001), so the larger step cannot drift far; evidence from the branch decides whether it "
+         "stays", 0.55, "step", blocked_by=("collapse", "policy_drift", "instability", "val_decline",
+                                            "entropy_explosion"), led=True),
     Rule("anneal", ("plateau",), [Move("optim.lr", "/2")],
          "validation stopped improving: lower the learning rate (the classic reduce-on-plateau schedule)",
          0.45, "lr"),
@@ -383,6 +393,8 @@ class _Info:
     entropy_ratio: float | None = None
     start_limit: float | None = None
     """The schedule's first response limit (its root's): each stage of the staged budget adds it."""
+    start_lr: float | None = None
+    """The schedule's first learning rate (its root's): ``step+`` raises the step to twice it, once."""
 
 
 def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
@@ -407,6 +419,10 @@ def _apply_move(spec: ParamSpec, value: Any, how: str, info: _Info) -> Any:
         nv = max(0.0, v - ent_step)
     elif how == "stage+":  # DeepScaleR's staged budget: the start limit added per stage (the first stage doubles)
         nv = v + (info.start_limit if info.start_limit and info.start_limit > 0 else v)
+    elif how == "step+":  # twice the schedule's starting step, once: a path already above it keeps its step
+        if not info.start_lr or v > info.start_lr * (1 + 1e-6):
+            return value
+        nv = 2 * info.start_lr
     elif how == "temp+":
         slight = info.entropy_ratio is not None and info.entropy_ratio >= 0.6
         nv = v + (0.05 if slight else 0.1)
@@ -458,6 +474,7 @@ def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRul
     moved: list[str] = []
     kl_key = _key(ctx, "use_kl_loss")
     kl_was_on = bool(current.get(kl_key, False)) if kl_key else True
+    led = False  # the rule's first move applied
     for mv in rule.moves:
         spec = _spec(ctx, mv.suffix)
         if spec is None:
@@ -474,7 +491,8 @@ def _build(ctx: AgentContext, rule: Rule, start: dict[str, Any], fb: FeedbackRul
             continue
         overrides[spec.key] = new
         moved.append(f"{spec.key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(new)}")
-    if not moved:
+        led = led or mv is rule.moves[0]
+    if not moved or (rule.led and not led):
         return None
     for k in list(overrides):  # a value equal to the base is no override
         if k not in start and ctx.base_config.get(k, _MISSING) == overrides[k]:
@@ -514,7 +532,7 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     sev = severities(ctx)
     info = _Info(segment_steps=(ctx.segment[1] - ctx.segment[0]) if ctx.segment and ctx.segment[1] > ctx.segment[0]
                  else DEFAULT_SEGMENT, entropy_ratio=diag.entropy_ratio if diag else None,
-                 start_limit=start_limit(ctx))
+                 start_limit=start_limit(ctx), start_lr=start_value(ctx, "optim.lr"))
     start: dict[str, Any] = {}  # transitions are changes of the parent branch's config (ctx.base_config)
     parent = ctx.full_config(start)
     # the parent's own config continuing is no transition (the stage runs it, or not, by itself)
@@ -546,6 +564,12 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         if built is None:
             continue
         overrides, moved = built
+        if rule.led and len(moved) > 1 and make(dict(overrides), 0.0, "") is None:
+            # the companions do not fit (a KL anchor's reference model over the memory limit): the lead move alone
+            lead = _spec(ctx, rule.moves[0].suffix)
+            if lead is not None and lead.key in overrides:
+                overrides = {**start, lead.key: overrides[lead.key]}
+                moved = moved[:1]
         score = sev[answer] * rule.prior
         focus = [k for k in overrides if k in fb.focus and k not in start]
         if focus:
@@ -562,16 +586,22 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         if opt is not None:
             options.append(opt)
     options.sort(key=lambda o: -o.score)
-    combo = _combine(ctx, options, start, make)
-    if combo is not None:
-        options.append(combo)
-        options.sort(key=lambda o: -o.score)
-    return _diverse(options, ctx.num_candidates)
+    coordinated = _coordinated(options, start, make)
+    picked = [o.cand for o in coordinated[:ctx.num_candidates]]
+    keys = {c.key() for c in picked}
+    rest = [o for o in options if o.cand.key() not in keys]
+    return picked + _diverse(rest, ctx.num_candidates - len(picked))
 
 
 def start_limit(ctx: AgentContext) -> float | None:
     """The response limit the schedule started with (its root segment's), else None (the stage's first round)."""
-    key = _key(ctx, "max_response_length")
+    return start_value(ctx, "max_response_length")
+
+
+def start_value(ctx: AgentContext, suffix: str) -> float | None:
+    """A numeric knob's value in the schedule's root segment (the start config), else None (the stage's first
+    round)."""
+    key = _key(ctx, suffix)
     if key is None:
         return None
     roots = [t for t in ctx.history if t.stage == ctx.stage and t.parent_trial is None and not t.confirms]
@@ -620,20 +650,56 @@ def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackR
     return None
 
 
-def _combine(ctx: AgentContext, options: list[_Option], start: dict[str, Any], make: Any) -> _Option | None:
-    """A coordinated transition: the top answer to a finding plus the top capacity move (LLMZero's pattern:
-    regularisation answers the dynamics while capacity accumulates)."""
-    top = next((o for o in options if not o.capacity and o.answer != "healthy"), None)
-    cap = next((o for o in options if o.capacity), None)
-    if top is None or cap is None:
-        return None
-    extra = {k: v for k, v in cap.cand.overrides.items() if k not in start}
-    if set(extra) & set(top.cand.overrides):
-        return None
-    score = top.score * 0.8  # below the single answers: it tests two hypotheses at once
-    cand = make({**top.cand.overrides, **extra}, score,
-                top.cand.rationale + " Together with: " + cap.cand.rationale.split(" -> ", 1)[-1])
-    return None if cand is None else _Option(score, "combo", True, cand, top.answer)
+#: families of capacity moves: a coordinated transition takes one of them (the cost of a step grows with each)
+CAPACITY_FAMILIES = ("capacity", "length")
+
+
+def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> list[_Option]:
+    """LLMZero's coordinated transitions (arXiv 2606.18388): the best option of each family that answers a
+    finding of the diagnosis, merged into one transition - regularisation towards what the trajectory needs, one
+    capacity move when a finding asks for it (clipped responses), the step size - then the same without the
+    step-size move (so the branches from a checkpoint test the larger
+    step against the same moves without it), then without the capacity move. Knob by knob the option with the higher score wins; none when fewer
+    than two families answer.
+
+    Why: each knob alone moves the final score by about one measurement's noise, so single-knob branches are
+    lost in it, while the moves together are worth several times the noise (docs/runtime.md, the schedule
+    stage's diagnosis)."""
+    merged: dict[str, Any] = {}
+    parts: list[_Option] = []
+    fams: set[str] = set()
+    for o in options:  # sorted by score: each family's first option is its best
+        if o.family in fams or o.family == "reviewer" or (
+                o.family in CAPACITY_FAMILIES and fams & set(CAPACITY_FAMILIES)):
+            continue
+        if o.answer in ("healthy", "plateau") and o.family != "step":
+            continue  # a healthy run's capacity, regularisation and step-decay ideas stay single branches: the
+            # bundle answers findings and raises the step once (capacity grows in it when a finding asks, as
+            # the longer budget for clipped responses: more rollouts "because healthy" doubled the memory of
+            # runs whose responses were still growing, and their continuations ran out of memory)
+        extra = {k: v for k, v in o.cand.overrides.items() if k not in start}
+        if set(extra) & set(merged):
+            continue
+        fams.add(o.family)
+        merged.update(extra)
+        parts.append(o)
+    out: list[_Option] = []
+    # the whole, then without the larger step, then without the capacity move (a longer limit predicted near the
+    # memory limit must not sink the rest: the critic weighs a candidate by its memory risk)
+    for without in (None, "step", CAPACITY_FAMILIES):
+        use = [o for o in parts if not (o.family == without or (isinstance(without, tuple) and o.family in without))]
+        if len(use) < 2 or (without and len(use) == len(parts)):
+            continue
+        over = dict(start)
+        for o in use:
+            over.update(o.cand.overrides)
+        score = sum(o.score for o in use)
+        head = "Coordinated transition (LLMZero: regularisation follows the dynamics, capacity accumulates" + (
+            ", the step grows once" if any(o.family == "step" for o in use) else "") + "): "
+        cand = make(over, score, head + " + ".join(o.cand.rationale.split(" The token caps")[0] for o in use))
+        if cand is not None:
+            out.append(_Option(score, "coordinated", any(o.capacity for o in use), cand, use[0].answer))
+    return out
 
 
 def _diverse(options: list[_Option], k: int) -> list[Candidate]:
@@ -693,11 +759,21 @@ _PHRASE_OF = {"collapse": "collapses", "entropy_collapse": "entropy fell", "entr
 
 def _best_answer(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, float]) -> tuple[float, str | None, str | None]:
     """(score, pathology, phrase) of the finding ``overrides`` answers best (see ``transition_score``)."""
-    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None, start_limit=start_limit(ctx))
+    best, answer, phrase, _ = _answers(ctx, overrides, sev)
+    return best, answer, phrase
+
+
+def _answers(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, float]
+             ) -> tuple[float, str | None, str | None, set[str]]:
+    """``_best_answer``'s figures and the findings ``overrides`` answers (a coordinated transition answers
+    several; ``healthy`` counts as one)."""
+    info = _Info(entropy_ratio=ctx.diagnosis.entropy_ratio if ctx.diagnosis else None, start_limit=start_limit(ctx),
+                 start_lr=start_value(ctx, "optim.lr"))
     parent = dict(ctx.base_config)
     new = ctx.full_config(overrides)
     moved = {k: d for k, v in new.items() if (d := _direction(parent.get(k), v)) is not None}
     best, answer_of, answered = 0.05, None, None
+    hit: list[tuple[str, str]] = []  # (finding, rule family) of each rule the transition follows
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
         if not present or any(b in sev for b in rule.blocked_by):
@@ -720,9 +796,17 @@ def _best_answer(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, fl
             continue
         against = sum(1 for k, d in wanted if k in moved and moved[k] != d)
         score = sev[answer] * rule.prior * (hits - 0.5 * against) / len(wanted)
+        if score > 0:
+            hit.append((answer, rule.family))
         if score > best:
             best, answer_of, answered = score, answer, f"{_finding_for(ctx.diagnosis, answer)} ({rule.name})"
-    return best, answer_of, answered
+    # the findings answered; ``healthy`` only through a family no finding's rule already moves (clip-higher
+    # against an entropy fall is not also the healthy run's early clip-higher)
+    findings = {a for a, _ in hit if a != "healthy"}
+    covered = {f for a, f in hit if a != "healthy"}
+    if any(a == "healthy" and f not in covered for a, f in hit):
+        findings.add("healthy")
+    return best, answer_of, answered, findings
 
 
 def sibling_answers(ctx: AgentContext, sev: dict[str, float] | None = None) -> set[str]:
@@ -746,12 +830,16 @@ def sibling_answers(ctx: AgentContext, sev: dict[str, float] | None = None) -> s
 def transition_score(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[float, str | None]:
     """How well a transition (from any proposer) answers the diagnosis: the severity of the most severe finding
     it answers times the rule's prior, scaled by how much of the rule it follows (moves against it count
-    half against); with the finding's phrase. A transition that answers nothing scores 0.05 (an untested
+    half against), and by 1 + 0.5 per further finding it answers (a coordinated transition); with the
+    finding's phrase. A transition that answers nothing scores 0.05 (an untested
     hypothesis is still worth a branch). One that answers a finding a sibling from the same checkpoint already
     answers scores half: the branches of a checkpoint test distinct hypotheses first (each finding gets its
     answer before a second idea for one, as the proposer orders them)."""
     sev = severities(ctx)
-    best, answer, answered = _best_answer(ctx, overrides, sev)
+    best, answer, answered, families = _answers(ctx, overrides, sev)
+    if len(families) > 1:  # coordinated: each further finding it answers adds half (LLMZero's multi-knob moves)
+        best *= 1 + 0.5 * (len(families) - 1)
+        answered = (answered or "") + f"; coordinated: answers {', '.join(sorted(families))}"
     if answer is not None and answer in sibling_answers(ctx, sev):
         best *= 0.5
         answered = (answered or "") + "; a sibling already answers this finding"

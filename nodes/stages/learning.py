@@ -34,7 +34,7 @@ from mart.state.objectives import (
     validation_series,
 )
 from mart.state.stages import LEARNING_TRAITS
-from mart.state.stats import difference_interval, pooled_difference_interval
+from mart.state.stats import difference_interval, noise_difference_interval
 from mart.state.verl_keys import LR_KEY
 
 CONFIRM_SEED_OFFSET = 1  # the re-evaluation seed: the session's seed + 1
@@ -267,7 +267,7 @@ def _gain_interval(contenders: list[Contender], winner: Contender, noise: float,
     """The score difference over the baseline of the winner (a kept baseline: of the change that led it, re-run
     ones first, as ``baseline_verdict`` names it) with its interval: from the two configs' own seed-to-seed spread
     (``difference_interval``, Welch) when both ran on two seeds or more, else from the pooled noise the verdict's
-    standard error uses (``pooled_difference_interval``). None without a measured baseline or a change above it."""
+    standard error uses (``noise_difference_interval``). None without a measured baseline or a change above it."""
     base = next((c for c in contenders if c.is_baseline), None)
     if base is None:
         return None
@@ -280,7 +280,7 @@ def _gain_interval(contenders: list[Contender], winner: Contender, noise: float,
     if len(base.scores) >= 2 and len(winner.scores) >= 2:
         iv = difference_interval(base.scores, winner.scores)
     else:
-        iv = pooled_difference_interval(base.scores, winner.scores, noise, dof)
+        iv = noise_difference_interval(base.scores, winner.scores, noise, dof=dof)
     return iv.to_json()
 
 

@@ -29,8 +29,10 @@ from mart.nodes.stages.learning import CONFIRM_SEED_OFFSET, FALLBACK_NOISE_SHARE
 from mart.state.models import TrialRecord
 from mart.state.objectives import baseline_verdict, collapse_signals, validation_noise, validation_series
 from mart.state.schedule import (
+    TIE_Z,
     Node,
     children,
+    gain_interval,
     gpu_hours,
     path_gpu_hours,
     path_to,
@@ -157,7 +159,8 @@ def schedule_summary(result: dict[str, Any]) -> dict[str, Any]:
     static config's at equal total steps, and the tree (one row per segment-trial)."""
     keys = ("segments", "final_score", "final_score_spread", "final_score_runs", "static_best_score", "gain",
             "gpu_hours", "static_gpu_hours", "search_gpu_hours",  # issue 24: the schedule's cost beside its score
-            "branches_run", "budget", "boundaries", "noise", "winner", "reevaluated", "tree")
+            "branches_run", "budget", "boundaries", "noise", "winner", "reevaluated", "tree",
+            "gain_interval")  # the winner's (else the best schedule's) gain over the static one, with its interval
     return {k: result.get(k) for k in keys}
 
 
@@ -175,6 +178,16 @@ def _result(options: Any, nodes: list[Node], noise: float, static: Any, notes: l
         "gpu_hours": None, "static_gpu_hours": _round(path_gpu_hours(nodes, static.key)) if static else None,
         "search_gpu_hours": _round(search_gpu_hours(nodes)),
     }
+
+
+def search_budget(budget: int, depth: int, branches: int) -> int:
+    """The segment-trials the search may spend before the re-evaluations: ``RECHECK_RUNS`` are kept whenever the
+    budget also holds the root's full expansion and a changed path and the static path carried to the horizon
+    (without a re-evaluation no schedule can ever be claimed: the winner needs a second run). Later boundaries
+    then get fewer branches than the first: a move early is worth more than the same move late (docs/runtime.md,
+    the schedule stage's diagnosis)."""
+    minimal = 1 + branches + 2 * max(0, depth - 2)
+    return budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0)
 
 
 @dataclass
@@ -216,19 +229,61 @@ class Frontier:
         root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
         spine = static_path(nodes) if root is not None else []
         spine_open = bool(spine) and usable(spine[-1]) and spine[-1]["depth"] < depth
-        # one full expansion per boundary down a changed path, and the static path beside it
-        minimal = 1 + (depth - 1) * k + max(0, depth - 2)
         return cls(sched=sched, nodes=nodes, noise=noise, depth=depth, branches=k, budget=budget,
                    used=len(nodes) + len(view.queued(STAGE)), expanding=sched["expanding"],
                    expanded=list(sched["expanded"]), notes=list(sched["notes"]),
                    exhausted=dict(view.state.get("exhausted") or {}), root=root, by_id={n["id"]: n for n in nodes},
                    spine=spine, spine_open=spine_open, spine_missing=depth - spine[-1]["depth"] if spine_open else 0,
-                   search_budget=budget - (RECHECK_RUNS if budget >= minimal + RECHECK_RUNS else 0))
+                   search_budget=search_budget(budget, depth, k))
 
     def affordable(self, node: Node) -> int:
         """How many more branches from ``node`` leave room to carry each to the horizon (one unchanged
-        continuation per later segment) and to complete the static path."""
-        return self.search_budget - self.used - (self.depth - node["depth"] - 1) - self.spine_missing
+        continuation per later segment), to complete the static path and to carry the other live first-boundary
+        branches to the horizon (``carried``)."""
+        return (self.search_budget - self.used - (self.depth - node["depth"] - 1) - self.spine_missing
+                - self.carry_reserve(node))
+
+    def carried(self) -> list[Node]:
+        """The live first-boundary branches, each by the deepest node of its unchanged chain: the root's changed
+        children that finished healthy within ``TIE_Z`` x the noise of a difference of the best of them. A move
+        at the first boundary is worth the most, and its lead at the next boundary is within one measurement's
+        noise (docs/runtime.md, the diagnosis): such a branch is carried to the horizon, where the lead is
+        largest, rather than dropped on one noisy point."""
+        if self.root is None:
+            return []
+        kids = [c for c in children(self.nodes, self.root["id"]) if usable(c)]
+        if not kids:
+            return []
+        top = max(c["score"] for c in kids)
+        tie = TIE_Z * self.noise * math.sqrt(2)
+        out = []
+        for c in kids:
+            if not c["changes"] or c.get("signals") or top - c["score"] > tie:
+                continue
+            end = c
+            while True:  # down its unchanged continuations
+                nxt = next((k for k in children(self.nodes, end["id"]) if not k["changes"]), None)
+                if nxt is None or not usable(nxt):
+                    break
+                end = nxt
+            out.append(end)
+        return out
+
+    def carry_reserve(self, node: Node) -> int:
+        """Segment-trials still needed to carry the live first-boundary branches other than ``node``'s own path
+        to the horizon."""
+        mine = {n["id"] for n in path_to(self.nodes, node["id"])}
+        need = 0
+        for end in self.carried():
+            if end["id"] in mine or end["depth"] >= self.depth:
+                continue
+            nxt = next((k for k in children(self.nodes, end["id"]) if not k["changes"]), None)
+            if nxt is None:
+                need += self.depth - end["depth"]
+            elif nxt.get("status") == "running":  # counted in ``used``; the rest of the chain is not
+                need += self.depth - end["depth"] - 1
+            # a continuation that ended unusable: the branch is dead, nothing to carry
+        return need
 
     def extends_spine(self, node_id: str) -> bool:
         """Expanding ``node_id`` continues the open static path, and the budget has room for it."""
@@ -453,7 +508,14 @@ class ScheduleStage(StagePolicy):
             verdict = baseline_verdict(ranked, noise, baseline="the static schedule")
             if verdict and not verdict.startswith("no change"):
                 notes.append(f"the static schedule is kept: {verdict}")
+        leader = winner if winner is not None and winner is not static else next(
+            (c for c in ranked if not c.is_baseline), None)
+        interval = gain_interval(static, leader, noise) if static is not None and leader is not None else None
+        if interval is not None and winner is static:
+            notes.append(f"the best schedule {leader.key} against the static one: {interval.describe()}"
+                         + ("" if interval.confirms_gain else ": its interval does not exclude zero"))
         result = _result(options, nodes, noise, static, notes)
+        result["gain_interval"] = interval.to_json() if interval is not None else None
         update: dict[str, Any] = {}
         if winner is not None:
             update = self._crown(view, nodes, winner, static, result)

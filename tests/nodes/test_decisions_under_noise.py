@@ -234,7 +234,7 @@ def test_stage_2s_gain_interval_comes_from_its_verdicts_figures():
     from scipy import stats
 
     half = stats.t.ppf(0.95, 12) * 0.01 * math.sqrt(1 / 2 + 1)
-    assert iv.method == "pooled-t" and iv.hi - iv.lo == pytest.approx(2 * half)
+    assert iv.method == "known-noise-t" and iv.hi - iv.lo == pytest.approx(2 * half)
     # a kept baseline: the interval of the change that led it (re-run ones first); none when nothing led it
     assert Interval.from_json(_gain_interval([base, change, one], base, 0.01, 12)).estimate == pytest.approx(0.095)
     low = Contender(key="lea-04-c", scores=[0.40], signals=[])

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from mart.nodes.agents.base import AgentContext
 from mart.nodes.agents.rules import RulesCritic, RulesProposer
-from mart.nodes.agents.schedule import Diagnosis, diagnose, transition_candidates
+from mart.nodes.agents.schedule import Diagnosis, diagnose
+from mart.nodes.agents.schedule import transition_candidates as all_transitions
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, TrialRecord, TrialStatus
 from mart.trial_runner.local.space import SEARCH_SPACE as LOCAL
@@ -68,6 +70,17 @@ def test_diagnosis_reads_health_events_and_missing_metrics():
     assert d.entropy is None and d.kl is None and d.val_score is None
     assert d.worst() == "instability"
     assert diagnose([]) == Diagnosis()
+
+
+def coordinated(c: Candidate) -> bool:
+    return c.rationale.startswith("Coordinated transition")
+
+
+def transition_candidates(cx: AgentContext) -> list[Candidate]:
+    """The single-rule transitions (each finding's answer), as the proposer ranks them after its coordinated ones
+    (``test_a_coordinated_transition_comes_first...`` covers those)."""
+    m = sum(1 for o in all_transitions(replace(cx, num_candidates=cx.num_candidates + 2)) if coordinated(o))
+    return [o for o in all_transitions(replace(cx, num_candidates=cx.num_candidates + m)) if not coordinated(o)]
 
 
 def ctx(space=VERL, diag: Diagnosis | None = None, history=(), feedback=(), k: int = 3, base: dict | None = None,
@@ -272,9 +285,10 @@ def test_critic_marks_a_transition_that_shrinks_capacity():
     cx = ctx(diag=diagnose(trajectory(**COLLAPSE)), base=VERL_BASE)
     grow = Candidate(candidate_id="grow", stage="schedule", overrides={CLIP_HIGH: 0.28, N: 16})
     shrink = Candidate(candidate_id="shrink", stage="schedule", overrides={CLIP_HIGH: 0.28, N: 4})
-    verdict = RulesCritic().critique(cx, [shrink, grow])
+    same = Candidate(candidate_id="same", stage="schedule", overrides={CLIP_HIGH: 0.28})
+    verdict = RulesCritic().critique(cx, [shrink, grow, same])
     by_id = {cr.candidate_id: cr for cr in verdict.critiques}
-    assert verdict.pick == "grow" and by_id["shrink"].score == pytest.approx(by_id["grow"].score / 2)
+    assert verdict.pick == "grow" and by_id["shrink"].score == pytest.approx(by_id["same"].score / 2)
     assert "shrinks capacity (n)" in by_id["shrink"].reasons[-1]
 
 
@@ -338,3 +352,53 @@ def test_the_critic_prefers_a_finding_no_sibling_has_answered_yet():
     assert after.pick == "long"
     hot = next(c for c in after.critiques if c.candidate_id == "hot")
     assert any("a sibling already answers this finding" in r for r in hot.reasons)
+
+
+# --------------------------------------------------------------------------- issue 44: coordinated transitions
+def _root(lr: float = 1e-6) -> TrialRecord:
+    return TrialRecord(trial_id="root", stage="schedule", kind="baseline", status=TrialStatus.COMPLETED, score=0.4,
+                       config={**VERL.defaults(), **VERL_BASE, LR: lr})
+
+
+def test_a_coordinated_transition_comes_first_and_answers_every_finding_at_once():
+    """Single knobs move the score by about one measurement's noise; the diagnosis's answers together by several
+    (docs/runtime.md): the first transition merges each finding's best answer and the larger step, the second is
+    the same without the larger step, and the critic ranks the merged one above any single answer."""
+    both = diagnose(trajectory(**COLLAPSE, **CLIPPING))
+    cx = ctx(diag=both, base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=4)
+    c = all_transitions(cx)
+    assert coordinated(c[0]) and coordinated(c[1]) and coordinated(c[2]) and not coordinated(c[3])
+    first, second = c[0].overrides, c[1].overrides
+    # the third: the same without the capacity move (one predicted near the memory limit must not sink the rest)
+    assert MAX_LEN not in c[2].overrides and c[2].overrides[LR] == pytest.approx(2e-6)
+    assert first[CLIP_HIGH] == 0.28 and first[MAX_LEN] == 1024  # the entropy fall's and the clipping's answers
+    assert first[LR] == pytest.approx(2e-6) and first[KL_ON] is True  # the larger step, anchored
+    assert LR not in second and KL_ON not in second and {k: v for k, v in first.items() if k not in (LR, KL_ON)} == second
+    assert N not in first  # capacity because the run is healthy stays a single branch
+    verdict = RulesCritic().critique(cx, [o.model_copy(update={"candidate_id": f"c{i}"}) for i, o in enumerate(c)])
+    assert verdict.pick == "c0"
+
+
+def test_the_larger_step_is_taken_once_per_schedule_and_only_with_its_kl_anchor():
+    healthy = diagnose(trajectory())
+    c = all_transitions(ctx(diag=healthy, base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=6))
+    assert {LR: pytest.approx(2e-6), KL_ON: True} in [o.overrides for o in c]
+    # a path already at twice the start keeps its step: no larger-step (and so no lone KL anchor either)
+    c = all_transitions(ctx(diag=healthy, base={**VERL_BASE, LR: 2e-6}, history=[_root()], k=6))
+    assert all(o.overrides.get(LR, 0) <= 2e-6 for o in c) and {KL_ON: True} not in [o.overrides for o in c]
+    # without a root to read the start from, or while the policy drifts, it is not offered
+    assert all(LR not in o.overrides or o.overrides[LR] < 1e-6
+               for o in all_transitions(ctx(diag=healthy, base={**VERL_BASE, LR: 1e-6}, k=6)))
+    drifting = all_transitions(ctx(diag=diagnose(trajectory(**DRIFT)), base={**VERL_BASE, LR: 1e-6},
+                                   history=[_root()], k=6))
+    assert all(o.overrides.get(LR, 0) <= 1e-6 for o in drifting)
+
+
+def test_a_larger_step_whose_kl_anchor_does_not_fit_in_memory_goes_alone():
+    def mem(cfg):  # the reference model of a KL loss is what does not fit
+        return 50.0 if cfg.get(KL_ON) else 40.0
+
+    c = all_transitions(ctx(diag=diagnose(trajectory()), base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=6,
+                            predict_memory=mem, memory_limit_gb=45.0))
+    assert {LR: pytest.approx(2e-6)} in [o.overrides for o in c]
+    assert all(not o.overrides.get(KL_ON) for o in c)
