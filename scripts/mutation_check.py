@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -367,11 +368,22 @@ def _pytest(src: Path, env: dict[str, str], tests: tuple[str, ...], timeout_s: f
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *([] if slow else ["-m", "not slow"]),
            *tests]
     t0 = time.monotonic()
+    # its own process group, so that a time-out can reach what the tests started
+    proc = subprocess.Popen(cmd, cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        out = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout_s)
+        out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        # SIGINT first: pytest then runs the fixtures' teardown (a Ray head started with `ray start` lives in a
+        # session of its own, and only its fixture stops it; a plain kill left one running); then the group
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
         return 124, "timed out", time.monotonic() - t0
-    return out.returncode, (out.stdout + out.stderr)[-2000:], time.monotonic() - t0
+    return proc.returncode, out[-2000:], time.monotonic() - t0
 
 
 def _first_failure(output: str) -> str:
