@@ -40,7 +40,8 @@ def test_user_job_reaches_the_optimum_with_at_most_one_bad_trial(tmp_path: Path,
         rows = [r for r in ledger.trials() if r["stage"] == "system"]
     finally:
         ledger.close()
-    assert len(rows) == TRIALS
+    # the search's trials; stage 1's re-measurement of the baseline and the best (kind `confirm`) comes on top
+    assert len([r for r in rows if r["kind"] != "confirm"]) == TRIALS
     limit = gt["limit_gb"]
     bad = [r for r in rows if r["status"] == "oom" or (r.get("peak_memory_gb") or 0) > limit]
     assert len(bad) <= 1, [(r["status"], r.get("peak_memory_gb")) for r in bad]
