@@ -511,7 +511,7 @@ class ScheduleStage(StagePolicy):
         leader = winner if winner is not None and winner is not static else next(
             (c for c in ranked if not c.is_baseline), None)
         interval = gain_interval(static, leader, noise) if static is not None and leader is not None else None
-        if interval is not None and winner is static:
+        if interval is not None and leader is not None and winner is static:
             notes.append(f"the best schedule {leader.key} against the static one: {interval.describe()}"
                          + ("" if interval.confirms_gain else ": its interval does not exclude zero"))
         result = _result(options, nodes, noise, static, notes)
