@@ -9,8 +9,8 @@ excludes zero).
 
 Throughput gains are ratios, so they are taken on the log scale (a Welch t interval of the difference of mean
 log throughputs, back-transformed): noise on a busy machine is multiplicative, and the interval of a ratio is
-then symmetric in log space. Scores are compared as differences. scipy supplies the t quantiles and the
-bootstrap; nothing here is hand-rolled beyond the bookkeeping.
+then symmetric in log space. Scores are compared as differences. scipy supplies the t quantiles; nothing here is
+hand-rolled beyond the bookkeeping. No bootstrap: a re-measurement round gives too few measurements for one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from scipy import stats as _st
 #: The default two-sided level of every interval mart reports (a 90% interval: a one-sided 95% test of "better").
 LEVEL = 0.9
 
-Method = Literal["welch-t-log", "paired-t-log", "welch-t", "paired-t", "bootstrap-log", "known-noise-t", "none"]
+Method = Literal["welch-t-log", "paired-t-log", "welch-t", "paired-t", "known-noise-t", "none"]
 
 
 @dataclass(frozen=True)
@@ -155,21 +155,6 @@ def difference_interval(baseline: Sequence[float], candidate: Sequence[float], *
         est, lo, hi = _welch(b, c, level)
         method = "welch-t"
     return Interval(est, lo, hi, len(b), len(c), level, method if lo is not None else "none", False)
-
-
-def bootstrap_gain_interval(baseline: Sequence[float], candidate: Sequence[float], *, level: float = LEVEL,
-                            resamples: int = 2000, seed: int = 0) -> Interval:
-    """The same gain as :func:`gain_interval` with a percentile bootstrap of the mean log ratio (seeded, so a
-    session's verdict replays); for when the spread is far from normal. Needs two measurements a side."""
-    b, c = _clean(baseline, True), _clean(candidate, True)
-    est = float(np.log(c).mean() - np.log(b).mean())
-    if len(b) < 2 or len(c) < 2:
-        return Interval(_pct(est) or 0.0, None, None, len(b), len(c), level, "none", True)
-    res = _st.bootstrap((np.log(c), np.log(b)), lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis),
-                        confidence_level=level, n_resamples=resamples, method="percentile",
-                        random_state=np.random.default_rng(seed), vectorized=True)
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return Interval(_pct(est) or 0.0, _pct(lo), _pct(hi), len(b), len(c), level, "bootstrap-log", True)
 
 
 def relative_spread(samples: Sequence[float]) -> float | None:
