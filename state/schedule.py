@@ -118,7 +118,7 @@ def recheck_plan(nodes: list[Node], depth: int, noise: float) -> list[str]:
     return [c.key for c in plan]
 
 
-def gain_interval(static: Contender, c: Contender, noise: float) -> Interval:
+def schedule_gain_interval(static: Contender, c: Contender, noise: float) -> Interval:
     """A complete schedule's final score minus the static schedule's, with its interval (``stats.LEVEL``): the
     spread is the measured noise of one validation score (``noise``, from the tree's validation curves) over the
     runs of each side; without a noise, the runs' own spread (``stats.difference_interval``)."""
@@ -129,7 +129,7 @@ def gain_interval(static: Contender, c: Contender, noise: float) -> Interval:
 
 def pick_schedule_winner(nodes: list[Node], depth: int, noise: float) -> tuple[Contender | None, list[Contender]]:
     """The winning complete schedule and all contenders ranked by mean. A schedule replaces the static one only
-    when its gain interval over it (``gain_interval``) lies above zero, it ran on two seeds (a re-evaluation of its
+    when its gain interval over it (``schedule_gain_interval``) lies above zero, it ran on two seeds (a re-evaluation of its
     last segment), its re-run alone beats the static schedule's mean, and no run of it showed a collapse signal;
     among those, the best mean. A gain seen on one run is never claimed. Without a complete static schedule,
     stage 2's rule over the rest (``objectives.learning_choice``)."""
@@ -142,7 +142,7 @@ def pick_schedule_winner(nodes: list[Node], depth: int, noise: float) -> tuple[C
         winner, _ = learning_choice(contenders, noise)
         return winner, ranked
     proven = [c for c in ranked if not c.is_baseline and len(c.scores) >= 2 and not c.signals
-              and all(x > static.mean for x in c.scores[1:]) and gain_interval(static, c, noise).confirms_gain]
+              and all(x > static.mean for x in c.scores[1:]) and schedule_gain_interval(static, c, noise).confirms_gain]
     return (proven[0] if proven else static), ranked
 
 

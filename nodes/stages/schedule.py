@@ -32,13 +32,13 @@ from mart.state.schedule import (
     TIE_Z,
     Node,
     children,
-    gain_interval,
     gpu_hours,
     path_gpu_hours,
     path_to,
     pick_schedule_winner,
     rank_frontier,
     recheck_plan,
+    schedule_gain_interval,
     search_gpu_hours,
     static_path,
     usable,
@@ -510,7 +510,7 @@ class ScheduleStage(StagePolicy):
                 notes.append(f"the static schedule is kept: {verdict}")
         leader = winner if winner is not None and winner is not static else next(
             (c for c in ranked if not c.is_baseline), None)
-        interval = gain_interval(static, leader, noise) if static is not None and leader is not None else None
+        interval = schedule_gain_interval(static, leader, noise) if static is not None and leader is not None else None
         if interval is not None and leader is not None and winner is static:
             notes.append(f"the best schedule {leader.key} against the static one: {interval.describe()}"
                          + ("" if interval.confirms_gain else ": its interval does not exclude zero"))

@@ -71,7 +71,7 @@ def _leaves(schedule_scores, static_scores=(0.50,)):
 
 
 def test_a_schedule_replaces_the_static_one_only_when_its_gain_interval_excludes_zero():
-    from mart.state.schedule import gain_interval, leaf_contenders, pick_schedule_winner
+    from mart.state.schedule import leaf_contenders, pick_schedule_winner, schedule_gain_interval
 
     # noise 0.01: two runs at +0.04 against one static run clear the 90% interval (half-width 1.645 x 0.0122)
     winner, _ = pick_schedule_winner(_leaves((0.54, 0.54)), depth=2, noise=0.01)
@@ -82,7 +82,7 @@ def test_a_schedule_replaces_the_static_one_only_when_its_gain_interval_excludes
     # a re-run below the static mean sinks it whatever the mean
     assert pick_schedule_winner(_leaves((0.60, 0.49)), depth=2, noise=0.01)[0].key == "static"
     static, sched = sorted(leaf_contenders(_leaves((0.54, 0.54)), 2), key=lambda c: not c.is_baseline)
-    iv = gain_interval(static, sched, 0.01)
+    iv = schedule_gain_interval(static, sched, 0.01)
     assert iv.method == "known-noise-t" and iv.confirms_gain and iv.estimate == pytest.approx(0.04)
     assert iv.lo == pytest.approx(0.04 - 1.6449 * 0.01 * (1.5 ** 0.5), abs=1e-4)
 
