@@ -44,7 +44,8 @@ def _query(db: Path, sql: str, args=()):
 def test_kill_minus_9_then_resume(tmp_path, backend):
     runs = tmp_path / "runs"
     cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", backend, "--approve", "auto",
-           "--system-trials", "3", "--learning-trials", "2", "--system-horizon", "4", "--learning-horizon", "6",
+           # a candidate of stage 1 is killed, and stage 2 still has to run after the resume
+           "--system-trials", "2", "--learning-trials", "1", "--system-horizon", "4", "--learning-horizon", "6",
            "--learning-confirm-trials", "0",  # stage-2 re-evaluations are tested in tests/nodes/test_learning_selection.py
            "--runs-dir", str(runs), "--quiet", "--json"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -74,9 +75,9 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
     assert_readme_shape(summary)
     assert {"notes", "agents"} <= set(summary)  # --json carries the notes and agent usage
     assert summary["status"] == "completed"
-    assert summary["trials"]["total"] == 5
+    assert summary["trials"]["total"] == 3
     rows = _query(db, "select trial_id, candidate_id, status, handle from trials")
-    assert len(rows) == 5
+    assert len(rows) == 3
     cands = [r[1] for r in rows if r[1]]
     assert len(cands) == len(set(cands)), "an approved candidate ran twice"
     killed = next(r for r in rows if r[0] == trial_id)

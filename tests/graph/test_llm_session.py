@@ -110,7 +110,7 @@ def test_mart_tune_agents_llm_on_the_local_workload(tmp_path):
     with OpenAIStub(default=PlausibleAgent(seed=5), max_lifetime_s=950) as stub:
         cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--agents", "llm",
                "--approve", "auto", "--system-trials", "2", "--learning-trials", "2", "--system-horizon", "4",
-               "--learning-horizon", "6", "--llm-model", "stub-model", "--llm-base-url", stub.base_url,
+               "--learning-horizon", "6", "--learning-confirm-trials", "0", "--llm-model", "stub-model", "--llm-base-url", stub.base_url,
                "--llm-api-key-file", str(keyfile), "--runs-dir", str(runs), "--json", "--quiet"]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
         n_requests = len(stub.completions())

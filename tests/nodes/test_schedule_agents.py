@@ -394,6 +394,15 @@ def test_the_larger_step_is_taken_once_per_schedule_and_only_with_its_kl_anchor(
     assert all(o.overrides.get(LR, 0) <= 1e-6 for o in drifting)
 
 
+def test_on_a_cpu_device_no_transition_needs_the_reference_model_and_the_larger_step_goes_alone():
+    # verl's reference model cannot start with trainer.device=cpu (verl/space.py), so no KL move is offered there
+    cpu = {**VERL_BASE, LR: 1e-6, "trainer.device": "cpu"}
+    c = all_transitions(ctx(diag=diagnose(trajectory()), base=cpu, history=[_root()], k=6))
+    assert {LR: pytest.approx(2e-6)} in [o.overrides for o in c]
+    drift = all_transitions(ctx(diag=diagnose(trajectory(**DRIFT)), base=cpu, history=[_root()], k=6))
+    assert drift and not any(o.overrides.get(KL_ON) for o in c + drift)
+
+
 def test_a_larger_step_whose_kl_anchor_does_not_fit_in_memory_goes_alone():
     def mem(cfg):  # the reference model of a KL loss is what does not fit
         return 50.0 if cfg.get(KL_ON) else 40.0

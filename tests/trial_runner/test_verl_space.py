@@ -64,6 +64,8 @@ def _broken(over: dict) -> list[str]:
           "data.max_response_length": 4096}, "dynamic_bsz_token_cap"),
         ({f"{A}.rollout.enable_chunked_prefill": False, "data.max_response_length": 16384}, "batched_tokens_without_chunked_prefill"),
         ({"algorithm.adv_estimator": "grpo", f"{A}.rollout.n": 1}, "grpo_group_size"),
+        ({"trainer.device": "cpu", f"{A}.actor.use_kl_loss": True}, "reference_model_needs_an_accelerator"),
+        ({"trainer.device": "cpu", "algorithm.use_kl_in_reward": True}, "reference_model_needs_an_accelerator"),
     ],
 )
 def test_each_constraint_rejects_its_case(over, rule):
@@ -78,3 +80,8 @@ def test_dynamic_bsz_lifts_the_micro_batch_rules():
 
 def test_non_numeric_value_is_reported_not_raised():
     assert "batch_divisible_by_gpus" in _broken({f"{A}.rollout.n": "many"})
+
+
+def test_a_reference_model_is_refused_only_on_a_cpu_device():
+    assert "reference_model_needs_an_accelerator" not in _broken({f"{A}.actor.use_kl_loss": True})
+    assert "reference_model_needs_an_accelerator" not in _broken({"trainer.device": "cpu"})

@@ -382,6 +382,16 @@ def _check_grpo_group(c: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_reference_on_cpu(c: dict[str, Any]) -> str | None:
+    # verl 0.9.1's forward-only FSDP2 engine (the reference model) shards its parameters under
+    # CPUOffloadPolicy(pin_memory=True), and pinned memory needs an accelerator: on trainer.device=cpu the
+    # reference worker fails at start ("Cannot access accelerator device when none is available")
+    if str(cfg_get(c, "trainer.device")).lower() == "cpu" and _uses_ref(c):
+        return ("a KL loss or KL-in-reward needs verl's reference model, which cannot start with trainer.device=cpu "
+                "(its FSDP2 offload pins memory, which needs an accelerator).")
+    return None
+
+
 def _constraint(name: str, description: str, check: Callable[[dict[str, Any]], str | None]) -> Constraint:
     def safe(config: dict[str, Any]) -> str | None:
         try:
@@ -422,6 +432,9 @@ CONSTRAINTS: list[Constraint] = [
                 _check_batched_tokens),
     _constraint("grpo_group_size",
                 "GRPO (algorithm.adv_estimator=grpo) needs rollout.n >= 2.", _check_grpo_group),
+    _constraint("reference_model_needs_an_accelerator",
+                "verl's reference model (KL loss or KL in reward) does not start with trainer.device=cpu.",
+                _check_reference_on_cpu),
 ]
 
 SEARCH_SPACE = SearchSpace(backend="verl", params=SYSTEM_PARAMS + LEARNING_PARAMS, constraints=CONSTRAINTS)
