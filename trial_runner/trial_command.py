@@ -9,6 +9,7 @@ starts nothing. Ctrl-C stops the trial (SIGTERM, grace, SIGKILL) and leaves a ``
 from __future__ import annotations
 
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,14 @@ def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file:
     val = math.nan
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[info]}")]
+    # Ctrl-C sets a flag the loop reads: a KeyboardInterrupt raised at an arbitrary point (inside the progress
+    # display's or the runner's locks) could leave the stop below waiting on a lock the interrupted code held
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task(f"{be.name} trial", total=steps, info="starting")
-            while True:
+            while not interrupted:
                 for rec in tail.read_new():
                     val = next((v for k, v in rec.data.items() if k.startswith(score_prefix)), val)
                     thr = f"{_fmt(rec.get(THROUGHPUT_KEY), '.0f')} tok/s"
@@ -146,10 +151,11 @@ def run_trial(backend: str, steps: int, out: Path, sets: list[str], config_file:
                 if poll.status.is_finished():
                     break
                 time.sleep(0.2)
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping the trial ...")
-        poll = runner.stop(handle, reason="interrupted by the user (Ctrl-C)", grace_s=5.0)
+        if interrupted:
+            console.print("interrupted: stopping the trial ...")
+            poll = runner.stop(handle, reason="interrupted by the user (Ctrl-C)", grace_s=5.0)
     finally:
+        signal.signal(signal.SIGINT, previous)
         runner.close()
     colour = "green" if poll.status is TrialStatus.COMPLETED else "red"
     console.print(f"[{colour}]{poll.status.value}[/]" + (f": {escape(poll.reason)}" if poll.reason else "")

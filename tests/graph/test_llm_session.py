@@ -99,7 +99,8 @@ def test_broken_critic_answers_fall_back_to_rules_with_the_reason_in_the_ledger(
 @pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_mart_tune_agents_llm_on_the_local_workload(tmp_path):
-    """The full command line: `mart tune --agents llm --approve auto` on the local GRPO workload."""
+    """The full command line: `mart tune --agents llm --approve auto` on the local GRPO workload (stage 1's
+    candidate is the LLM proposer's and critic's; stage 2's LLM path is the toy sessions' above)."""
     if importlib.util.find_spec("mart.trial_runner.local.backend") is None:
         pytest.skip("the local backend (mart.trial_runner.local.backend) is not there yet")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MART_LLM_"))}
@@ -109,8 +110,8 @@ def test_mart_tune_agents_llm_on_the_local_workload(tmp_path):
     # a few minutes on an idle 2-core box; the bounds leave room for a box shared with other jobs
     with OpenAIStub(default=PlausibleAgent(seed=5), max_lifetime_s=950) as stub:
         cmd = [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--agents", "llm",
-               "--approve", "auto", "--system-trials", "2", "--learning-trials", "2", "--system-horizon", "4",
-               "--learning-horizon", "6", "--learning-confirm-trials", "0", "--llm-model", "stub-model", "--llm-base-url", stub.base_url,
+               "--approve", "auto", "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "4",
+               "--llm-model", "stub-model", "--llm-base-url", stub.base_url,
                "--llm-api-key-file", str(keyfile), "--runs-dir", str(runs), "--json", "--quiet"]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
         n_requests = len(stub.completions())

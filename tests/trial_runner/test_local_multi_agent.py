@@ -188,8 +188,8 @@ def test_mart_tune_runs_a_debate_job_with_per_agent_knobs(local_cache, tmp_path)
     base.write_text(json.dumps({**TEAM_TINY, "trainer.test_freq": 5}))
     proc = subprocess.run(
         [sys.executable, "-m", "mart.graph.cli", "tune", "--backend", "local", "--backend-option", "workflow=debate",
-         "--approve", "auto", "--base-config", str(base), "--system-trials", "2", "--learning-trials", "2",
-         "--system-horizon", "4", "--learning-horizon", "6", "--learning-confirm-trials", "0",
+         "--approve", "auto", "--base-config", str(base), "--stages", "learning", "--learning-trials", "2",
+         "--learning-horizon", "6", "--learning-confirm-trials", "0",
          "--runs-dir", str(tmp_path / "runs")],
         capture_output=True, text=True, timeout=280)
     out = proc.stdout + proc.stderr
