@@ -13,6 +13,7 @@ LOCAL_TINY_CONFIG = TINY_CONFIG
 TOY_BACKEND = "tests.support.toy_backend:make_backend"
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a venv without xdist (the verl one) runs without it
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one and a half workers per core. A session test waits on its trial processes (each a fresh
     Python importing torch) and its tuner's polls: it keeps about two thirds of a core busy (``time`` of a
