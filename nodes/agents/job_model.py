@@ -32,8 +32,9 @@ The model never reads the simulator: the sim backend only describes its job as a
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,10 @@ MICRO_KNOBS = ("lp_micro", "ref_micro", "ppo_micro")
 #: of one at the same point, so a measured shape's residual is what predicts that shape (with 1.2, several
 #: trials one unit away outweighed the one trial that ran it, and a mispriced shape stayed mispriced after it ran)
 KERNEL = 3.0
+#: structural constants whose fit is worse than the best by at most this negative log-likelihood (in units of the
+#: measurement noise) stay plausible (``JobModel._plausible``): 1.0, about one standard error of one constant
+PLAUSIBLE_NLL = 1.0
+MAX_ALTERNATIVES = 4
 #: pull of the GEMM knee and the collective bandwidth towards their priors when one or two trials fit them
 #: (x the squared log multipliers, against the squared log residuals of the training passes and the sync)
 SHAPE_PRIOR = 0.05
@@ -202,6 +207,10 @@ class Calibration:
     no large token cap fitted without optimizer offload)"""
     mem_bias: dict[str, float] = field(default_factory=dict)
     time_obs: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
+    noise: dict[str, float] = field(default_factory=dict)
+    """phase -> the variance of one step's log time that the trials do not share (``measurement_noise``)"""
+    plausible: list[tuple[float, float, float]] = field(default_factory=list)
+    """other (step overhead, GEMM knee, collective bandwidth) multipliers the noise cannot rule out (``_plausible``)"""
     peak_errors: list[float] = field(default_factory=list)
     throughput_errors: list[float] = field(default_factory=list)
 
@@ -223,6 +232,8 @@ class Observation:
     predicted_throughput: float | None = None
     phase_peaks: dict[str, float] | None = None
     """each phase's own peak where something measured it (a fit probe); ``peak_gb`` is only their maximum"""
+    step_logs: dict[str, dict[int, float]] = field(default_factory=dict)
+    """phase -> step -> log of its time at that step (the steps ``phases`` averages): the measurement's noise"""
 
 
 @dataclass
@@ -798,20 +809,35 @@ class JobModel:
             if o.predicted_throughput and o.throughput:
                 cal.throughput_errors.append(math.log(o.throughput / o.predicted_throughput))
         # structural constants: least squares over a small grid once enough configs differ
+        cal.noise = measurement_noise(usable)
         if len(usable) >= 3:
             best = (math.inf, 1.0, 1.0, 1.0)
             stacked = self._stack(usable)
+            spreads = []
             # the collective bandwidth last, so a tie keeps the described link (1.0 is tried first)
             for cm in (1.0, 0.7, 1.4, 0.5, 2.0):
                 for so in (0.25, 0.5, 1.0, 2.0, 4.0):
                     for km in (0.25, 0.5, 1.0, 2.0, 4.0):
                         cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = so, km, cm
-                        err = self._residual_spread(usable, stacked)
+                        spread = self._residual_spread(usable, stacked)
+                        spreads.append(((so, km, cm), spread))
+                        err = sum(spread.values())
                         if err < best[0] - 1e-9:
                             best = (err, so, km, cm)
             cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = best[1], best[2], best[3]
+            cal.plausible = self._plausible(spreads, best[1:], _trial_steps(usable))
         elif usable:
             cal.knee_mult, cal.comm_mult = self._fit_shape(usable)
+        cal.time_obs = self._time_residuals(usable)
+        self._usable = usable
+        self._alternatives: list[JobModel] | None = None
+        self._fit_memory(observations)
+        return self
+
+    def _time_residuals(self, usable: list[Observation]) -> list[tuple[dict[str, float], dict[str, float]]]:
+        """Each usable trial's knobs and per-phase log residuals under the current structural constants, pulled
+        towards each phase's mean by what the measurement noise explains (``shrunk_residuals``)."""
+        out = []
         for o in usable:
             k = self.knobs(o.config)
             w = self.workload(o.config)
@@ -820,9 +846,52 @@ class JobModel:
                     "update_actor": raw["t_upd"][0], "other": raw["t_other"][0]}
             res = {p: math.log(max(o.phases[p], 1e-6) / max(float(pred[p]), 1e-9))
                    for p in PHASES if o.phases.get(p) and float(pred[p]) > 0}
-            cal.time_obs.append((k, res))
-        self._fit_memory(observations)
-        return self
+            out.append((k, res))
+        return shrunk_residuals(out, _trial_steps(usable), self.cal.noise)
+
+    def _plausible(self, spreads: list[tuple[tuple[float, float, float], dict[str, float]]],
+                   best: tuple[float, float, float], steps: list[int]) -> list[tuple[float, float, float]]:
+        """The structural constants, besides the fitted ones, that the measurement noise cannot tell from them:
+        their residual spread, in units of each phase's noise of a trial's mean, exceeds the fitted constants' by
+        at most ``PLAUSIBLE_NLL`` (a negative log-likelihood; about one standard error of one constant). Empty
+        without a noise estimate; without noise the fitted constants alone are plausible."""
+        noise = self.cal.noise
+        if not any(v > 0 for v in noise.values()) or not steps:
+            return []
+        per_trial = sum(steps) / len(steps)
+
+        def nll(spread: dict[str, float]) -> float:
+            out = 0.0
+            for p, ss in spread.items():
+                var = noise.get(p)
+                if var is None:  # no estimate of this phase's noise: it neither rules out nor keeps
+                    continue
+                out += ss / (2 * var / per_trial) if var > 0 else (math.inf if ss > 1e-12 else 0.0)
+            return out
+
+        scored = [(nll(sp), c) for c, sp in spreads]
+        ref = next(v for v, c in scored if c == best)
+        if not math.isfinite(ref):
+            return []
+        near = sorted((v, c) for v, c in scored if c != best and v <= ref + PLAUSIBLE_NLL)
+        return [c for _, c in near[:MAX_ALTERNATIVES]]
+
+    def alternatives(self) -> list["JobModel"]:
+        """This model refitted with each plausible alternative set of structural constants (``Calibration.plausible``):
+        the models the measurements so far cannot rule out. The search ranks a config by the most optimistic of them
+        (``model_search``): where the noise leaves the fit undecided, a config that one plausible model calls
+        faster is worth its trial, and its measurement decides."""
+        if getattr(self, "_alternatives", None) is not None:
+            return self._alternatives  # type: ignore[return-value]
+        out = []
+        for so, km, cm in self.cal.plausible:
+            alt = copy.copy(self)
+            alt.cal = replace(self.cal, step_overhead_mult=so, knee_mult=km, comm_mult=cm, plausible=[])
+            alt.cal.time_obs = alt._time_residuals(getattr(self, "_usable", []))
+            alt._alternatives = []
+            out.append(alt)
+        self._alternatives = out
+        return out
 
     def _fit_shape(self, usable: list[Observation]) -> tuple[float, float]:
         """(GEMM knee, collective bandwidth) multipliers from one or two trials: too few to fit the spread, so
@@ -859,7 +928,8 @@ class JobModel:
         ks = [self.knobs(o.config) for o in usable]
         return {n: np.array([k[n] for k in ks]) for n in KNOBS}, ws[0]
 
-    def _residual_spread(self, usable: list[Observation], stacked: tuple | None = None) -> float:
+    def _residual_spread(self, usable: list[Observation], stacked: tuple | None = None) -> dict[str, float]:
+        """phase -> the squared spread of the trials' log residuals (what the structural constants minimise)."""
         per_phase: dict[str, list[float]] = {}
         if stacked is not None:
             raw = self.raw(*stacked)
@@ -874,7 +944,7 @@ class JobModel:
             for p, v in pred.items():
                 if o.phases.get(p) and float(v) > 0:
                     per_phase.setdefault(p, []).append(math.log(o.phases[p] / float(v)))
-        return sum(float(np.var(v)) * len(v) for v in per_phase.values() if len(v) > 1)
+        return {p: float(np.var(v)) * len(v) for p, v in per_phase.items() if len(v) > 1}
 
     def _fit_memory(self, observations: list[Observation]) -> None:
         """Activation scale and additive per-phase biases from the measured peaks.
@@ -980,6 +1050,58 @@ class JobModel:
         return bias
 
 
+def _trial_steps(observations: list[Observation]) -> list[int]:
+    """The steps each observation's phase times average (1 where it kept no per-step times)."""
+    return [max(1, min((len(v) for v in o.step_logs.values()), default=1)) for o in observations]
+
+
+def measurement_noise(observations: list[Observation]) -> dict[str, float]:
+    """phase -> the variance of one step's log time that is noise: what is left of the trials' per-step log times
+    once each trial's mean and each step's shared offset are taken out (a two-way layout, trials x steps). The
+    stage's trials run on one seed, so a step's workload (its prompts, its response lengths) is the same in every
+    trial and its offset cancels; the machine's jitter does not. Absent for a phase fewer than two trials timed
+    over two or more shared steps."""
+    out: dict[str, float] = {}
+    phases = {p for o in observations for p in o.step_logs}
+    for p in phases:
+        rows = [o.step_logs[p] for o in observations if len(o.step_logs.get(p) or {}) >= 2]
+        if len(rows) < 2:
+            continue
+        centred = []
+        for r in rows:
+            m = sum(r.values()) / len(r)
+            centred.append({j: v - m for j, v in r.items()})
+        steps = {j for r in centred for j in r}
+        offset = {j: sum(r[j] for r in centred if j in r) / sum(1 for r in centred if j in r) for j in steps}
+        n_obs = sum(len(r) for r in centred)
+        dof = n_obs - len(centred) - len(steps) + 1
+        if dof <= 0:
+            continue
+        out[p] = sum((v - offset[j]) ** 2 for r in centred for j, v in r.items()) / dof
+    return out
+
+
+def shrunk_residuals(time_obs: list[tuple[dict[str, float], dict[str, float]]], steps: list[int],
+                     noise: dict[str, float]) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """Each trial's log residual of a phase pulled towards the phase's mean residual by how much of its spread
+    the measurement noise explains (empirical Bayes): ``mean + (r - mean) x tau2 / (tau2 + noise / steps)``, where
+    tau2 is the residuals' variance beyond the noise. Without noise the residuals stay as measured (the model is
+    exact at a measured config); where the trials' differences are within what their noise explains, one lucky or
+    unlucky trial no longer makes its knobs look faster or slower than the model's structure says."""
+    out = [(k, dict(res)) for k, res in time_obs]
+    for p, var in noise.items():
+        idx = [i for i, (_, res) in enumerate(time_obs) if p in res]
+        if len(idx) < 2 or var <= 0:
+            continue
+        rs = [time_obs[i][1][p] for i in idx]
+        errs = [var / steps[i] for i in idx]
+        mean = sum(rs) / len(rs)
+        tau2 = max(0.0, sum((r - mean) ** 2 for r in rs) / (len(rs) - 1) - sum(errs) / len(errs))
+        for i, r, e in zip(idx, rs, errs):
+            out[i][1][p] = mean + (r - mean) * (tau2 / (tau2 + e))
+    return out
+
+
 def _cut_limit(obs: Observation | None) -> float | None:
     """The response limit an observed trial's responses were cut at (its longest reached it, or some were
     clipped), else None: lengths measured under it say nothing about a longer limit's tail."""
@@ -1013,6 +1135,14 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
         v = phase(p)
         if v is not None:
             phases[p] = v
+    step_logs: dict[str, dict[int, float]] = {}
+    for r in rows:
+        times = {p: phase_seconds(r, p) for p in ("gen", "old_log_prob", "ref", "update_actor")}
+        other = [phase_seconds(r, p) for p in OTHER_TIMINGS]
+        times["other"] = sum(v for v in other if v is not None and math.isfinite(v))
+        for p, v in times.items():
+            if v is not None and math.isfinite(v) and v > 0:
+                step_logs.setdefault(p, {})[r.step] = math.log(v)
     step = phase("step")
     other = [phase(p) for p in OTHER_TIMINGS]
     if any(v is not None for v in other):
@@ -1023,4 +1153,4 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
                        resp_mean=mean("response_length/mean"), resp_max=mean("response_length/max"),
                        prompt_mean=mean("prompt_length/mean"), clip_ratio=mean("response_length/clip_ratio"),
                        predicted_peak_gb=predicted_peak_gb,
-                       predicted_throughput=predicted_throughput)
+                       predicted_throughput=predicted_throughput, step_logs=step_logs)
