@@ -32,9 +32,8 @@ The model never reads the simulator: the sim backend only describes its job as a
 
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -81,10 +80,6 @@ MICRO_KNOBS = ("lp_micro", "ref_micro", "ppo_micro")
 #: of one at the same point, so a measured shape's residual is what predicts that shape (with 1.2, several
 #: trials one unit away outweighed the one trial that ran it, and a mispriced shape stayed mispriced after it ran)
 KERNEL = 3.0
-#: structural constants whose fit is worse than the best by at most this negative log-likelihood (in units of the
-#: measurement noise) stay plausible (``JobModel._plausible``): 1.0, about one standard error of one constant
-PLAUSIBLE_NLL = 1.0
-MAX_ALTERNATIVES = 4
 #: pull of the GEMM knee and the collective bandwidth towards their priors when one or two trials fit them
 #: (x the squared log multipliers, against the squared log residuals of the training passes and the sync)
 SHAPE_PRIOR = 0.05
@@ -209,8 +204,6 @@ class Calibration:
     time_obs: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
     noise: dict[str, float] = field(default_factory=dict)
     """phase -> the variance of one step's log time that the trials do not share (``measurement_noise``)"""
-    plausible: list[tuple[float, float, float]] = field(default_factory=list)
-    """other (step overhead, GEMM knee, collective bandwidth) multipliers the noise cannot rule out (``_plausible``)"""
     peak_errors: list[float] = field(default_factory=list)
     throughput_errors: list[float] = field(default_factory=list)
 
@@ -808,29 +801,24 @@ class JobModel:
                     cal.peak_errors.append(measured - o.predicted_peak_gb)
             if o.predicted_throughput and o.throughput:
                 cal.throughput_errors.append(math.log(o.throughput / o.predicted_throughput))
-        # structural constants: least squares over a small grid once enough configs differ
+        # each phase's measurement noise: how far one trial's residual is believed (``shrunk_residuals``)
         cal.noise = measurement_noise(usable)
+        # structural constants: least squares over a small grid once enough configs differ
         if len(usable) >= 3:
             best = (math.inf, 1.0, 1.0, 1.0)
             stacked = self._stack(usable)
-            spreads = []
             # the collective bandwidth last, so a tie keeps the described link (1.0 is tried first)
             for cm in (1.0, 0.7, 1.4, 0.5, 2.0):
                 for so in (0.25, 0.5, 1.0, 2.0, 4.0):
                     for km in (0.25, 0.5, 1.0, 2.0, 4.0):
                         cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = so, km, cm
-                        spread = self._residual_spread(usable, stacked)
-                        spreads.append(((so, km, cm), spread))
-                        err = sum(spread.values())
+                        err = self._residual_spread(usable, stacked)
                         if err < best[0] - 1e-9:
                             best = (err, so, km, cm)
             cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = best[1], best[2], best[3]
-            cal.plausible = self._plausible(spreads, best[1:], _trial_steps(usable))
         elif usable:
             cal.knee_mult, cal.comm_mult = self._fit_shape(usable)
         cal.time_obs = self._time_residuals(usable)
-        self._usable = usable
-        self._alternatives: list[JobModel] | None = None
         self._fit_memory(observations)
         return self
 
@@ -848,50 +836,6 @@ class JobModel:
                    for p in PHASES if o.phases.get(p) and float(pred[p]) > 0}
             out.append((k, res))
         return shrunk_residuals(out, _trial_steps(usable), self.cal.noise)
-
-    def _plausible(self, spreads: list[tuple[tuple[float, float, float], dict[str, float]]],
-                   best: tuple[float, float, float], steps: list[int]) -> list[tuple[float, float, float]]:
-        """The structural constants, besides the fitted ones, that the measurement noise cannot tell from them:
-        their residual spread, in units of each phase's noise of a trial's mean, exceeds the fitted constants' by
-        at most ``PLAUSIBLE_NLL`` (a negative log-likelihood; about one standard error of one constant). Empty
-        without a noise estimate; without noise the fitted constants alone are plausible."""
-        noise = self.cal.noise
-        if not any(v > 0 for v in noise.values()) or not steps:
-            return []
-        per_trial = sum(steps) / len(steps)
-
-        def nll(spread: dict[str, float]) -> float:
-            out = 0.0
-            for p, ss in spread.items():
-                var = noise.get(p)
-                if var is None:  # no estimate of this phase's noise: it neither rules out nor keeps
-                    continue
-                out += ss / (2 * var / per_trial) if var > 0 else (math.inf if ss > 1e-12 else 0.0)
-            return out
-
-        scored = [(nll(sp), c) for c, sp in spreads]
-        ref = next(v for v, c in scored if c == best)
-        if not math.isfinite(ref):
-            return []
-        near = sorted((v, c) for v, c in scored if c != best and v <= ref + PLAUSIBLE_NLL)
-        return [c for _, c in near[:MAX_ALTERNATIVES]]
-
-    def alternatives(self) -> list["JobModel"]:
-        """This model refitted with each plausible alternative set of structural constants (``Calibration.plausible``):
-        the models the measurements so far cannot rule out. The search ranks a config by the most optimistic of them
-        (``model_search``): where the noise leaves the fit undecided, a config that one plausible model calls
-        faster is worth its trial, and its measurement decides."""
-        if getattr(self, "_alternatives", None) is not None:
-            return self._alternatives  # type: ignore[return-value]
-        out = []
-        for so, km, cm in self.cal.plausible:
-            alt = copy.copy(self)
-            alt.cal = replace(self.cal, step_overhead_mult=so, knee_mult=km, comm_mult=cm, plausible=[])
-            alt.cal.time_obs = alt._time_residuals(getattr(self, "_usable", []))
-            alt._alternatives = []
-            out.append(alt)
-        self._alternatives = out
-        return out
 
     def _fit_shape(self, usable: list[Observation]) -> tuple[float, float]:
         """(GEMM knee, collective bandwidth) multipliers from one or two trials: too few to fit the spread, so
@@ -928,8 +872,7 @@ class JobModel:
         ks = [self.knobs(o.config) for o in usable]
         return {n: np.array([k[n] for k in ks]) for n in KNOBS}, ws[0]
 
-    def _residual_spread(self, usable: list[Observation], stacked: tuple | None = None) -> dict[str, float]:
-        """phase -> the squared spread of the trials' log residuals (what the structural constants minimise)."""
+    def _residual_spread(self, usable: list[Observation], stacked: tuple | None = None) -> float:
         per_phase: dict[str, list[float]] = {}
         if stacked is not None:
             raw = self.raw(*stacked)
@@ -944,7 +887,7 @@ class JobModel:
             for p, v in pred.items():
                 if o.phases.get(p) and float(v) > 0:
                     per_phase.setdefault(p, []).append(math.log(o.phases[p] / float(v)))
-        return {p: float(np.var(v)) * len(v) for p, v in per_phase.items() if len(v) > 1}
+        return sum(float(np.var(v)) * len(v) for v in per_phase.values() if len(v) > 1)
 
     def _fit_memory(self, observations: list[Observation]) -> None:
         """Activation scale and additive per-phase biases from the measured peaks.

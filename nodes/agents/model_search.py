@@ -56,8 +56,6 @@ class Scored:
     changed: int
     phase_s: dict[str, float] = field(default_factory=dict)
     phase_gb: dict[str, float] = field(default_factory=dict)
-    optimistic: float = 0.0
-    """the fastest throughput a plausible model predicts (``JobModel.alternatives``); ``throughput`` is the fit's"""
 
 
 def _grid_values(name: str, spec: ParamSpec, model: JobModel, base_value: Any) -> list[float]:
@@ -289,7 +287,6 @@ def _score(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
     scored: list[Scored] = []
     inc_pred = model.predict(incumbent)
     conf = model.confidence()
-    alternatives = model.alternatives()
     for knobs in configs:
         ov = knobs_to_overrides(space, base, knobs, specs)
         full = {**base, **ov}
@@ -303,19 +300,18 @@ def _score(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
         changed = sum(1 for k in set(ov) | set(incumbent) if ov.get(k, base.get(k)) != incumbent.get(k, base.get(k)))
         sigma = max(p.gap_gb / 2.0, 1e-6)
         p_over = 0.5 * math.erfc((limit - p.peak_gb) / (sigma * math.sqrt(2)))
-        # optimism where the noise leaves the fit undecided: the fastest that a plausible model predicts
-        optimistic = max([p.throughput, *(a.predict(ov).throughput for a in alternatives)])
-        value = optimistic * (1 - 1.5 * p_over) * (1 - (1 - conf) * 0.01 * changed)
+        gain = p.throughput / max(inc_pred.throughput, 1e-9) - 1
+        value = p.throughput * (1 - 1.5 * p_over) * (1 - (1 - conf) * 0.01 * changed)
         scored.append(Scored(overrides=ov, throughput=p.throughput, peak_gb=p.peak_gb, gap_gb=p.gap_gb,
-                             p_over=p_over, value=value, changed=changed, phase_s=p.phase_s, phase_gb=p.phase_gb,
-                             optimistic=optimistic))
+                             p_over=p_over, value=value, changed=changed, phase_s=p.phase_s, phase_gb=p.phase_gb))
+        del gain
     scored.sort(key=lambda s: -s.value)
     out = []
     # a config predicted clearly slower than the incumbent is not worth a trial while faster ones remain
-    floor = 0.97 * inc_pred.throughput if any(s.optimistic >= 0.97 * inc_pred.throughput for s in scored) else 0.0
+    floor = 0.97 * inc_pred.throughput if any(s.throughput >= 0.97 * inc_pred.throughput for s in scored) else 0.0
     for s in scored:
         fits = is_hedge(s.peak_gb, s.gap_gb, limit) if hedges else s.peak_gb <= limit - s.gap_gb
-        if not fits or s.optimistic < floor:
+        if not fits or s.throughput < floor:
             continue
         if check is not None and check(s.overrides):
             continue
