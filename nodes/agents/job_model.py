@@ -202,8 +202,6 @@ class Calibration:
     no large token cap fitted without optimizer offload)"""
     mem_bias: dict[str, float] = field(default_factory=dict)
     time_obs: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
-    noise: dict[str, float] = field(default_factory=dict)
-    """phase -> the variance of one step's log time that the trials do not share (``measurement_noise``)"""
     peak_errors: list[float] = field(default_factory=list)
     throughput_errors: list[float] = field(default_factory=list)
 
@@ -225,8 +223,6 @@ class Observation:
     predicted_throughput: float | None = None
     phase_peaks: dict[str, float] | None = None
     """each phase's own peak where something measured it (a fit probe); ``peak_gb`` is only their maximum"""
-    step_logs: dict[str, dict[int, float]] = field(default_factory=dict)
-    """phase -> step -> log of its time at that step (the steps ``phases`` averages): the measurement's noise"""
 
 
 @dataclass
@@ -801,8 +797,6 @@ class JobModel:
                     cal.peak_errors.append(measured - o.predicted_peak_gb)
             if o.predicted_throughput and o.throughput:
                 cal.throughput_errors.append(math.log(o.throughput / o.predicted_throughput))
-        # each phase's measurement noise: how far one trial's residual is believed (``shrunk_residuals``)
-        cal.noise = measurement_noise(usable)
         # structural constants: least squares over a small grid once enough configs differ
         if len(usable) >= 3:
             best = (math.inf, 1.0, 1.0, 1.0)
@@ -818,14 +812,6 @@ class JobModel:
             cal.step_overhead_mult, cal.knee_mult, cal.comm_mult = best[1], best[2], best[3]
         elif usable:
             cal.knee_mult, cal.comm_mult = self._fit_shape(usable)
-        cal.time_obs = self._time_residuals(usable)
-        self._fit_memory(observations)
-        return self
-
-    def _time_residuals(self, usable: list[Observation]) -> list[tuple[dict[str, float], dict[str, float]]]:
-        """Each usable trial's knobs and per-phase log residuals under the current structural constants, pulled
-        towards each phase's mean by what the measurement noise explains (``shrunk_residuals``)."""
-        out = []
         for o in usable:
             k = self.knobs(o.config)
             w = self.workload(o.config)
@@ -834,8 +820,9 @@ class JobModel:
                     "update_actor": raw["t_upd"][0], "other": raw["t_other"][0]}
             res = {p: math.log(max(o.phases[p], 1e-6) / max(float(pred[p]), 1e-9))
                    for p in PHASES if o.phases.get(p) and float(pred[p]) > 0}
-            out.append((k, res))
-        return shrunk_residuals(out, _trial_steps(usable), self.cal.noise)
+            cal.time_obs.append((k, res))
+        self._fit_memory(observations)
+        return self
 
     def _fit_shape(self, usable: list[Observation]) -> tuple[float, float]:
         """(GEMM knee, collective bandwidth) multipliers from one or two trials: too few to fit the spread, so
@@ -993,58 +980,6 @@ class JobModel:
         return bias
 
 
-def _trial_steps(observations: list[Observation]) -> list[int]:
-    """The steps each observation's phase times average (1 where it kept no per-step times)."""
-    return [max(1, min((len(v) for v in o.step_logs.values()), default=1)) for o in observations]
-
-
-def measurement_noise(observations: list[Observation]) -> dict[str, float]:
-    """phase -> the variance of one step's log time that is noise: what is left of the trials' per-step log times
-    once each trial's mean and each step's shared offset are taken out (a two-way layout, trials x steps). The
-    stage's trials run on one seed, so a step's workload (its prompts, its response lengths) is the same in every
-    trial and its offset cancels; the machine's jitter does not. Absent for a phase fewer than two trials timed
-    over two or more shared steps."""
-    out: dict[str, float] = {}
-    phases = {p for o in observations for p in o.step_logs}
-    for p in phases:
-        rows = [o.step_logs[p] for o in observations if len(o.step_logs.get(p) or {}) >= 2]
-        if len(rows) < 2:
-            continue
-        centred = []
-        for r in rows:
-            m = sum(r.values()) / len(r)
-            centred.append({j: v - m for j, v in r.items()})
-        steps = {j for r in centred for j in r}
-        offset = {j: sum(r[j] for r in centred if j in r) / sum(1 for r in centred if j in r) for j in steps}
-        n_obs = sum(len(r) for r in centred)
-        dof = n_obs - len(centred) - len(steps) + 1
-        if dof <= 0:
-            continue
-        out[p] = sum((v - offset[j]) ** 2 for r in centred for j, v in r.items()) / dof
-    return out
-
-
-def shrunk_residuals(time_obs: list[tuple[dict[str, float], dict[str, float]]], steps: list[int],
-                     noise: dict[str, float]) -> list[tuple[dict[str, float], dict[str, float]]]:
-    """Each trial's log residual of a phase pulled towards the phase's mean residual by how much of its spread
-    the measurement noise explains (empirical Bayes): ``mean + (r - mean) x tau2 / (tau2 + noise / steps)``, where
-    tau2 is the residuals' variance beyond the noise. Without noise the residuals stay as measured (the model is
-    exact at a measured config); where the trials' differences are within what their noise explains, one lucky or
-    unlucky trial no longer makes its knobs look faster or slower than the model's structure says."""
-    out = [(k, dict(res)) for k, res in time_obs]
-    for p, var in noise.items():
-        idx = [i for i, (_, res) in enumerate(time_obs) if p in res]
-        if len(idx) < 2 or var <= 0:
-            continue
-        rs = [time_obs[i][1][p] for i in idx]
-        errs = [var / steps[i] for i in idx]
-        mean = sum(rs) / len(rs)
-        tau2 = max(0.0, sum((r - mean) ** 2 for r in rs) / (len(rs) - 1) - sum(errs) / len(errs))
-        for i, r, e in zip(idx, rs, errs):
-            out[i][1][p] = mean + (r - mean) * (tau2 / (tau2 + e))
-    return out
-
-
 def _cut_limit(obs: Observation | None) -> float | None:
     """The response limit an observed trial's responses were cut at (its longest reached it, or some were
     clipped), else None: lengths measured under it say nothing about a longer limit's tail."""
@@ -1078,14 +1013,6 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
         v = phase(p)
         if v is not None:
             phases[p] = v
-    step_logs: dict[str, dict[int, float]] = {}
-    for r in rows:
-        times = {p: phase_seconds(r, p) for p in ("gen", "old_log_prob", "ref", "update_actor")}
-        other = [phase_seconds(r, p) for p in OTHER_TIMINGS]
-        times["other"] = sum(v for v in other if v is not None and math.isfinite(v))
-        for p, v in times.items():
-            if v is not None and math.isfinite(v) and v > 0:
-                step_logs.setdefault(p, {})[r.step] = math.log(v)
     step = phase("step")
     other = [phase(p) for p in OTHER_TIMINGS]
     if any(v is not None for v in other):
@@ -1096,4 +1023,4 @@ def observation_from_records(config: dict[str, Any], records: list[Any], *, peak
                        resp_mean=mean("response_length/mean"), resp_max=mean("response_length/max"),
                        prompt_mean=mean("prompt_length/mean"), clip_ratio=mean("response_length/clip_ratio"),
                        predicted_peak_gb=predicted_peak_gb,
-                       predicted_throughput=predicted_throughput, step_logs=step_logs)
+                       predicted_throughput=predicted_throughput)
