@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
+from scipy import stats as _st
 
 from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.stages.capacity import direction as _direction
@@ -34,7 +35,8 @@ from mart.nodes.stages.capacity import knob_spec as _spec
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash
-from mart.state.trajectory import Trajectory, mean, rel_slope, tail
+from mart.state.stats import LEVEL
+from mart.state.trajectory import Trajectory, line_fit, mean, rel_slope, residual_std, tail
 
 if TYPE_CHECKING:
     from mart.nodes.agents.base import AgentContext
@@ -48,6 +50,7 @@ CLIPFRAC = "actor/pg_clipfrac"
 GRAD_NORM = "actor/grad_norm"
 RESP_LEN = "response_length/mean"
 RESP_CLIP = "response_length/clip_ratio"
+PEAK_MEMORY = "perf/max_memory_allocated_gb"
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 VAL_PREFIX = "val-core/"
 
@@ -63,6 +66,10 @@ before its 16k stage)."""
 CLIP_RISING_MIN = 0.02
 """A smaller clip ratio that is still rising also asks for the next limit (the transitions' trigger, not a
 diagnosis finding): DeepScaleR raised 8k -> 16k once responses grew into the limit and the reward dropped."""
+KL_ACCELERATION = 2.0
+"""Under a KL loss, the KL's relative slope over this multiple of steady growth (one in proportion to the steps,
+whose relative slope is 1 / the window's mean step) reads as drift: the anchor is losing hold. A step doubled at
+a boundary raises it to ~1.4x over the next segment, which stays below."""
 FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 COLLAPSE_BLOCKS = ("collapse",)
@@ -82,9 +89,19 @@ class Diagnosis(BaseModel):
     entropy_slope: float | None = Field(None, description="relative change per step over the last window")
     kl: float | None = Field(None, description="actor/kl_loss (or actor/ppo_kl without a KL loss)")
     kl_slope: float | None = None
+    kl_slope_low: float | None = Field(None, description="the lower end of kl_slope's one-sided interval (its "
+                                                         "noise over the window): > 0 means it surely rises")
+    kl_anchored: bool = Field(False, description="the KL series is the KL loss's own (actor/kl_loss): the run "
+                                                 "is anchored to the reference")
+    kl_proportional_slope: float | None = Field(
+        None, description="the relative slope a KL growing in proportion to the steps since step 0 has over the "
+                          "same window (1 / its mean step)")
+    peak_memory_gb: float | None = Field(None, description="perf/max_memory_allocated_gb at the checkpoint")
+    peak_memory_slope_gb: float | None = Field(None, description="its growth in GB per step over the path")
     pg_clipfrac: float | None = None
     grad_norm: float | None = None
     grad_norm_slope: float | None = None
+    grad_norm_slope_low: float | None = None
     response_length: float | None = None
     response_length_slope: float | None = None
     response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
@@ -148,6 +165,16 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
         if ent[0][1] > 1e-9 and d.entropy is not None:
             d.entropy_ratio = _r(d.entropy / ent[0][1], 3)
     d.kl, d.kl_slope = _r(level(kl)), _r(slope(kl), 3)
+    d.kl_slope_low, d.grad_norm_slope_low = _r(slope_low(tail(kl, w)), 3), _r(slope_low(tail(gn, w)), 3)
+    d.kl_anchored = bool(kl) and bool(traj.first_series(KL_KEYS[0]))
+    if kl:
+        kl_w = tail(kl, w)
+        d.kl_proportional_slope = _r(1.0 / max(1.0, mean([(0, float(st)) for st, _ in kl_w])), 3)
+    mem = traj.first_series(PEAK_MEMORY)
+    if mem:
+        d.peak_memory_gb = _r(level(mem))
+        if len(mem) >= 2 and line_fit(mem)[2] > 0:  # over the whole path: one step's peak is noisy
+            d.peak_memory_slope_gb = _r(line_fit(mem)[3], 3)
     d.pg_clipfrac = _r(level(clipf))
     d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
@@ -163,6 +190,20 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
             d.val_slope = _r(rel_slope(tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
     _find(d)
     return d
+
+
+def slope_low(pts: list[tuple[int, float]]) -> float | None:
+    """The lower end of a series' relative slope (``rel_slope``) at ``stats.LEVEL`` one-sided, from the scatter
+    around its line: a per-step metric as noisy as grad norm (+-15% a step) shows a slope of several % per step
+    over a few steps by chance. None with fewer than three points."""
+    if len(pts) < 3:
+        return None
+    _, _, sxx, slope = line_fit(pts)
+    scale = sum(abs(v) for _, v in pts) / len(pts)
+    if sxx == 0 or scale <= 1e-12:
+        return None
+    se = residual_std(pts) / math.sqrt(sxx)
+    return (slope - float(_st.t.ppf(LEVEL, len(pts) - 2)) * se) / scale
 
 
 Add = Callable[[str, float, str], None]
@@ -213,9 +254,20 @@ def _find_clipping(d: Diagnosis, add: Add) -> None:
 
 def _find_drift(d: Diagnosis, add: Add) -> None:
     drift = []
-    if d.kl_slope is not None and d.kl_slope > 0.02 and (d.kl or 0) > 1e-3:
-        drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step")
-    if d.grad_norm_slope is not None and d.grad_norm_slope > 0.02:
+    # a KL loss's own KL grows as the anchored policy learns (it starts at 0 and the loss bounds it, it does not
+    # hold it flat): that growth is drift only when it outpaces growth in proportion to the steps by more than
+    # the schedule's own larger step explains (a doubled step from a boundary gives ~1.4x over the next segment;
+    # KL_ACCELERATION), i.e. when the anchor no longer holds it
+    kl_bar = 0.02 if not d.kl_anchored or d.kl_proportional_slope is None \
+        else max(0.02, KL_ACCELERATION * d.kl_proportional_slope)
+    # a slope counts by the lower end of its interval where it has one (``slope_low``): noise is no trend
+    kl_rise = d.kl_slope if d.kl_slope_low is None else d.kl_slope_low
+    gn_rise = d.grad_norm_slope if d.grad_norm_slope_low is None else d.grad_norm_slope_low
+    if d.kl_slope is not None and kl_rise is not None and kl_rise > kl_bar and (d.kl or 0) > 1e-3:
+        drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step"
+                     + (f" under its KL loss ({d.kl_slope / d.kl_proportional_slope:.1f}x steady growth)"
+                        if d.kl_anchored and d.kl_proportional_slope else ""))
+    if d.grad_norm_slope is not None and gn_rise is not None and gn_rise > 0.02:
         drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
     if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
         drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
@@ -523,6 +575,45 @@ class _Option:
     answer: str = "healthy"
 
 
+def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``overrides`` with the micro batches (``ParamSpec.memory_safe``) halved when the path's peak memory,
+    projected to the schedule's end, passes the memory limit, and the moves as text. The projection: the peak at
+    the checkpoint plus its measured growth per step (responses lengthen as the policy learns) over the steps
+    left, that growth scaled by the transition's step-size ratio (learning, and the lengthening with it, goes
+    as the step: a doubled lr doubles it). A micro batch changes no update's math (gradients accumulate to the
+    same mini batch), so the transition's learning is what it was; it costs some throughput. Halved once per
+    transition: a later transition on the path halves again if the projection still passes the limit."""
+    d = ctx.diagnosis
+    if d is None or d.peak_memory_gb is None or not ctx.memory_limit_gb or not ctx.horizon or not ctx.segment:
+        return overrides, []
+    full, parent = ctx.full_config(overrides), ctx.full_config({})
+    speed = 1.0
+    lr_key = _key(ctx, "optim.lr")
+    if lr_key:
+        old, new = parent.get(lr_key), full.get(lr_key)
+        if isinstance(old, (int, float)) and isinstance(new, (int, float)) and old > 0:
+            speed = max(1.0, float(new) / float(old))
+    left = max(0, ctx.horizon - ctx.segment[0])
+    projected = d.peak_memory_gb + max(0.0, d.peak_memory_slope_gb or 0.0) * left * speed
+    if projected <= ctx.memory_limit_gb:
+        return overrides, []
+    out, moved = dict(overrides), []
+    for p in ctx.search_space.stage_params(ctx.stage):
+        if not p.memory_safe or p.kind != "int":
+            continue
+        old = full.get(p.key, p.default)
+        low = int(p.low or 1)
+        if not isinstance(old, (int, float)) or isinstance(old, bool) or old <= low:
+            continue
+        out[p.key] = max(low, int(old) // 2)
+        moved.append(f"{p.key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(out[p.key])}")
+    if moved and ctx.config_errors(out):
+        return overrides, []  # a halving the backend refuses (a mini batch it no longer divides): none
+    return out, [f"peak memory {d.peak_memory_gb:.1f} GB growing {d.peak_memory_slope_gb:.2f} GB/step, "
+                 f"projected {projected:.1f} GB at step {ctx.horizon} against a limit of "
+                 f"{ctx.memory_limit_gb:.1f} GB: " + ", ".join(moved)] if moved else []
+
+
 def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     """``ctx.num_candidates`` transitions for the next segment, most severe finding first, over distinct
     hypotheses, with a capacity move among them (alone or with the top answer) whenever one fits."""
@@ -544,6 +635,9 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         overrides, caps = implied_caps(ctx, overrides)
         if caps:
             rationale += f" The token caps it implies follow: {', '.join(caps)}."
+        overrides, safe = memory_safe(ctx, overrides)
+        if safe:
+            rationale += f" Smaller micro batches keep it in memory to the end ({safe[0]})."
         full = ctx.full_config(overrides)
         if config_hash(full) in tried or ctx.config_errors(overrides):
             return None
