@@ -580,7 +580,7 @@ def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str,
     projected to the schedule's end, passes the memory limit, and the moves as text. The projection: the peak at
     the checkpoint plus its measured growth per step (responses lengthen as the policy learns) over the steps
     left, that growth scaled by the transition's step-size ratio (learning, and the lengthening with it, goes
-    as the step: a doubled lr doubles it). A micro batch changes no update's math (gradients accumulate to the
+    as the step: a doubled lr doubles it, a halved one halves it). A micro batch changes no update's math (gradients accumulate to the
     same mini batch), so the transition's learning is what it was; it costs some throughput. Halved once per
     transition: a later transition on the path halves again if the projection still passes the limit."""
     d = ctx.diagnosis
@@ -592,7 +592,7 @@ def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str,
     if lr_key:
         old, new = parent.get(lr_key), full.get(lr_key)
         if isinstance(old, (int, float)) and isinstance(new, (int, float)) and old > 0:
-            speed = max(1.0, float(new) / float(old))
+            speed = float(new) / float(old)
     left = max(0, ctx.horizon - ctx.segment[0])
     projected = d.peak_memory_gb + max(0.0, d.peak_memory_slope_gb or 0.0) * left * speed
     if projected <= ctx.memory_limit_gb:
@@ -606,7 +606,7 @@ def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str,
         if not isinstance(old, (int, float)) or isinstance(old, bool) or old <= low:
             continue
         out[p.key] = max(low, int(old) // 2)
-        moved.append(f"{p.key.rsplit('.', 1)[-1]} {_fmt(old)}->{_fmt(out[p.key])}")
+        moved.append(f"{'.'.join(p.key.split('.')[-2:])} {_fmt(old)}->{_fmt(out[p.key])}")
     if moved and ctx.config_errors(out):
         return overrides, []  # a halving the backend refuses (a mini batch it no longer divides): none
     return out, [f"peak memory {d.peak_memory_gb:.1f} GB growing {d.peak_memory_slope_gb:.2f} GB/step, "
