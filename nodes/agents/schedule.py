@@ -680,7 +680,8 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         if opt is not None:
             options.append(opt)
     options.sort(key=lambda o: -o.score)
-    coordinated = _coordinated(options, start, make)
+    safe_keys = {p.key for p in ctx.search_space.stage_params(ctx.stage) if p.memory_safe}
+    coordinated = _coordinated(options, start, make, safe_keys)
     picked = [o.cand for o in coordinated[:ctx.num_candidates]]
     keys = {c.key() for c in picked}
     rest = [o for o in options if o.cand.key() not in keys]
@@ -748,7 +749,8 @@ def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackR
 CAPACITY_FAMILIES = ("capacity", "length")
 
 
-def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> list[_Option]:
+def _coordinated(options: list[_Option], start: dict[str, Any], make: Any,
+                 safe_keys: set[str] | frozenset[str] = frozenset()) -> list[_Option]:
     """LLMZero's coordinated transitions (arXiv 2606.18388): the best option of each family that answers a
     finding of the diagnosis, merged into one transition - regularisation towards what the trajectory needs, one
     capacity move when a finding asks for it (clipped responses), the step size - then the same without the
@@ -758,7 +760,8 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
 
     Why: each knob alone moves the final score by about one measurement's noise, so single-knob branches are
     lost in it, while the moves together are worth several times the noise (docs/runtime.md, the schedule
-    stage's diagnosis)."""
+    stage's diagnosis). The parts' memory-safe micro batches (``safe_keys``) are left out of the merge:
+    ``make`` projects the merged transition's memory itself."""
     merged: dict[str, Any] = {}
     parts: list[_Option] = []
     fams: set[str] = set()
@@ -771,7 +774,7 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
             # bundle answers findings and raises the step once (capacity grows in it when a finding asks, as
             # the longer budget for clipped responses: more rollouts "because healthy" doubled the memory of
             # runs whose responses were still growing, and their continuations ran out of memory)
-        extra = {k: v for k, v in o.cand.overrides.items() if k not in start}
+        extra = {k: v for k, v in o.cand.overrides.items() if k not in start and k not in safe_keys}
         if set(extra) & set(merged):
             continue
         fams.add(o.family)
@@ -786,7 +789,7 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
             continue
         over = dict(start)
         for o in use:
-            over.update(o.cand.overrides)
+            over.update({k: v for k, v in o.cand.overrides.items() if k not in safe_keys})
         score = sum(o.score for o in use)
         head = "Coordinated transition (LLMZero: regularisation follows the dynamics, capacity accumulates" + (
             ", the step grows once" if any(o.family == "step" for o in use) else "") + "): "

@@ -312,6 +312,11 @@ def test_a_transition_projected_past_the_memory_limit_carries_smaller_micro_batc
     for d, kw in ((diagnose(trajectory(memory=lambda s: 30 + 0.1 * s)), {"horizon": 60}), (growing, {})):
         c = all_transitions(ctx(diag=d, base=VERL_BASE, k=4, memory_limit_gb=70.0, **kw))
         assert c and not any(k in o.overrides for o in c for k in micro)
+    # a coordinated transition still merges its parts (their micro batches are no conflict) and halves once
+    c = all_transitions(ctx(diag=diagnose(trajectory(memory=lambda s: 30 + 0.6 * s, **COLLAPSE)), base=VERL_BASE,
+                            k=4, memory_limit_gb=70.0, horizon=60))
+    bundle = next(o for o in c if o.rationale.startswith("Coordinated transition"))
+    assert micro.items() <= bundle.overrides.items() and len(set(bundle.overrides) - set(micro)) >= 2
     # the stage admits a smaller micro batch, never a larger one (capacity_errors)
     from mart.nodes.stages.capacity import capacity_errors
 
