@@ -357,6 +357,10 @@ class Rule:
     """Not offered while one of these pathologies is present."""
     led: bool = False
     """The moves after the first only go with it (the KL anchor of a larger step): no first move, no rule."""
+    bundle_only: bool = False
+    """Only a part of a coordinated transition, never a branch of its own."""
+    needs: Callable[[Diagnosis], bool] | None = None
+    """What the diagnosis must show besides the pathologies it answers."""
 
 
 RULES: list[Rule] = [
@@ -390,6 +394,11 @@ RULES: list[Rule] = [
          "24k: the start limit added per stage; Skywork-OR1: 8k -> 16k -> 32k), with the token caps it implies",
          0.9, "length",
          blocked_by=("collapse", "entropy_explosion")),  # runaway lengths are then a symptom
+    Rule("staged-budget", ("healthy",), [Move("max_response_length", "stage+")],
+         "capacity grows across stages (LLMZero, arXiv 2606.18388) and some responses already reach the limit: "
+         "the budget's next stage goes with the other moves (DeepScaleR's staged limits), before the cut share "
+         "grows", 0.3, "length", blocked_by=("collapse", "entropy_explosion"), bundle_only=True,
+         needs=lambda d: (d.response_clip_ratio or 0) > 0),
     # the policy drifts from the reference, or the run is unstable
     Rule("rescue", ("collapse",),
          [Move("optim.lr", "/2"), Move("use_kl_loss", "on"), Move("entropy_coeff", "ent-"),
@@ -573,6 +582,7 @@ class _Option:
     capacity: bool
     cand: Candidate
     answer: str = "healthy"
+    bundle_only: bool = False
 
 
 def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -651,7 +661,8 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     options: list[_Option] = []
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
-        if not present or any(b in sev for b in rule.blocked_by):
+        if not present or any(b in sev for b in rule.blocked_by) \
+                or (rule.needs is not None and (diag is None or not rule.needs(diag))):
             continue
         answer = max(present, key=lambda a: sev[a])
         built = _build(ctx, rule, start, fb, info)
@@ -673,7 +684,7 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
             rationale += " The reviewer asked for this change."
         cand = make(overrides, score, rationale)
         if cand is not None:
-            options.append(_Option(score, rule.family, rule.family == "capacity", cand, answer))
+            options.append(_Option(score, rule.family, rule.family == "capacity", cand, answer, rule.bundle_only))
     moved_keys = {k for o in options for k in o.cand.overrides if k not in start}
     for key in sorted(fb.focus - moved_keys):  # the reviewer asked for a knob no rule moves here
         opt = _requested(ctx, key, start, fb, info, make, seg)
@@ -684,7 +695,7 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     coordinated = _coordinated(options, start, make, safe_keys)
     picked = [o.cand for o in coordinated[:ctx.num_candidates]]
     keys = {c.key() for c in picked}
-    rest = [o for o in options if o.cand.key() not in keys]
+    rest = [o for o in options if o.cand.key() not in keys and not o.bundle_only]
     return picked + _diverse(rest, ctx.num_candidates - len(picked))
 
 
@@ -769,11 +780,13 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any,
         if o.family in fams or o.family == "reviewer" or (
                 o.family in CAPACITY_FAMILIES and fams & set(CAPACITY_FAMILIES)):
             continue
-        if o.answer in ("healthy", "plateau") and o.family != "step":
-            continue  # a healthy run's capacity, regularisation and step-decay ideas stay single branches: the
-            # bundle answers findings and raises the step once (capacity grows in it when a finding asks, as
-            # the longer budget for clipped responses: more rollouts "because healthy" doubled the memory of
-            # runs whose responses were still growing, and their continuations ran out of memory)
+        if o.answer in ("healthy", "plateau") and o.family not in ("step", "length"):
+            continue  # a healthy run's rollouts, regularisation and step-decay ideas stay single branches: the
+            # bundle answers findings, raises the step once and takes the response limit's next stage once some
+            # responses reach it (LLMZero: capacity grows across stages; a limit costs no step time until
+            # responses use it, and the bundle's memory is projected to the end, ``memory_safe``); more rollouts
+            # "because healthy" doubled the memory of runs whose responses were still growing, and their
+            # continuations ran out of memory
         extra = {k: v for k, v in o.cand.overrides.items() if k not in start and k not in safe_keys}
         if set(extra) & set(merged):
             continue
@@ -785,7 +798,8 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any,
     # memory limit must not sink the rest: the critic weighs a candidate by its memory risk)
     for without in (None, "step", CAPACITY_FAMILIES):
         use = [o for o in parts if not (o.family == without or (isinstance(without, tuple) and o.family in without))]
-        if len(use) < 2 or (without and len(use) == len(parts)):
+        if len(use) < 2 or (without and len(use) == len(parts)) \
+                or all(o.answer in ("healthy", "plateau") for o in use):  # a bundle answers a finding
             continue
         over = dict(start)
         for o in use:
@@ -873,7 +887,8 @@ def _answers(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, float]
     hit: list[tuple[str, str]] = []  # (finding, rule family) of each rule the transition follows
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
-        if not present or any(b in sev for b in rule.blocked_by):
+        if not present or any(b in sev for b in rule.blocked_by) \
+                or (rule.needs is not None and (ctx.diagnosis is None or not rule.needs(ctx.diagnosis))):
             continue
         answer = max(present, key=lambda a: sev[a])
         wanted = []
