@@ -464,13 +464,17 @@ class ScheduleStage(StagePolicy):
         then the re-evaluations, then the end."""
         if fr.spine_open and fr.used < fr.budget:
             return Plan(launch=[self.child_record(view, fr.spine[-1])], update=fr.keep())
-        # a live first-boundary branch short of the horizon (the search's share ran out while its carry was
-        # reserved): carried on from the re-evaluations' share, best first - a re-evaluation needs a complete
-        # changed schedule to re-run, and without one the reserve would end the stage unspent
-        for end in sorted(fr.carried(), key=lambda n: -n["score"]):
-            if end["depth"] < fr.depth and fr.used < fr.budget \
-                    and not any(not c["changes"] for c in children(fr.nodes, end["id"])):
-                return Plan(launch=[self.child_record(view, end)], update=fr.keep())
+        # no complete changed schedule, and a live first-boundary branch short of the horizon (the search's share
+        # ran out while its carry was reserved): carried on from the re-evaluations' share, best first - a
+        # re-evaluation needs a complete changed schedule to re-run, and without one the reserve would end the
+        # stage unspent (with one, the reserve re-runs it: the winner needs its second run)
+        spine_ids = {n["id"] for n in fr.spine}
+        if not any(usable(n) and n["depth"] == fr.depth and not n.get("confirms") and n["id"] not in spine_ids
+                   for n in fr.nodes):
+            for end in sorted(fr.carried(), key=lambda n: -n["score"]):
+                if end["depth"] < fr.depth and fr.used < fr.budget \
+                        and not any(not c["changes"] for c in children(fr.nodes, end["id"])):
+                    return Plan(launch=[self.child_record(view, end)], update=fr.keep())
         rechecks: list[TrialRecord] = []
         for leaf_id in recheck_plan(fr.nodes, fr.depth, fr.noise):
             if any(n.get("confirms") == leaf_id for n in fr.nodes):
