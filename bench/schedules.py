@@ -706,7 +706,7 @@ def render(report: dict[str, Any], methods: list[str]) -> str:
 
 
 def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None = None,
-                    beam: int = 2) -> tuple[float, list[tuple[int, int, dict[str, Any]]]]:
+                    beam: int = 2, memory: bool = True) -> tuple[float, list[tuple[int, int, dict[str, Any]]]]:
     """A noise-free reference (not a method): a beam search over schedules whose segments each take a config
     of the simulator's learning grid (``model.LEARNING_GRID``, at the scenario's response limit and at twice
     it), a prefix ranked by its expected final score when its last config runs on to T. ``first``: the
@@ -714,7 +714,11 @@ def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None =
     gain over a static config on this simulator at all. Prefixes are ranked with the same estimator as the
     final score (16 quantiles of the collapse draw): with fewer, a 3-6% collapse risk rounds to zero. With
     the first segment free it is never below the static optimum: the static config is ranked first after
-    segment 1 and its unchanged continuation stays a candidate at every boundary."""
+    segment 1 and its unchanged continuation stays a candidate at every boundary. ``memory``: only schedules
+    that run count (``model.schedule_oom``: every segment fits in the GPU's memory, as the methods' trials must),
+    with the start's system config or smaller micro batches (``_runs``: the memory-safe moves mart's stage 3
+    may make); False prices no memory (the oracle before issue 44's fix, which counted schedules that run out
+    of memory on the 0.6B scenarios)."""
     import itertools
 
     from mart.trial_runner.sim import model
@@ -722,6 +726,7 @@ def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None =
 
     base = model.base_config(sc)
     keys = list(model.LEARNING_GRID)
+    safe_knobs = [p for p in model.search_space(sc).params if p.memory_safe and p.kind == "int"]
     cands = []
     for values in itertools.product(*model.LEARNING_GRID.values()):
         over = dict(zip(keys, values))
@@ -740,9 +745,44 @@ def oracle_schedule(sc: Any, bud: ScheduleBudget, first: dict[str, Any] | None =
                 rest = [*prefix, (a, bud.total_steps, cfg)]
                 scored.append((schedule_score_noise_free(rest, sc, bud.total_steps), [*prefix, (a, end, cfg)]))
         scored.sort(key=lambda z: -z[0])
-        beams = [segs for _, segs in scored[:beam]]
+        # only schedules that run count: the best ranked prefixes whose continuation to T fits in memory (an
+        # OOM'd segment leaves no checkpoint: any method that played this schedule would score nothing)
+        kept: list[list[tuple[int, int, dict[str, Any]]]] = []
+        for _, segs in scored:
+            fits = segs if not memory else _runs(segs, sc, bud, safe_knobs)
+            if fits is not None:
+                kept.append(fits)
+                if len(kept) == beam:
+                    break
+        if not kept:
+            raise ValueError(f"no schedule of the oracle's grid runs to step {bud.total_steps} on {sc.name}")
+        beams = kept
     best = beams[0]
     return schedule_score_noise_free(best, sc, bud.total_steps), best
+
+
+#: how many times the oracle may halve the micro batches of a segment that would not fit (mart's stage 3
+#: halves them once per transition, ``nodes.agents.schedule.memory_safe``, so a path of S segments up to S - 1)
+ORACLE_HALVINGS = 3
+
+
+def _runs(segs: list[tuple[int, int, dict[str, Any]]], sc: Any, bud: ScheduleBudget, safe_knobs: list[Any]
+          ) -> list[tuple[int, int, dict[str, Any]]] | None:
+    """``segs`` (a prefix whose last config runs on to T) if it runs to T, else the same with its last segment's
+    micro batches (``ParamSpec.memory_safe``: the math unchanged, so the score too) halved as often as it takes
+    (at most ``ORACLE_HALVINGS``), else None: the moves mart's stage 3 may make for memory, the oracle may too."""
+    from mart.trial_runner.sim import model
+
+    a, end, cfg = segs[-1]
+    for _ in range(ORACLE_HALVINGS + 1):
+        if model.schedule_oom([*segs[:-1], (a, bud.total_steps, cfg)], sc, bud.total_steps) is None:
+            return [*segs[:-1], (a, end, cfg)]
+        smaller = {p.key: max(int(p.low or 1), int(cfg.get(p.key, p.default)) // 2) for p in safe_knobs
+                   if isinstance(cfg.get(p.key, p.default), int) and cfg.get(p.key, p.default) > (p.low or 1)}
+        if not smaller:
+            return None
+        cfg = {**cfg, **smaller}
+    return None
 
 
 def _moves(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, str]:

@@ -144,4 +144,5 @@ def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> A
         predictions=services.ledger.prediction_record(services.run_id, stage),
         diagnosis=diagnosis,
         segment=segment,
+        horizon=services.options.schedule_total_steps() if segment is not None else None,
     )

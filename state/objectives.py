@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from mart.state.health import UNHEALTHY, rule_names
 from mart.state.metrics import (  # noqa: F401 - the metric keys the objectives read, re-exported
@@ -104,11 +105,42 @@ def validation_noise(series: list[tuple[int, float]]) -> float | None:
     return residual_std(tail)
 
 
+def pooled_validation_noise(serieses: list[list[tuple[int, float]]]) -> float | None:
+    """One noise from several trials' validation curves: their residual variances around their lines (the
+    second half of each, as ``validation_noise``) pooled by degrees of freedom. The median of the per-curve
+    estimates it replaces is biased low when the curves are short: with 2 degrees of freedom the median of
+    the std is 0.83 x the true noise."""
+    ss, df = 0.0, 0
+    for series in serieses:
+        v = validation_noise(series)
+        if v is not None:
+            k = len(series[len(series) // 2:]) - 2
+            ss += v * v * k
+            df += k
+    return math.sqrt(ss / df) if df else None
+
+
+FALL_ALPHA = 0.05
+"""How often a trajectory whose true score holds flat at its end may show a ``validation fell`` signal by its
+measurement noise alone (``fall_tolerance``)."""
+
+
+def fall_tolerance(noise: float | None, points: int) -> float:
+    """How far the last of ``points`` validation scores may sit below their best by noise alone: each earlier
+    point minus the last is a difference of two noisy scores (``noise`` x sqrt 2), and the best is the largest of
+    ``points - 1`` of them, so the bound is their one-sided ``1 - FALL_ALPHA / (points - 1)`` quantile (Bonferroni).
+    Three points: 2.8 x the noise; a 60-step path validated every 5 steps (13 points): 3.7 x. A flat 3 x the noise
+    flagged about one such path in five."""
+    if not noise or points < 2:
+        return 0.0
+    return noise * math.sqrt(2) * NormalDist().inv_cdf(1 - FALL_ALPHA / (points - 1))
+
+
 def collapse_signals(records: list[StepRecord], rules_fired: list[str], noise: float | None,
                      prefix: str = "val-core/") -> list[str]:
     """Why a trajectory looks unhealthy (empty = healthy): health events of the collapse rules, a validation
-    score that fell from its best by more than 3x the noise (the best of several noisy points sits ~1.3
-    noise above the truth), an entropy below 0.15 x its early level. The collapse rules are the registered
+    score that fell from its best by more than its noise explains (``fall_tolerance``: the best of several noisy
+    points sits above the truth, the more so the more points), an entropy below 0.15 x its early level. The collapse rules are the registered
     rules of the unhealthy kinds (``mart.state.health.UNHEALTHY``; their warnings count too: a collapse that had
     not yet persisted long enough to stop the trial is still a collapse signal)."""
     collapse_rules = rule_names(*UNHEALTHY)
@@ -117,7 +149,7 @@ def collapse_signals(records: list[StepRecord], rules_fired: list[str], noise: f
     if len(series) >= 3:
         best = max(v for _, v in series)
         drop = best - series[-1][1]
-        tol = 3 * noise if noise else 0.0
+        tol = fall_tolerance(noise, len(series))
         if drop > max(tol, 0.01 * max(abs(best), 1e-9)):
             signals.append(f"validation fell {drop:.4g} from its best {best:.4g}")
     ent = [v for _, v in Trajectory(records).series("actor/entropy", keep=not_nan)]

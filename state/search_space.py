@@ -120,6 +120,9 @@ class ParamSpec:
             means itself).
         schedule: a system knob the schedule stage (stage 3) may move too, because a capacity change of a
             segment implies it (a token cap that must hold the longest sequence once the response limit grows).
+        memory_safe: a system knob whose smaller value only lowers a phase's memory and changes no update's math
+            (a micro batch: gradients accumulate to the same mini batch). Stage 3 may lower it, never raise it,
+            when a segment's transition is projected to outgrow the memory limit before the schedule's end.
         phases: every step phase the knob's value can move (its time), when that is more than its own ``phase``
             (``use_dynamic_bsz`` packs the log-prob passes too); empty: its ``phase`` alone. Stage 1 judges a
             trial on these (``acts_on``): a phase none of its changed knobs acts on that moved beyond its noise
@@ -143,12 +146,13 @@ class ParamSpec:
     aliases: tuple[str, ...] = ()
     means: str | None = None
     schedule: bool = False
+    memory_safe: bool = False
     phases: tuple[str, ...] = ()
 
     def in_stage(self, stage: StageSelector) -> bool:
         """Whether a stage's candidates may change this knob (its traits: the catalogues, and the flagged knobs)."""
         t = traits(stage)
-        return self.stage in t.knobs or (t.flagged_knobs and self.schedule)
+        return self.stage in t.knobs or (t.flagged_knobs and (self.schedule or self.memory_safe))
 
     def __post_init__(self) -> None:
         if self.kind in ("int", "float", "log"):

@@ -60,6 +60,9 @@ class AgentContext:
     """Stage ``schedule``: the trajectory so far at the checkpoint the next segment starts from."""
     segment: tuple[int, int] | None = None
     """Stage ``schedule``: (from_step, to_step) of the segment being proposed."""
+    horizon: int | None = None
+    """Stage ``schedule``: T, the schedule's last global step (a transition's config runs on to it unless a
+    later boundary changes it)."""
     slots: int = 1
     """How many trials this decision starts (free slots): the critic picks that many, spread apart."""
     pending: list[TrialRecord] = field(default_factory=list)

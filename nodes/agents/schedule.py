@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
+from scipy import stats as _st
 
 from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.stages.capacity import direction as _direction
@@ -34,7 +35,8 @@ from mart.nodes.stages.capacity import knob_spec as _spec
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash
-from mart.state.trajectory import Trajectory, mean, rel_slope, tail
+from mart.state.stats import LEVEL
+from mart.state.trajectory import Trajectory, line_fit, mean, rel_slope, residual_std, tail
 
 if TYPE_CHECKING:
     from mart.nodes.agents.base import AgentContext
@@ -48,6 +50,7 @@ CLIPFRAC = "actor/pg_clipfrac"
 GRAD_NORM = "actor/grad_norm"
 RESP_LEN = "response_length/mean"
 RESP_CLIP = "response_length/clip_ratio"
+PEAK_MEMORY = "perf/max_memory_allocated_gb"
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 VAL_PREFIX = "val-core/"
 
@@ -63,6 +66,10 @@ before its 16k stage)."""
 CLIP_RISING_MIN = 0.02
 """A smaller clip ratio that is still rising also asks for the next limit (the transitions' trigger, not a
 diagnosis finding): DeepScaleR raised 8k -> 16k once responses grew into the limit and the reward dropped."""
+KL_ACCELERATION = 2.0
+"""Under a KL loss, the KL's relative slope over this multiple of steady growth (one in proportion to the steps,
+whose relative slope is 1 / the window's mean step) reads as drift: the anchor is losing hold. A step doubled at
+a boundary raises it to ~1.4x over the next segment, which stays below."""
 FLAT_SLOPE = 0.002
 """Relative change per step under which a reward or validation curve counts as flat."""
 COLLAPSE_BLOCKS = ("collapse",)
@@ -82,9 +89,19 @@ class Diagnosis(BaseModel):
     entropy_slope: float | None = Field(None, description="relative change per step over the last window")
     kl: float | None = Field(None, description="actor/kl_loss (or actor/ppo_kl without a KL loss)")
     kl_slope: float | None = None
+    kl_slope_low: float | None = Field(None, description="the lower end of kl_slope's one-sided interval (its "
+                                                         "noise over the window): > 0 means it surely rises")
+    kl_anchored: bool = Field(False, description="the KL series is the KL loss's own (actor/kl_loss): the run "
+                                                 "is anchored to the reference")
+    kl_proportional_slope: float | None = Field(
+        None, description="the relative slope a KL growing in proportion to the steps since step 0 has over the "
+                          "same window (1 / its mean step)")
+    peak_memory_gb: float | None = Field(None, description="perf/max_memory_allocated_gb at the checkpoint")
+    peak_memory_slope_gb: float | None = Field(None, description="its growth in GB per step over the path")
     pg_clipfrac: float | None = None
     grad_norm: float | None = None
     grad_norm_slope: float | None = None
+    grad_norm_slope_low: float | None = None
     response_length: float | None = None
     response_length_slope: float | None = None
     response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
@@ -148,6 +165,16 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
         if ent[0][1] > 1e-9 and d.entropy is not None:
             d.entropy_ratio = _r(d.entropy / ent[0][1], 3)
     d.kl, d.kl_slope = _r(level(kl)), _r(slope(kl), 3)
+    d.kl_slope_low, d.grad_norm_slope_low = _r(slope_low(tail(kl, w)), 3), _r(slope_low(tail(gn, w)), 3)
+    d.kl_anchored = bool(kl) and bool(traj.first_series(KL_KEYS[0]))
+    if kl:
+        kl_w = tail(kl, w)
+        d.kl_proportional_slope = _r(1.0 / max(1.0, mean([(0, float(st)) for st, _ in kl_w])), 3)
+    mem = traj.first_series(PEAK_MEMORY)
+    if mem:
+        d.peak_memory_gb = _r(level(mem))
+        if len(mem) >= 2 and line_fit(mem)[2] > 0:  # over the whole path: one step's peak is noisy
+            d.peak_memory_slope_gb = _r(line_fit(mem)[3], 3)
     d.pg_clipfrac = _r(level(clipf))
     d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
@@ -163,6 +190,20 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
             d.val_slope = _r(rel_slope(tail(val, max(w, 3 * (val[-1][0] - val[-2][0])))), 3)
     _find(d)
     return d
+
+
+def slope_low(pts: list[tuple[int, float]]) -> float | None:
+    """The lower end of a series' relative slope (``rel_slope``) at ``stats.LEVEL`` one-sided, from the scatter
+    around its line: a per-step metric as noisy as grad norm (+-15% a step) shows a slope of several % per step
+    over a few steps by chance. None with fewer than three points."""
+    if len(pts) < 3:
+        return None
+    _, _, sxx, slope = line_fit(pts)
+    scale = sum(abs(v) for _, v in pts) / len(pts)
+    if sxx == 0 or scale <= 1e-12:
+        return None
+    se = residual_std(pts) / math.sqrt(sxx)
+    return (slope - float(_st.t.ppf(LEVEL, len(pts) - 2)) * se) / scale
 
 
 Add = Callable[[str, float, str], None]
@@ -213,9 +254,20 @@ def _find_clipping(d: Diagnosis, add: Add) -> None:
 
 def _find_drift(d: Diagnosis, add: Add) -> None:
     drift = []
-    if d.kl_slope is not None and d.kl_slope > 0.02 and (d.kl or 0) > 1e-3:
-        drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step")
-    if d.grad_norm_slope is not None and d.grad_norm_slope > 0.02:
+    # a KL loss's own KL grows as the anchored policy learns (it starts at 0 and the loss bounds it, it does not
+    # hold it flat): that growth is drift only when it outpaces growth in proportion to the steps by more than
+    # the schedule's own larger step explains (a doubled step from a boundary gives ~1.4x over the next segment;
+    # KL_ACCELERATION), i.e. when the anchor no longer holds it
+    kl_bar = 0.02 if not d.kl_anchored or d.kl_proportional_slope is None \
+        else max(0.02, KL_ACCELERATION * d.kl_proportional_slope)
+    # a slope counts by the lower end of its interval where it has one (``slope_low``): noise is no trend
+    kl_rise = d.kl_slope if d.kl_slope_low is None else d.kl_slope_low
+    gn_rise = d.grad_norm_slope if d.grad_norm_slope_low is None else d.grad_norm_slope_low
+    if d.kl_slope is not None and kl_rise is not None and kl_rise > kl_bar and (d.kl or 0) > 1e-3:
+        drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step"
+                     + (f" under its KL loss ({d.kl_slope / d.kl_proportional_slope:.1f}x steady growth)"
+                        if d.kl_anchored and d.kl_proportional_slope else ""))
+    if d.grad_norm_slope is not None and gn_rise is not None and gn_rise > 0.02:
         drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
     if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
         drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
@@ -305,6 +357,10 @@ class Rule:
     """Not offered while one of these pathologies is present."""
     led: bool = False
     """The moves after the first only go with it (the KL anchor of a larger step): no first move, no rule."""
+    bundle_only: bool = False
+    """Only a part of a coordinated transition, never a branch of its own."""
+    needs: Callable[[Diagnosis], bool] | None = None
+    """What the diagnosis must show besides the pathologies it answers."""
 
 
 RULES: list[Rule] = [
@@ -338,6 +394,11 @@ RULES: list[Rule] = [
          "24k: the start limit added per stage; Skywork-OR1: 8k -> 16k -> 32k), with the token caps it implies",
          0.9, "length",
          blocked_by=("collapse", "entropy_explosion")),  # runaway lengths are then a symptom
+    Rule("staged-budget", ("healthy",), [Move("max_response_length", "stage+")],
+         "capacity grows across stages (LLMZero, arXiv 2606.18388) and some responses already reach the limit: "
+         "the budget's next stage goes with the other moves (DeepScaleR's staged limits), before the cut share "
+         "grows", 0.3, "length", blocked_by=("collapse", "entropy_explosion"), bundle_only=True,
+         needs=lambda d: (d.response_clip_ratio or 0) > 0),
     # the policy drifts from the reference, or the run is unstable
     Rule("rescue", ("collapse",),
          [Move("optim.lr", "/2"), Move("use_kl_loss", "on"), Move("entropy_coeff", "ent-"),
@@ -521,6 +582,46 @@ class _Option:
     capacity: bool
     cand: Candidate
     answer: str = "healthy"
+    bundle_only: bool = False
+
+
+def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``overrides`` with the micro batches (``ParamSpec.memory_safe``) halved when the path's peak memory,
+    projected to the schedule's end, passes the memory limit, and the moves as text. The projection: the peak at
+    the checkpoint plus its measured growth per step (responses lengthen as the policy learns) over the steps
+    left, that growth scaled by the transition's step-size ratio (learning, and the lengthening with it, goes
+    as the step: a doubled lr doubles it, a halved one halves it). A micro batch changes no update's math (gradients accumulate to the
+    same mini batch), so the transition's learning is what it was; it costs some throughput. Halved once per
+    transition: a later transition on the path halves again if the projection still passes the limit."""
+    d = ctx.diagnosis
+    if d is None or d.peak_memory_gb is None or not ctx.memory_limit_gb or not ctx.horizon or not ctx.segment:
+        return overrides, []
+    full, parent = ctx.full_config(overrides), ctx.full_config({})
+    speed = 1.0
+    lr_key = _key(ctx, "optim.lr")
+    if lr_key:
+        old, new = parent.get(lr_key), full.get(lr_key)
+        if isinstance(old, (int, float)) and isinstance(new, (int, float)) and old > 0:
+            speed = float(new) / float(old)
+    left = max(0, ctx.horizon - ctx.segment[0])
+    projected = d.peak_memory_gb + max(0.0, d.peak_memory_slope_gb or 0.0) * left * speed
+    if projected <= ctx.memory_limit_gb:
+        return overrides, []
+    out, moved = dict(overrides), []
+    for p in ctx.search_space.stage_params(ctx.stage):
+        if not p.memory_safe or p.kind != "int":
+            continue
+        old = full.get(p.key, p.default)
+        low = int(p.low or 1)
+        if not isinstance(old, (int, float)) or isinstance(old, bool) or old <= low:
+            continue
+        out[p.key] = max(low, int(old) // 2)
+        moved.append(f"{'.'.join(p.key.split('.')[-2:])} {_fmt(old)}->{_fmt(out[p.key])}")
+    if moved and ctx.config_errors(out):
+        return overrides, []  # a halving the backend refuses (a mini batch it no longer divides): none
+    return out, [f"peak memory {d.peak_memory_gb:.1f} GB growing {d.peak_memory_slope_gb:.2f} GB/step, "
+                 f"projected {projected:.1f} GB at step {ctx.horizon} against a limit of "
+                 f"{ctx.memory_limit_gb:.1f} GB: " + ", ".join(moved)] if moved else []
 
 
 def transition_candidates(ctx: AgentContext) -> list[Candidate]:
@@ -544,6 +645,9 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         overrides, caps = implied_caps(ctx, overrides)
         if caps:
             rationale += f" The token caps it implies follow: {', '.join(caps)}."
+        overrides, safe = memory_safe(ctx, overrides)
+        if safe:
+            rationale += f" Smaller micro batches keep it in memory to the end ({safe[0]})."
         full = ctx.full_config(overrides)
         if config_hash(full) in tried or ctx.config_errors(overrides):
             return None
@@ -557,7 +661,8 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     options: list[_Option] = []
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
-        if not present or any(b in sev for b in rule.blocked_by):
+        if not present or any(b in sev for b in rule.blocked_by) \
+                or (rule.needs is not None and (diag is None or not rule.needs(diag))):
             continue
         answer = max(present, key=lambda a: sev[a])
         built = _build(ctx, rule, start, fb, info)
@@ -579,17 +684,18 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
             rationale += " The reviewer asked for this change."
         cand = make(overrides, score, rationale)
         if cand is not None:
-            options.append(_Option(score, rule.family, rule.family == "capacity", cand, answer))
+            options.append(_Option(score, rule.family, rule.family == "capacity", cand, answer, rule.bundle_only))
     moved_keys = {k for o in options for k in o.cand.overrides if k not in start}
     for key in sorted(fb.focus - moved_keys):  # the reviewer asked for a knob no rule moves here
         opt = _requested(ctx, key, start, fb, info, make, seg)
         if opt is not None:
             options.append(opt)
     options.sort(key=lambda o: -o.score)
-    coordinated = _coordinated(options, start, make)
+    safe_keys = {p.key for p in ctx.search_space.stage_params(ctx.stage) if p.memory_safe}
+    coordinated = _coordinated(options, start, make, safe_keys)
     picked = [o.cand for o in coordinated[:ctx.num_candidates]]
     keys = {c.key() for c in picked}
-    rest = [o for o in options if o.cand.key() not in keys]
+    rest = [o for o in options if o.cand.key() not in keys and not o.bundle_only]
     return picked + _diverse(rest, ctx.num_candidates - len(picked))
 
 
@@ -654,7 +760,8 @@ def _requested(ctx: AgentContext, key: str, start: dict[str, Any], fb: FeedbackR
 CAPACITY_FAMILIES = ("capacity", "length")
 
 
-def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> list[_Option]:
+def _coordinated(options: list[_Option], start: dict[str, Any], make: Any,
+                 safe_keys: set[str] | frozenset[str] = frozenset()) -> list[_Option]:
     """LLMZero's coordinated transitions (arXiv 2606.18388): the best option of each family that answers a
     finding of the diagnosis, merged into one transition - regularisation towards what the trajectory needs, one
     capacity move when a finding asks for it (clipped responses), the step size - then the same without the
@@ -664,7 +771,8 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
 
     Why: each knob alone moves the final score by about one measurement's noise, so single-knob branches are
     lost in it, while the moves together are worth several times the noise (docs/runtime.md, the schedule
-    stage's diagnosis)."""
+    stage's diagnosis). The parts' memory-safe micro batches (``safe_keys``) are left out of the merge:
+    ``make`` projects the merged transition's memory itself."""
     merged: dict[str, Any] = {}
     parts: list[_Option] = []
     fams: set[str] = set()
@@ -672,12 +780,14 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
         if o.family in fams or o.family == "reviewer" or (
                 o.family in CAPACITY_FAMILIES and fams & set(CAPACITY_FAMILIES)):
             continue
-        if o.answer in ("healthy", "plateau") and o.family != "step":
-            continue  # a healthy run's capacity, regularisation and step-decay ideas stay single branches: the
-            # bundle answers findings and raises the step once (capacity grows in it when a finding asks, as
-            # the longer budget for clipped responses: more rollouts "because healthy" doubled the memory of
-            # runs whose responses were still growing, and their continuations ran out of memory)
-        extra = {k: v for k, v in o.cand.overrides.items() if k not in start}
+        if o.answer in ("healthy", "plateau") and o.family not in ("step", "length"):
+            continue  # a healthy run's rollouts, regularisation and step-decay ideas stay single branches: the
+            # bundle answers findings, raises the step once and takes the response limit's next stage once some
+            # responses reach it (LLMZero: capacity grows across stages; a limit costs no step time until
+            # responses use it, and the bundle's memory is projected to the end, ``memory_safe``); more rollouts
+            # "because healthy" doubled the memory of runs whose responses were still growing, and their
+            # continuations ran out of memory
+        extra = {k: v for k, v in o.cand.overrides.items() if k not in start and k not in safe_keys}
         if set(extra) & set(merged):
             continue
         fams.add(o.family)
@@ -688,11 +798,12 @@ def _coordinated(options: list[_Option], start: dict[str, Any], make: Any) -> li
     # memory limit must not sink the rest: the critic weighs a candidate by its memory risk)
     for without in (None, "step", CAPACITY_FAMILIES):
         use = [o for o in parts if not (o.family == without or (isinstance(without, tuple) and o.family in without))]
-        if len(use) < 2 or (without and len(use) == len(parts)):
+        if len(use) < 2 or (without and len(use) == len(parts)) \
+                or all(o.answer in ("healthy", "plateau") for o in use):  # a bundle answers a finding
             continue
         over = dict(start)
         for o in use:
-            over.update(o.cand.overrides)
+            over.update({k: v for k, v in o.cand.overrides.items() if k not in safe_keys})
         score = sum(o.score for o in use)
         head = "Coordinated transition (LLMZero: regularisation follows the dynamics, capacity accumulates" + (
             ", the step grows once" if any(o.family == "step" for o in use) else "") + "): "
@@ -776,7 +887,8 @@ def _answers(ctx: AgentContext, overrides: dict[str, Any], sev: dict[str, float]
     hit: list[tuple[str, str]] = []  # (finding, rule family) of each rule the transition follows
     for rule in RULES:
         present = [a for a in rule.answers if a in sev]
-        if not present or any(b in sev for b in rule.blocked_by):
+        if not present or any(b in sev for b in rule.blocked_by) \
+                or (rule.needs is not None and (ctx.diagnosis is None or not rule.needs(ctx.diagnosis))):
             continue
         answer = max(present, key=lambda a: sev[a])
         wanted = []

@@ -72,12 +72,16 @@ def implied_caps(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str
 def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
     """Why a schedule transition's system knobs are refused: a flagged token cap (``ParamSpec.schedule``) may move
     only up, and only with the response limit it follows (a schedule changes learning knobs, and the capacity they
-    imply)."""
+    imply); a micro batch (``ParamSpec.memory_safe``) only down (memory, never the update's math)."""
     out = []
     grew = grew_capacity(ctx, overrides)
     for key, value in overrides.items():
         spec = ctx.search_space[key] if key in ctx.search_space else None
-        if spec is None or spec.stage != "system" or not spec.schedule:
+        if spec is None or spec.stage != "system" or not (spec.schedule or spec.memory_safe):
+            continue
+        if spec.memory_safe and not spec.schedule:  # a micro batch: lowered for memory, never raised
+            if direction(ctx.base_config.get(key, spec.default), value) == "up":
+                out.append(f"`{key}` is a system knob: a schedule may only lower it, for memory")
             continue
         if not grew or direction(ctx.base_config.get(key, spec.default), value) != "up":
             out.append(f"`{key}` is a system knob: a schedule may only raise it with data.max_response_length, "

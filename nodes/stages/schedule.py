@@ -18,7 +18,6 @@ expanded and the ids already expanded, so a resumed session rebuilds the same tr
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,12 @@ from mart.nodes.stages._base import Plan, StagePolicy, StageView
 from mart.nodes.stages.capacity import capacity_errors, implied_caps
 from mart.nodes.stages.learning import CONFIRM_SEED_OFFSET, FALLBACK_NOISE_SHARE, LearningStage
 from mart.state.models import TrialRecord
-from mart.state.objectives import baseline_verdict, collapse_signals, validation_noise, validation_series
+from mart.state.objectives import (
+    baseline_verdict,
+    collapse_signals,
+    pooled_validation_noise,
+    validation_series,
+)
 from mart.state.schedule import (
     TIE_Z,
     Node,
@@ -64,7 +68,7 @@ def schedule_state(state: Mapping[str, Any]) -> dict[str, Any]:
 # --- the tree, from the ledger ----------------------------------------------------------------------------
 def tree_nodes(services: Any, *, with_signals: bool = True, prior_noise: float | None = None) -> tuple[list[Node], float]:
     """The stage's nodes (one per segment-trial, re-evaluations and trials in flight included) and the measured
-    score noise: the median residual noise of the nodes' validation curves, else ``prior_noise`` (stage 2's,
+    score noise: the nodes' validation curves' residual noise, pooled (``objectives.pooled_validation_noise``), else ``prior_noise`` (stage 2's,
     measured over the same kind of trials), else 2% of the root's score."""
     options = services.options
     ledger = services.ledger
@@ -86,16 +90,15 @@ def tree_nodes(services: Any, *, with_signals: bool = True, prior_noise: float |
     for e in ledger.health_events():
         rules.setdefault(e.trial_id, []).append(e.rule)
     cache: dict[str, list] = {}
-    noises = []
+    curves = []
     for n in nodes:
         if usable(n):
             n["_records"] = path_records(ledger, nodes, n["id"], cache)
-            v = validation_noise(validation_series(n["_records"], prefix))
-            if v is not None:
-                noises.append(v)
+            curves.append(validation_series(n["_records"], prefix))
     root = next((n for n in nodes if n["parent"] is None and not n["confirms"]), None)
-    if noises:
-        noise = statistics.median(noises)
+    pooled = pooled_validation_noise(curves)
+    if pooled is not None:
+        noise = pooled
     elif prior_noise:
         noise = float(prior_noise)
     else:
@@ -461,6 +464,17 @@ class ScheduleStage(StagePolicy):
         then the re-evaluations, then the end."""
         if fr.spine_open and fr.used < fr.budget:
             return Plan(launch=[self.child_record(view, fr.spine[-1])], update=fr.keep())
+        # no complete changed schedule, and a live first-boundary branch short of the horizon (the search's share
+        # ran out while its carry was reserved): carried on from the re-evaluations' share, best first - a
+        # re-evaluation needs a complete changed schedule to re-run, and without one the reserve would end the
+        # stage unspent (with one, the reserve re-runs it: the winner needs its second run)
+        spine_ids = {n["id"] for n in fr.spine}
+        if not any(usable(n) and n["depth"] == fr.depth and not n.get("confirms") and n["id"] not in spine_ids
+                   for n in fr.nodes):
+            for end in sorted(fr.carried(), key=lambda n: -n["score"]):
+                if end["depth"] < fr.depth and fr.used < fr.budget \
+                        and not any(not c["changes"] for c in children(fr.nodes, end["id"])):
+                    return Plan(launch=[self.child_record(view, end)], update=fr.keep())
         rechecks: list[TrialRecord] = []
         for leaf_id in recheck_plan(fr.nodes, fr.depth, fr.noise):
             if any(n.get("confirms") == leaf_id for n in fr.nodes):

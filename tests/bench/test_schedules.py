@@ -158,3 +158,27 @@ def test_pb2_spends_the_schedules_budget_from_checkpoints(tmp_path) -> None:
     assert pb2["extra"]["population"] == 2 and pb2["segment_trials"] == 4
     assert [(s["from_step"], s["to_step"]) for s in pb2["segments"]] == [(0, 4), (4, 8)]
     assert pb2["noise_free"] is not None and pb2["gpu_hours"] > pb2["schedule_gpu_hours"] > 0
+
+
+def test_the_oracle_counts_only_schedules_that_run() -> None:
+    """Issue 44: the oracle priced no memory, so on the 0.6B its best schedule (lr up at step 15) ran out of
+    memory in old_log_prob when played. A prefix that would not run is kept only with its micro batches
+    halved (what mart's stage 3 may do, the score unchanged), else dropped."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.schedules import ScheduleBudget, _runs
+    finally:
+        sys.path.remove(str(ROOT))
+    from mart.trial_runner.sim import load_scenario, model
+
+    sc = load_scenario("qwen3-0.6b-1x8")
+    base, bud = model.base_config(sc), ScheduleBudget()
+    safe = [p for p in model.search_space(sc).params if p.memory_safe and p.kind == "int"]
+    assert _runs([(0, 15, base)], sc, bud, safe) == [(0, 15, base)]  # the start runs as it is
+    fast = {**base, "actor_rollout_ref.actor.optim.lr": 2e-6}
+    assert model.schedule_oom([(0, 15, base), (15, 60, fast)], sc, 60) is not None
+    kept = _runs([(0, 15, base), (15, 30, fast)], sc, bud, safe)
+    assert kept is not None and kept[-1][:2] == (15, 30)
+    micro = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+    assert kept[-1][2][micro] < base[micro] and model.schedule_oom([*kept[:-1], (15, 60, kept[-1][2])], sc, 60) is None
+    assert _runs([(0, 15, base), (15, 30, fast)], sc, bud, []) is None  # no memory-safe knob: dropped

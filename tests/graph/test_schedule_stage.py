@@ -328,3 +328,21 @@ def test_the_wall_clock_ends_the_tree_with_what_it_has(tmp_path):
     assert any("wall-clock budget spent" in n for n in summary["notes"])
     assert any("no complete schedule reached the horizon" in n for n in summary["notes"])
     assert not (Path(tmp_path) / summary["run_id"] / "schedule.yaml").exists()
+
+
+def test_a_carried_branch_reaches_the_horizon_from_the_re_evaluations_share(tmp_path):
+    """Qwen2.5-1.5B on L40S, seed 3 (issue 44): the bundle led at step 45, but the search's share of the budget
+    ran out with the other first-boundary branch's carry still reserved, nothing was affordable and the stage
+    ended at 8 of 12 segment-trials with no changed schedule at T. The carry now comes out of the
+    re-evaluations' share (a re-evaluation needs a complete changed schedule), and the budget still holds."""
+    scenario = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "qwen2.5-1.5b-1x8-l40s.yaml"
+    opts = sim_options(tmp_path, backend_options={"clock": "poll", "seed": 3, "scenario_file": str(scenario)},
+                       seed=3, schedule_segments=4, schedule_branches=3, schedule_budget=12, learning_horizon=60)
+    summary = tune(opts)
+    rows = Ledger.open(Path(tmp_path) / summary["run_id"]).trials("schedule")
+    check_tree(rows, opts)
+    assert len(rows) <= 12
+    nodes = _nodes(rows)
+    leaves = [r["trial_id"] for r in rows if r["horizon"] == 60 and not r["confirms"]]
+    assert any(any(n["changes"] for n in path_to(nodes, leaf)) for leaf in leaves), "no changed schedule at T"
+    assert len(static_path(nodes)) == 4

@@ -13,7 +13,9 @@ from mart.state.metrics import StepRecord
 from mart.state.objectives import (
     Contender,
     collapse_signals,
+    fall_tolerance,
     pick_learning_winner,
+    pooled_validation_noise,
     validation_noise,
 )
 from tests.support.cli import sim_stage2_options
@@ -35,6 +37,27 @@ def test_validation_noise_recovers_the_scatter_around_a_trend():
         estimates.append(validation_noise(series))
     assert 0.008 < sorted(estimates)[100] < 0.012  # the median estimate is near the true 0.01
     assert validation_noise([(0, 0.1), (5, 0.2)]) is None
+
+
+def test_pooled_noise_is_unbiased_where_the_median_of_short_curves_runs_low():
+    rng = random.Random(1)
+    curves = [[(s, 0.3 + 0.004 * s + rng.gauss(0, 0.01)) for s in range(0, 31, 5)] for _ in range(12)]
+    median = sorted(v for c in curves if (v := validation_noise(c)) is not None)[6]
+    pooled = pooled_validation_noise(curves)
+    assert pooled is not None and abs(pooled - 0.01) < abs(median - 0.01) and 0.008 < pooled < 0.012
+    assert pooled_validation_noise([[(0, 0.1), (5, 0.2)]]) is None
+
+
+def test_a_fall_is_a_signal_only_beyond_what_the_best_of_its_noisy_points_explains():
+    assert fall_tolerance(None, 13) == 0.0 and fall_tolerance(0.01, 3) < fall_tolerance(0.01, 13)
+    rng = random.Random(2)
+    flagged = 0
+    for _ in range(400):  # a plateau validated 13 times: the last point below the best by noise alone
+        recs = _records({s: 0.4 + rng.gauss(0, 0.01) for s in range(0, 61, 5)}, [1.0] * 60)
+        flagged += bool(collapse_signals(recs, [], noise=0.01, prefix="val-core/"))
+    assert flagged / 400 <= 0.06  # FALL_ALPHA; a flat 3 x the noise flagged about one in five
+    fell = _records({**{s: 0.4 for s in range(0, 56, 5)}, 60: 0.34}, [1.0] * 60)
+    assert collapse_signals(fell, [], noise=0.01, prefix="val-core/")
 
 
 def test_collapse_signals_see_a_falling_score_and_a_collapsed_entropy_but_not_a_healthy_run():

@@ -27,14 +27,17 @@ N, MAX_LEN = R + "n", "data.max_response_length"
 
 def trajectory(steps: int = 30, *, entropy=lambda s: 1.0, kl=lambda s: 0.001, clipfrac=lambda s: 0.02,
                grad=lambda s: 0.5, length=lambda s: 200.0, clip=lambda s: 0.0, reward=lambda s: 0.3 + 0.01 * s,
-               val=lambda s: 0.3 + 0.01 * s, test_freq: int = 5) -> list[StepRecord]:
+               val=lambda s: 0.3 + 0.01 * s, test_freq: int = 5, kl_key: str = "actor/kl_loss",
+               memory=None) -> list[StepRecord]:
     out = []
     for s in range(1, steps + 1):
-        data = {"actor/entropy": entropy(s), "actor/kl_loss": kl(s), "actor/pg_clipfrac": clipfrac(s),
+        data = {"actor/entropy": entropy(s), kl_key: kl(s), "actor/pg_clipfrac": clipfrac(s),
                 "actor/grad_norm": grad(s), "response_length/mean": length(s), "response_length/clip_ratio": clip(s),
                 "critic/score/mean": reward(s)}
         if s % test_freq == 0:
             data["val-core/math/reward/mean@1"] = val(s)
+        if memory is not None:
+            data["perf/max_memory_allocated_gb"] = memory(s)
         out.append(StepRecord(step=s, data=data))
     return out
 
@@ -257,10 +260,68 @@ def test_only_the_branch_path_events_and_the_parent_config_count():
 def test_kl_growing_with_the_reward_is_learning_not_drift():
     learning = diagnose(trajectory(kl=lambda s: 0.01 * s, grad=lambda s: 1.0 + 0.05 * s))
     assert "policy_drift" not in learning.severity
-    stalled = diagnose(trajectory(kl=lambda s: 0.01 * s, reward=lambda s: 0.4, val=lambda s: 0.4))
+    stalled = diagnose(trajectory(kl=lambda s: 0.01 * s, reward=lambda s: 0.4, val=lambda s: 0.4,
+                                  kl_key="actor/ppo_kl"))
     assert stalled.worst() == "policy_drift" and "without a reward gain" in stalled.findings[0]
     # two validation points are no trend
     assert diagnose(trajectory(steps=10)).val_slope is None
+
+
+def test_kl_growth_a_kl_loss_explains_is_no_drift_and_accelerating_kl_is():
+    flat = dict(reward=lambda s: 0.4, val=lambda s: 0.4)
+    # under a KL loss, KL grows in proportion to the steps as the anchored policy learns: the anchor holds
+    steady = diagnose(trajectory(kl=lambda s: 0.0005 * s, **flat))
+    assert steady.kl_anchored and steady.kl_slope is not None and steady.kl_slope > 0.02
+    assert "policy_drift" not in steady.severity
+    # the same growth without a KL loss (ppo_kl) is drift: nothing bounds it
+    assert "policy_drift" in diagnose(trajectory(kl=lambda s: 0.0005 * s, kl_key="actor/ppo_kl", **flat)).severity
+    # under a KL loss, KL growing ever faster is drift: the anchor no longer holds it
+    runaway = diagnose(trajectory(kl=lambda s: 0.001 * 1.15 ** s, **flat))
+    assert runaway.kl_anchored and "policy_drift" in runaway.severity
+    assert "steady growth" in next(f for f in runaway.findings if "drifts" in f)
+
+
+def test_a_noisy_slope_is_no_trend():
+    import random
+
+    rng = random.Random(3)
+    noise = [math.exp(rng.gauss(0, 0.15)) for _ in range(30)]
+    flat = dict(reward=lambda s: 0.4, val=lambda s: 0.4)
+    # grad norm drawn +-15% a step around a flat level: whatever its fitted slope, its interval holds zero
+    d = diagnose(trajectory(grad=lambda s: 0.5 * noise[s - 1], **flat))
+    assert d.grad_norm_slope_low is not None and d.grad_norm_slope_low < 0.02
+    assert "policy_drift" not in d.severity
+    # a clear rise stays a rise
+    assert "policy_drift" in diagnose(trajectory(grad=lambda s: 0.3 * 1.08 ** s * noise[s - 1], **flat)).severity
+
+
+def test_a_transition_projected_past_the_memory_limit_carries_smaller_micro_batches():
+    micro = {R + "log_prob_micro_batch_size_per_gpu": 16, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
+             A + "ppo_micro_batch_size_per_gpu": 8}
+    # peak 47.4 GB at the checkpoint, +0.6 GB a step: 77.4 GB by step 60 at the same step size, over the 70 GB limit
+    growing = diagnose(trajectory(memory=lambda s: 30 + 0.6 * s))
+    assert growing.peak_memory_gb == pytest.approx(47.4) and growing.peak_memory_slope_gb == pytest.approx(0.6)
+    c = all_transitions(ctx(diag=growing, base=VERL_BASE, k=4, memory_limit_gb=70.0, horizon=60))
+    same_step = [o for o in c if LR not in o.overrides]
+    assert same_step and all(micro.items() <= o.overrides.items() for o in same_step)
+    assert all("Smaller micro batches" in o.rationale and "projected 77.4 GB" in o.rationale for o in same_step)
+    # a halved step halves the lengthening: 62.4 GB, no change of micro batch
+    half = [o for o in c if o.overrides.get(LR) == pytest.approx(5e-7)]
+    assert half and not any(k in half[0].overrides for k in micro)
+    # a slower growth, or no horizon to project to: nothing
+    for d, kw in ((diagnose(trajectory(memory=lambda s: 30 + 0.1 * s)), {"horizon": 60}), (growing, {})):
+        c = all_transitions(ctx(diag=d, base=VERL_BASE, k=4, memory_limit_gb=70.0, **kw))
+        assert c and not any(k in o.overrides for o in c for k in micro)
+    # a coordinated transition still merges its parts (their micro batches are no conflict) and halves once
+    c = all_transitions(ctx(diag=diagnose(trajectory(memory=lambda s: 30 + 0.6 * s, **COLLAPSE)), base=VERL_BASE,
+                            k=4, memory_limit_gb=70.0, horizon=60))
+    bundle = next(o for o in c if o.rationale.startswith("Coordinated transition"))
+    assert micro.items() <= bundle.overrides.items() and len(set(bundle.overrides) - set(micro)) >= 2
+    # the stage admits a smaller micro batch, never a larger one (capacity_errors)
+    from mart.nodes.stages.capacity import capacity_errors
+
+    assert capacity_errors(ctx(base=VERL_BASE), {A + "ppo_micro_batch_size_per_gpu": 8}) == []
+    assert capacity_errors(ctx(base=VERL_BASE), {A + "ppo_micro_batch_size_per_gpu": 32})
 
 
 def test_a_named_categorical_knob_moves_to_another_choice():

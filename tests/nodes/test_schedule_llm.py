@@ -64,7 +64,7 @@ def test_prompt_carries_the_diagnosis_segment_and_siblings(stub):
 
 
 def test_bad_transitions_are_sent_back_with_mart_reasons(stub):
-    stub.push(Reply.json(proposal({N: 16}, {MAX_LEN: 1024}, {A + "ppo_micro_batch_size_per_gpu": 4})),
+    stub.push(Reply.json(proposal({N: 16}, {MAX_LEN: 1024}, {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.6})),
               Reply.json(proposal({CLIP_HIGH: 0.3})))
     agent = proposer(stub)
     cands = agent.propose(ctx())

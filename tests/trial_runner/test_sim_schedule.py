@@ -301,3 +301,24 @@ def test_the_collapse_hazard_grows_with_the_response_length() -> None:
     # a calmer segment late stops the growth of the accumulated hazard (it never undoes it)
     calm = L.learning_trajectory({**cfg, A + "optim.lr": 2e-6}, sc, 151, math.inf, start=traj.state_at(150))
     assert calm.hazard[0] < traj.hazard[-1] / 50 and calm.states[0]["cum_hazard"] >= traj.states[-1]["cum_hazard"]
+
+
+def test_a_schedule_that_would_run_out_of_memory_is_named_with_its_step_and_phase() -> None:
+    """``model.schedule_oom`` (what the benchmark's oracle prices): the simulator's own memory model along the
+    schedule's trajectory. On the 0.6B 1x8 a doubled lr lengthens responses until old_log_prob's logits pass
+    the 80 GB, which the played run confirms; halving the log-prob micro batch lets it run to the end."""
+    from mart.trial_runner.sim import model
+
+    sc = load_scenario("qwen3-0.6b-1x8")
+    base = model.base_config(sc)
+    fast = {**base, A + "optim.lr": 2e-6}
+    assert model.schedule_oom([(0, 60, base)], sc, 60) is None
+    why = model.schedule_oom([(0, 15, base), (15, 60, fast)], sc, 60)
+    assert why is not None and "old_log_prob" in why
+    played = [model.simulate(fast, sc, 60, seed=s) for s in range(3)]
+    assert all(r.status == "oom" and "old_log_prob" in (r.reason or "") for r in played)
+    safe = {**fast, R + "log_prob_micro_batch_size_per_gpu": 16}
+    assert model.schedule_oom([(0, 15, base), (15, 60, safe)], sc, 60) is None
+    assert all(model.simulate(safe, sc, 60, seed=s).status == "completed" for s in range(3))
+    # the micro batch changes no learning: the same expected score
+    assert L.schedule_score_noise_free([(0, 60, safe)], sc, 60) == L.schedule_score_noise_free([(0, 60, fast)], sc, 60)

@@ -31,6 +31,7 @@ from mart.trial_runner.sim.grid import (
 )
 from mart.trial_runner.sim.scenarios import Scenario, get_scenario, load_scenario  # noqa: F401 - get_scenario: bench/compare.py
 from mart.trial_runner.sim.trial import (
+    LENGTH_NOISE,
     MEMORY_NOISE_GB,
     TIMING_NOISE,
     VAL_KEY,
@@ -152,7 +153,7 @@ def simulate(
     checkpoints = {int(st): traj.state_at(int(st)) for st in save_steps if first <= int(st) <= steps}
 
     for step in range(first, steps + 1):
-        lens_noise = float(np.exp(rng_learn.normal(0, 0.03)))
+        lens_noise = float(np.exp(rng_learn.normal(0, LENGTH_NOISE)))
         i = step - first
         w, clip = _workload(sc, lk, traj.resp_mean_untruncated[i] * lens_noise, uses_ref)
         o = S.simulate_step(sc, k, w)
@@ -243,6 +244,48 @@ def simulate(
             data["timing_s/testing"] = tv
         events.append(SimEvent(t, step, data))
     return SimResult(events, "completed", None, t, steps, n_gpus, init_s, steps, info, checkpoints)
+
+
+OOM_Z = 2.0
+"""How many standard deviations of a step's draws (response lengths, memory) a schedule's expected peak must
+leave below the capacity to count as one that runs (``schedule_oom``): a run of tens of steps draws each step
+anew, so a schedule whose expected peak sits at the capacity runs out of memory in about half of its runs."""
+
+
+def schedule_oom(segments: list[L.Segment], scenario: str | Scenario, total_steps: int,
+                 z: float = OOM_Z) -> str | None:
+    """Why a schedule would not run to ``total_steps`` on ``scenario`` (a config verl refuses, vLLM's pool
+    over-committed at a segment's start, or a phase's memory over the GPU's capacity at some step, with
+    ``z`` standard deviations of the per-step draws of ``simulate``), None when it runs. The same memory model
+    ``simulate`` plays, at the collapse-free trajectory's response lengths: what a noise-free reference must
+    price, since an OOM'd segment leaves no checkpoint and scores nothing. Multi-agent scenarios: None (not
+    modelled here)."""
+    sc = load_scenario(scenario)
+    if MA.is_multi_agent(sc):
+        return None
+    segs = L.check_segments(segments, total_steps)
+    capacity = sc.gpu.memory_gb
+    len_mult = math.exp(z * LENGTH_NOISE)
+    for (a, _b, cfg), traj in zip(segs, L.schedule_trajectory(segs, sc, total_steps, math.inf)):
+        errors = search_space().check_constraints(cfg)
+        if errors:
+            return f"config rejected at step {a + 1}: " + " ".join(errors)
+        k = S.knobs_from_config(cfg)
+        lk = L.LearningKnobs.from_config(cfg, sc)
+        uses_ref = lk.use_kl or bool(cfg.get("algorithm.use_kl_in_reward", False))
+        w1, _ = _workload(sc, lk, traj.resp_mean_untruncated[0], uses_ref)
+        if bool(np.asarray(S.rollout_phase(sc, k, w1)["kv_fail"])):
+            return f"vLLM: no memory left for the KV cache at step {a + 1}"
+        for i, resp in enumerate(traj.resp_mean_untruncated):
+            w, _ = _workload(sc, lk, resp * len_mult, uses_ref)
+            o = S.simulate_step(sc, k, w)
+            for phase, key in (("gen", "mem_gen"), ("old_log_prob", "mem_old"), ("ref", "mem_ref"),
+                               ("update_actor", "mem_update")):
+                need = scalar(o[key])
+                if need > 0 and need + z * MEMORY_NOISE_GB > capacity:
+                    return (f"out of memory in {phase} at step {traj.first_step + i}: {need:.1f} GiB expected of "
+                            f"{capacity:.0f} GiB")
+    return None
 
 
 def window_workloads(sc: Scenario, config: dict[str, Any], horizon: int) -> list[S.StepWorkload]:

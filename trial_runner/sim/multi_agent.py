@@ -69,6 +69,7 @@ from mart.trial_runner.sim.grid import (
 )
 from mart.trial_runner.sim.job import MultiAgentScenario, Scenario, is_multi_agent
 from mart.trial_runner.sim.trial import (
+    LENGTH_NOISE,
     MEMORY_NOISE_GB,
     TIMING_NOISE,
     VAL_KEY,
@@ -494,7 +495,7 @@ def simulate(config: dict[str, Any], sc: MultiAgentScenario, steps: int, seed: i
     ent1 = [tr.entropy[0] if tr.entropy else sc.learning.entropy0 for tr in trajs]
     for step in range(first, steps + 1):
         i = step - first
-        lens = [tr.resp_mean_untruncated[i] * float(np.exp(rngs[a].normal(0, 0.03))) for a, tr in enumerate(trajs)]
+        lens = [tr.resp_mean_untruncated[i] * float(np.exp(rngs[a].normal(0, LENGTH_NOISE))) for a, tr in enumerate(trajs)]
         plan = step_plan(sc, config, lens)
         o = system_step(sc, k, plan, tasks)
         slow = WARMUP_SLOWDOWN.get(step, 1.0)

@@ -19,6 +19,7 @@ from mart.trial_runner.sim.job import Scenario
 VAL_KEY = "val-core/math/reward/mean@1"
 TIMING_NOISE = 0.02  # lognormal sigma of every phase time (run-to-run jitter)
 MEMORY_NOISE_GB = 0.15
+LENGTH_NOISE = 0.03  # lognormal sigma of a step's mean response length around the trajectory's
 WARMUP_SLOWDOWN = {1: 1.25, 2: 1.05}  # allocator/graph warm-up of the first steps (why MART skips 1-2)
 
 

@@ -107,21 +107,21 @@ SYSTEM_PARAMS: list[ParamSpec] = [
        "micro batch). Ignored with use_dynamic_bsz.", low=1, high=256,
        model="lp_micro", effect=KnobEffect("up", 0.2, note="fewer, larger forward passes",
                                            note_against="more, smaller forward passes: less activation memory"),
-       aliases=("log prob micro batch", "log-prob micro batch")),
+       aliases=("log prob micro batch", "log-prob micro batch"), memory_safe=True),
     _P(f"{REF}.log_prob_micro_batch_size_per_gpu", "system", "int", 32,
        "Micro batch of the reference policy's log-prob forward pass (only with a KL term). verl's default "
        "is null but one must be set; 32 as in verl's GRPO examples. Ignored with use_dynamic_bsz.",
        low=1, high=256,
        model="ref_micro", effect=KnobEffect("up", 0.2, note="fewer, larger forward passes",
                                             note_against="more, smaller forward passes: less activation memory"),
-       aliases=("ref micro batch", "ref log prob micro batch")),
+       aliases=("ref micro batch", "ref log prob micro batch"), memory_safe=True),
     _P(f"{ACTOR}.ppo_micro_batch_size_per_gpu", "system", "int", 16,
        "Micro batch (sequences per GPU) of the actor's training forward/backward; gradients accumulate up to "
        "the mini batch. Larger = faster, more activation memory. verl's default is null but one must be set "
        "without dynamic bsz; 16 as in verl's GRPO examples.", low=1, high=256,
        model="ppo_micro", effect=KnobEffect("up", 0.3, note="fewer, larger backward passes",
                                             note_against="more, smaller backward passes: less activation memory"),
-       aliases=("micro batch", "micro-batch", "micro batch size", "micro batches")),
+       aliases=("micro batch", "micro-batch", "micro batch size", "micro batches"), memory_safe=True),
     _P(f"{ACTOR}.use_dynamic_bsz", "system", "bool", False,
        "Pack micro batches by token count (ppo_max_token_len_per_gpu) instead of sequence count; usually "
        "faster for variable-length responses. Also applies to the log-prob passes.",
