@@ -13,6 +13,14 @@ LOCAL_TINY_CONFIG = TINY_CONFIG
 TOY_BACKEND = "tests.support.toy_backend:make_backend"
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Test files with end-to-end sessions (``slow``) first, each file's tests kept together and in order: with
+    ``--dist loadfile`` a worker takes the next file as it frees, so a long file started last would leave the
+    other workers idle at the end (longest first is the classic fix for that tail)."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] not in slow)
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a venv without xdist (the verl one) runs without it
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one and a half workers per core. A session test waits on its trial processes (each a fresh
