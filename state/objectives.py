@@ -96,13 +96,18 @@ def validation_series(records: list[StepRecord], prefix: str = "val-core/") -> l
     return Trajectory(records).prefixed(prefix, keep=not_nan)
 
 
+def _noise_tail(series: list[tuple[int, float]]) -> list[tuple[int, float]] | None:
+    """The validation points a noise is measured on: the second half (the early climb is no line), None with
+    fewer than 4 there."""
+    tail = series[len(series) // 2:]
+    return tail if len(tail) >= 4 else None
+
+
 def validation_noise(series: list[tuple[int, float]]) -> float | None:
     """Measurement noise of one trial's validation score: the residual std around a straight line over the
     second half of its validation points (None with fewer than 4 points there)."""
-    tail = series[len(series) // 2:]
-    if len(tail) < 4:
-        return None
-    return residual_std(tail)
+    tail = _noise_tail(series)
+    return None if tail is None else residual_std(tail)
 
 
 def pooled_validation_noise(serieses: list[list[tuple[int, float]]]) -> float | None:
@@ -112,10 +117,10 @@ def pooled_validation_noise(serieses: list[list[tuple[int, float]]]) -> float | 
     the std is 0.83 x the true noise."""
     ss, df = 0.0, 0
     for series in serieses:
-        v = validation_noise(series)
-        if v is not None:
-            k = len(series[len(series) // 2:]) - 2
-            ss += v * v * k
+        tail = _noise_tail(series)
+        if tail is not None:
+            k = len(tail) - 2  # a line's two parameters
+            ss += residual_std(tail) ** 2 * k
             df += k
     return math.sqrt(ss / df) if df else None
 

@@ -66,7 +66,7 @@ def one_line_errors(command):
             if isinstance(e, ImportError):
                 # a package mart needs is missing from this environment: not the run folder's fault
                 fail(f"{os_cause(e)[:300]}: mart's environment lacks a package it needs; reinstall mart with its "
-                     "dependencies (`pip install -e .` in the checkout, or `pip install mart`)", 1)
+                     "dependencies (`pip install -e .` in the checkout)", 1)
             what = kwargs.get("run") or kwargs.get("script")
             ref = hint_ref(kwargs["run"], kwargs.get("runs_dir") or "runs") if kwargs.get("run") else "RUN"
             fail(f"{f'{what}: ' if what else ''}{os_cause(e)[:400]} (stored state mart cannot read: a damaged "

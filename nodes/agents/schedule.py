@@ -169,12 +169,13 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     d.kl_anchored = bool(kl) and bool(traj.first_series(KL_KEYS[0]))
     if kl:
         kl_w = tail(kl, w)
-        d.kl_proportional_slope = _r(1.0 / max(1.0, mean([(0, float(st)) for st, _ in kl_w])), 3)
+        d.kl_proportional_slope = _r(1.0 / max(1.0, line_fit(kl_w)[0]), 3)  # line_fit's first: the mean step
     mem = traj.first_series(PEAK_MEMORY)
     if mem:
         d.peak_memory_gb = _r(level(mem))
-        if len(mem) >= 2 and line_fit(mem)[2] > 0:  # over the whole path: one step's peak is noisy
-            d.peak_memory_slope_gb = _r(line_fit(mem)[3], 3)
+        fit = line_fit(mem) if len(mem) >= 2 else None  # over the whole path: one step's peak is noisy
+        if fit is not None and fit[2] > 0:
+            d.peak_memory_slope_gb = _r(fit[3], 3)
     d.pg_clipfrac = _r(level(clipf))
     d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
