@@ -26,7 +26,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: two workers per core. A session test waits on its trial processes (each a fresh Python
     importing torch) and its tuner's polls: it keeps about two thirds of a core busy (``time`` of a 4-trial local
     session: 34 s of CPU in 52 s), so one worker per core left a third of the cores idle (the suite on 2 idle
-    cores: 668 s with 2 workers, 587-607 s with 3, 580 s with 4). ``MART_TEST_WORKERS`` sets the number."""
+    cores: 668 s with 2 workers, 587-607 s with 3, 580-622 s with 4). ``MART_TEST_WORKERS`` sets the number."""
     import os
 
     if os.environ.get("MART_TEST_WORKERS"):
