@@ -112,5 +112,10 @@ def test_llm_agents_against_real_vllm_serve(vllm_server, runs, tmp_path):
     assert all(c["fallback_reason"] for c in fallbacks), fallbacks
     print(f"[verl_cpu] agent calls: {len(llm)} to vLLM ({sum(bool(c['ok']) for c in llm)} valid), "
           f"{len(fallbacks)} fallbacks: {sorted({(c['fallback_reason'] or '')[:80] for c in fallbacks})}")
-    trials = query(db, "SELECT status FROM trials")
-    assert len(trials) == 2 and all(t["status"] == "completed" for t in trials), trials
+    trials = query(db, "SELECT trial_id, kind, status, reason FROM trials")
+    # the budget's two trials ran; a measurement the machine disturbed (a vLLM server shares these cores) may
+    # add its one repeat beside the budget (kind ``confirm``, docs/runtime.md)
+    searched = [t for t in trials if t["kind"] != "confirm"]
+    assert len(searched) == 2 and all(t["status"] == "completed" for t in trials), trials
+    assert all(t["trial_id"].endswith("-repeat") or "remeasure" in t["trial_id"]
+               for t in trials if t["kind"] == "confirm"), trials
