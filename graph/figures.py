@@ -106,7 +106,12 @@ def stage_figures(summary: dict[str, Any]) -> list[StageFigure]:
         gain = cmp_.get("gain_pct")
         base, best = _num(cmp_.get("baseline"), ",.0f"), _num(cmp_.get("best"), ",.0f")
         steps = cmp_.get("steps")
-        if sys_.get("baseline_cut") and steps:
+        if cmp_.get("measured") == "re-measured":
+            # the taken config's gain is the re-measurement's; the selecting run's higher figure beside it
+            base += " (re-measured)"
+            best += " (re-measured" + (f"; {_num(sys_.get('best_throughput'), ',.0f')} when selected"
+                                       if sys_.get("best_throughput") is not None else "") + ")"
+        elif sys_.get("baseline_cut") and steps:
             # cut at its look: both figures and the gain are over the steps it ran; the best's own figure beside
             where = fmt_steps(*steps)
             base += f" ({where})"

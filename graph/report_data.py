@@ -327,7 +327,13 @@ def stage_verdict(summary: dict[str, Any], stage: str) -> str | None:
         from mart.state.units import fmt_steps
 
         where = f" over {fmt_steps(*c['steps'])}" if c.get("steps") else ""
-        if (part.get("remeasure") or {}).get("trials"):
+        if c.get("measured") == "re-measured":
+            rounds = (part.get("remeasure") or {}).get("rounds")
+            sel = part.get("selecting_gain_pct")
+            rule = (f"the means of the interleaved re-measurement ({rounds} round(s)), whose interval excludes zero"
+                    + (f"; the selecting measurement read {sel:+.1f}% (it is biased up: it was picked for being "
+                       "high)" if sel is not None else ""))
+        elif (part.get("remeasure") or {}).get("trials"):
             rule = ("one measurement each, the selecting one; the best config is taken only when its gain, "
                     "re-measured interleaved with the baseline, has an interval that excludes zero")
         elif part.get("kept_baseline"):

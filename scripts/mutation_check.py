@@ -260,8 +260,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MP17", "graph/paused_watch.py", "keep_going=still_paused, told=told)", "told=told)",
            "`mart watch` never notices that the review was answered elsewhere",
            ("tests/graph/test_paused_watch.py",)),
-    Mutant("MF1", "nodes/stages/system.py", '"best": _clean(same), "gain_pct": _clean(gain)}',
-           '"best": _clean(t_thr), "gain_pct": _clean(gain)}', "a gain over a cut baseline's steps is printed "
+    Mutant("MF1", "nodes/stages/system.py", '"best": _clean(same), "gain_pct": _clean(gain),',
+           '"best": _clean(t_thr), "gain_pct": _clean(gain),', "a gain over a cut baseline's steps is printed "
            "beside the best's whole-window figure, which it does not compare (issue 47: +77.4% beside 618 -> 1,217)",
            ("tests/graph/test_figures_add_up.py",)),
     Mutant("MF2", "tools/launch.py", "        return record.confirms\n", "        return None\n",
@@ -279,6 +279,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "    return gain_interval(b, c, level=level, paired=False)",
            "the re-measurement's pairs are compared unpaired: the machine's drift between rounds counts as noise",
            (f"{NOISE}::test_the_re_measurement_pairs_the_same_step_of_the_two_trials_of_a_round",)),
+    Mutant("MN4", "nodes/stages/system.py",
+           '        remeasured = sel.get("decision") == "taken" and bool(means.get("baseline"))',
+           '        remeasured = False and bool(means.get("baseline"))',
+           "a taken stage-1 gain is reported as the selecting measurement (the winner's curse), not its re-measurement",
+           (f"{NOISE}::test_a_taken_gain_is_reported_as_its_re_measurement_not_as_the_selecting_measurement",)),
     # -- issue 46: the promises of parallel trials, the watch and the review (ids MQ*) ---------------------------
     Mutant("MQ1", "nodes/agents/batch.py", "    taken: list[dict[str, Any]] = list(anchors)",
            "    taken: list[dict[str, Any]] = []", "a batch can hold a config still running",

@@ -299,15 +299,29 @@ class Coefficients:
 
     def part(self, phase: str, ckpt: bool, part: str, tokens: Any) -> Any:
         """``part`` (one of ``PARTS`` or "total") at the peak's moment (numpy arrays of tokens welcome)."""
+        return self.parts(phase, ckpt, (part,), tokens)[part]
+
+    def parts(self, phase: str, ckpt: bool, names: tuple[str, ...], tokens: Any) -> dict[str, Any]:
+        """Several parts at the peak's moment, the moment found once (the job model asks for two per phase at
+        every config it scores)."""
         import numpy as np
 
         rows = self.lines[phase][bool(ckpt)]
         tok = np.asarray(tokens, dtype=float)
-        totals = np.stack([r["total"][0] + r["total"][1] * tok for r in rows])
-        which = np.argmax(totals, axis=0)
-        vals = np.stack([r[part][0] + r[part][1] * tok for r in rows])
-        out = np.take_along_axis(vals, np.asarray(which)[None, ...], axis=0)[0]
-        return float(out) if np.ndim(out) == 0 else out
+        # the highest line, the first of equals (argmax's rule), found line by line: a few lines, many tokens
+        best = rows[0]["total"][0] + rows[0]["total"][1] * tok
+        which = np.zeros(tok.shape, dtype=int)
+        for i, r in enumerate(rows[1:], 1):
+            line = r["total"][0] + r["total"][1] * tok
+            higher = line > best
+            best, which = np.where(higher, line, best), np.where(higher, i, which)
+        out: dict[str, Any] = {}
+        for name in names:
+            v = rows[0][name][0] + rows[0][name][1] * tok
+            for i, r in enumerate(rows[1:], 1):
+                v = np.where(which == i, r[name][0] + r[name][1] * tok, v)
+            out[name] = float(v) if np.ndim(v) == 0 else v
+        return out
 
 
 def _points(arch: dict[str, Any], logits: str) -> list[Point]:

@@ -577,8 +577,8 @@ class JobModel:
         def split(phase: str, on: Any, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """(static, per-token share x tokens) in GiB at the peak's moment (by checkpointing where ``on``)."""
             def one(c: bool) -> tuple[np.ndarray, np.ndarray]:
-                total = coef.part(phase, c, "total", tok)
-                act = coef.part(phase, c, "activations", tok)
+                both = coef.parts(phase, c, ("total", "activations"), tok)
+                total, act = both["total"], both["activations"]
                 return np.asarray(total - act) / GIB, np.asarray(act) / GIB
             (s0, d0), (s1, d1) = one(False), one(True)
             return np.where(on, s1, s0), np.where(on, d1, d0)
@@ -631,37 +631,34 @@ class JobModel:
         obs = self.cal.time_obs
         if not obs:
             return {p: np.zeros(size) for p in PHASES}
-        dyn = np.asarray(k["dyn"], dtype=float) > 0
+        # one row per observation, one column per config: the search evaluates 10^4-10^5 configs per call
+        dyn = (np.asarray(k["dyn"], dtype=float) > 0)[None, :]
+        dyn_obs = np.array([float(ko["dyn"]) > 0 for ko, _ in obs])[:, None]
         out = {}
-        cache: dict[tuple[str, ...], list[np.ndarray]] = {}
+        cache: dict[tuple[str, ...], np.ndarray] = {}
         for p in PHASES:
             names = PHASE_TIME_KNOBS[p]
             if names not in cache:
-                weights = []
-                for ko, _ in obs:
-                    d = np.zeros(size)
-                    for name in names:
-                        a, b = np.asarray(k[name], dtype=float), ko[name]
-                        if name in MICRO_KNOBS:  # ignored under dynamic bsz (the token cap sets the shape)
-                            same = dyn & (ko["dyn"] > 0)
-                        elif name == "tok_cap":  # ignored with static micro batches
-                            same = ~dyn & (ko["dyn"] <= 0)
-                        else:
-                            same = np.zeros(size, dtype=bool)
-                        if name in NUMERIC_KNOBS:
-                            step = np.minimum(np.abs(np.log2(np.maximum(a, 1e-3) / max(b, 1e-3))), 2.0)
-                            step = step * (1.0 if name in ("tp", "sp") else 0.5)  # TP/SP change the layout
-                        else:
-                            step = (a != b).astype(float)
-                        d = d + np.where(same, 0.0, step)
-                    weights.append(np.exp(-KERNEL * d) + 1e-3)
-                cache[names] = weights
+                d = np.zeros((len(obs), size))
+                for name in names:
+                    a = np.asarray(k[name], dtype=float)[None, :]
+                    b = np.array([float(ko[name]) for ko, _ in obs])[:, None]
+                    if name in MICRO_KNOBS:  # ignored under dynamic bsz (the token cap sets the shape)
+                        same = dyn & dyn_obs
+                    elif name == "tok_cap":  # ignored with static micro batches
+                        same = ~dyn & ~dyn_obs
+                    else:
+                        same = np.zeros((1, 1), dtype=bool)
+                    if name in NUMERIC_KNOBS:
+                        step = np.minimum(np.abs(np.log2(np.maximum(a, 1e-3) / np.maximum(b, 1e-3))), 2.0)
+                        step = step * (1.0 if name in ("tp", "sp") else 0.5)  # TP/SP change the layout
+                    else:
+                        step = (a != b).astype(float)
+                    d = d + np.where(same, 0.0, step)
+                cache[names] = np.exp(-KERNEL * d) + 1e-3
             weights = cache[names]
-            wsum = np.sum(weights, axis=0)
-            acc = np.zeros(size)
-            for wgt, (_, res) in zip(weights, obs):
-                acc = acc + wgt * res.get(p, 0.0)
-            out[p] = acc / wsum
+            res = np.array([r.get(p, 0.0) for _, r in obs], dtype=float)[:, None]
+            out[p] = (weights * res).sum(axis=0) / weights.sum(axis=0)
         return out
 
     def evaluate(self, k: dict[str, Any], w: Workload) -> dict[str, Any]:

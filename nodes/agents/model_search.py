@@ -21,7 +21,6 @@ and near-copies of the safe picks share their fate, while a hedge measures what 
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -89,10 +88,11 @@ def _grid_values(name: str, spec: ParamSpec, model: JobModel, base_value: Any) -
 
 
 def _product(grid: dict[str, list[float]]) -> dict[str, np.ndarray]:
+    """Every combination of the knobs' values, one array per knob (itertools.product's order: the last knob
+    varies fastest). A mesh, not a list of tuples: the grids run to 10^5 rows, built at every proposal."""
     names = list(grid)
-    rows = list(itertools.product(*(grid[n] for n in names)))
-    arr = np.array(rows, dtype=float).reshape(len(rows), len(names))
-    return {n: arr[:, i] for i, n in enumerate(names)}
+    mesh = np.meshgrid(*(np.asarray(grid[n], dtype=float) for n in names), indexing="ij")
+    return {n: m.reshape(-1) for n, m in zip(names, mesh)}
 
 
 def _value_for_key(spec: ParamSpec | None, name: str, v: float, base_value: Any) -> Any:

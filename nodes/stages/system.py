@@ -488,7 +488,17 @@ class SystemStage(StagePolicy):
         gain = 0.0 if kept and t_thr else (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
         steps = window = list(throughput_window(self.horizon(services.options)))
         cut = base_cut(base)
-        if cut and base is not None and best is not None:
+        sel = (state.get("selection") or {}).get("system") or {}
+        means = sel.get("remeasured") or {}
+        remeasured = sel.get("decision") == "taken" and bool(means.get("baseline")) and bool(means.get("best"))
+        selecting_gain = None
+        if remeasured:
+            # a taken config's gain is its re-measurement's (the means of the interleaved rounds, the interval's
+            # data): the measurement that selected it is biased up (the winner's curse) and is kept beside it
+            selecting_gain = (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
+            b_thr, same = float(means["baseline"]), float(means["best"])
+            gain = (same / b_thr - 1) * 100
+        elif cut and base is not None and best is not None:
             # cut at its look: the baseline and the best compared over the steps the baseline ran (both carry the
             # same warm-up there; the best's whole-window figure against the baseline's early one would not)
             steps = [EARLY_LOOK_STEP, max(EARLY_LOOK_STEP, base.steps_done)]
@@ -507,17 +517,19 @@ class SystemStage(StagePolicy):
             # the two figures the gain compares, over one step window (a cut baseline's steps: the best's figure
             # there is not its whole-window `best_throughput`); every channel prints these beside the gain
             "comparison": {"steps": steps if b_thr is not None else None, "baseline": _clean(b_thr),
-                           "best": _clean(same), "gain_pct": _clean(gain)},
+                           "best": _clean(same), "gain_pct": _clean(gain),
+                           "measured": "re-measured" if remeasured else "selecting"},
+            # the gain the selecting measurement read, where the re-measurement's replaced it (else None)
+            "selecting_gain_pct": _clean(selecting_gain),
             "kept_baseline": kept,
             "best_config": overrides,
             "best_config_by_agent": config_by_agent(overrides),
             "memory_limit_gb": _clean(services.memory_limit_gb()),
             "best_peak_memory_gb": _clean(best.peak_memory_gb if best else None),
         }
-        sel = (state.get("selection") or {}).get("system") or {}
         part.update(self._evidence(state, services, sel, base, best))
         cut_note = None
-        if cut and base is not None:
+        if cut and base is not None and not remeasured:
             cut_note = (f"system stage: the baseline was {base.reason}; its throughput"
                         + (f" and the gain are measured over {fmt_steps(*steps)}, the best config's too"
                            if b_thr is not None else " is not reported: no config stayed feasible to compare it with"))

@@ -24,6 +24,8 @@ def parallel_run(tmp_path_factory):
     out = cli("tune", "--backend", "sim", "--backend-option", "scenario=qwen3-0.6b-1x8", "--backend-option",
               "clock=virtual", "--backend-option", "seed=0", "--approve", "auto", "--stages", "system",
               "--system-trials", "6", "--system-horizon", "6", "--parallel", "2", "--watch-interval-s", "0.001",
+              # the selecting measurements' figures (a re-measured gain's: tests/nodes/test_decisions_under_noise.py)
+              "--system-remeasure-share", "0",
               "--runs-dir", str(runs), "--json", "-q")
     assert out.exit_code == 0, out.output
     return runs, json.loads(out.stdout)

@@ -22,7 +22,10 @@ from mart.state.options import TuneOptions
 def _session(tmp_path: Path, parallel: int) -> tuple[dict, list[dict], Ledger]:
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", agents="rules", stages=["system"], system_trials=6, system_horizon=6,
-                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=parallel)
+                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=parallel,
+                       # the selecting measurements' comparison; a re-measured gain is the re-measurement's
+                       # (tests/nodes/test_decisions_under_noise.py)
+                       system_remeasure_share=0.0)
     summary = tune(opts)
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     return summary, ledger.trials("system"), ledger

@@ -141,6 +141,29 @@ def test_the_gain_interval_appears_in_the_summary_json_and_every_channel(tmp_pat
     assert iv.describe() in fig.sentence()
 
 
+def test_a_taken_gain_is_reported_as_its_re_measurement_not_as_the_selecting_measurement(tmp_path):
+    s = _Session(tmp_path)
+    s.searched([1000.0, 1010.0, 990.0], [1400.0, 1410.0, 1390.0])  # selected at +40%: the winner's curse
+    s.run_plan({"baseline": [1000.0, 1020.0, 985.0], "best": [1200.0, 1215.0, 1190.0]})
+    s.state.update(SystemStage().choice(s.view()))
+    sys_ = SystemStage().summary(s.state, s.services)[0]["system"]
+    iv = Interval.from_json(sys_["gain_interval"])
+    cmp_ = sys_["comparison"]
+    # the headline gain is the re-measurement's, inside its own interval, and the figures beside it add up
+    assert sys_["decision"] == "taken" and cmp_["measured"] == "re-measured"
+    assert iv.lo <= sys_["throughput_gain_pct"] <= iv.hi and 15 < sys_["throughput_gain_pct"] < 25
+    assert cmp_["gain_pct"] == sys_["throughput_gain_pct"] == pytest.approx((cmp_["best"] / cmp_["baseline"] - 1) * 100)
+    assert cmp_["baseline"] == pytest.approx(1001.67, abs=0.01) and cmp_["best"] == pytest.approx(1201.67, abs=0.01)
+    assert sys_["selecting_gain_pct"] == pytest.approx(40.0, abs=0.5)  # kept beside it, named
+    [fig] = stage_figures({"stages": ["system"], "system": sys_})
+    assert fig.gain == f"{sys_['throughput_gain_pct']:+.1f}%" and "+40.0%" not in fig.sentence()
+    assert "1,400 when selected" in fig.best
+    from mart.graph.report_data import stage_verdict
+
+    verdict = stage_verdict({"system": sys_}, "system")
+    assert verdict.startswith(f"gain {cmp_['gain_pct']:+.1f}% = 1,202 / 1,002 - 1") and "read +40.0%" in verdict
+
+
 def test_a_disturbed_measurement_is_not_believed_and_is_repeated_once(tmp_path):
     s = _Session(tmp_path)
     base = s.add("sys-01-baseline", "baseline", dict(BASE), _records([1000.0, 1010.0, 990.0]))

@@ -35,7 +35,8 @@ def test_over_margin_baseline_ends_feasible_and_at_least_as_fast(tmp_path: Path)
     options = TuneOptions(backend="sim", backend_options={"scenario": SCENARIO, "seed": 3, "clock": "poll",
                                                           "memory_capacity_gb": capacity},
                           approve="auto", agents="rules", runs_dir=str(tmp_path), seed=3, system_trials=6,
-                          learning_trials=0, system_horizon=6, memory_margin=0.1, quiet=True, watch_interval_s=0.01)
+                          learning_trials=0, system_horizon=6, memory_margin=0.1, quiet=True, watch_interval_s=0.01,
+                          report=False)
     summary = tune(options)
     assert not any("ended early" in n for n in summary["notes"]), summary["notes"]
     best = summary["system"]["best_config"]

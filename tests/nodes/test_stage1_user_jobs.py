@@ -33,7 +33,8 @@ def test_user_job_reaches_the_optimum_with_at_most_one_bad_trial(tmp_path: Path,
     gt = sim.ground_truth(sc, 0.1, 6)
     options = TuneOptions(backend="sim", backend_options={"scenario_file": str(path), "seed": 1, "clock": "poll"},
                           approve="auto", agents="rules", runs_dir=str(tmp_path), seed=1, system_trials=TRIALS,
-                          learning_trials=0, system_horizon=6, memory_margin=0.1, quiet=True, watch_interval_s=0.01)
+                          learning_trials=0, system_horizon=6, memory_margin=0.1, quiet=True, watch_interval_s=0.01,
+                          report=False)
     summary = tune(options)
     ledger = Ledger.open(Path(summary.get("run_dir") or tmp_path / summary["run_id"]))
     try:
