@@ -118,6 +118,31 @@ def recheck_plan(nodes: list[Node], depth: int, noise: float) -> list[str]:
     return [c.key for c in plan]
 
 
+def deciding_rerun(nodes: list[Node], depth: int, noise: float) -> str | None:
+    """The leaf whose next run could settle an ambiguous claim, or None.
+
+    The claim is the best healthy changed schedule already run twice or more (only such a schedule can replace
+    the static one) against the static schedule. It is ambiguous when its gain interval
+    (``schedule_gain_interval``) straddles zero with the estimate above it: the gain looks real and the evidence
+    cannot yet say so. One more run narrows the interval most on the side with fewer runs (the static one on
+    equal runs: it is the reference of every schedule's interval, so its run narrows them all); that side is
+    re-run only when, at the current estimate, the narrower interval would exclude zero. A claim that one
+    run cannot settle leaves the budget to the re-evaluations of the other close schedules."""
+    contenders = leaf_contenders(nodes, depth)
+    static = next((c for c in contenders if c.is_baseline), None)
+    claims = [c for c in contenders if not c.is_baseline and len(c.scores) >= 2 and not c.signals]
+    if static is None or not claims or not noise or noise <= 0:
+        return None
+    best = max(claims, key=lambda c: c.mean)
+    now = schedule_gain_interval(static, best, noise)
+    if now.confirms_gain or now.estimate <= 0:
+        return None
+    side = static if len(static.scores) <= len(best.scores) else best
+    # the same means with one more run on ``side``: the interval that run would give if it met the estimate
+    more = [Contender(c.key, c.scores + [c.mean] * (c is side), [], c.is_baseline) for c in (static, best)]
+    return side.key if schedule_gain_interval(more[0], more[1], noise).confirms_gain else None
+
+
 def schedule_gain_interval(static: Contender, c: Contender, noise: float) -> Interval:
     """A complete schedule's final score minus the static schedule's, with its interval (``stats.LEVEL``): the
     spread is the measured noise of one validation score (``noise``, from the tree's validation curves) over the

@@ -36,6 +36,7 @@ from mart.state.schedule import (
     TIE_Z,
     Node,
     children,
+    deciding_rerun,
     gpu_hours,
     path_gpu_hours,
     path_to,
@@ -386,15 +387,27 @@ class ScheduleStage(StagePolicy):
             update["save_steps"] = [to]  # the next boundary's branches start here
         return (record.model_copy(update=update) if update else record), to
 
-    def child_record(self, view: StageView, parent: Node, *, kind: str = "candidate", confirms: str | None = None,
-                     seed: int | None = None, config: dict | None = None, suffix: str = "static") -> TrialRecord:
-        """A segment-trial from ``parent``'s checkpoint: the unchanged continuation, or a re-evaluation."""
+    def child_record(self, view: StageView, parent: Node, *, config: dict | None = None,
+                     suffix: str = "static") -> TrialRecord:
+        """A segment-trial from ``parent``'s checkpoint: the unchanged continuation (or ``config``)."""
         step = int(parent["to_step"])
         return TrialRecord(
-            trial_id=f"{confirms}-s{CONFIRM_SEED_OFFSET + 1}" if confirms else f"sch-{view.next_seq():02d}-{suffix}",
-            stage=STAGE, kind=kind, config=dict(config if config is not None else parent["config"]),
-            parent_trial=parent["id"], parent_step=step,
-            parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step), seed=seed, confirms=confirms,
+            trial_id=f"sch-{view.next_seq():02d}-{suffix}", stage=STAGE, kind="candidate",
+            config=dict(config if config is not None else parent["config"]), parent_trial=parent["id"],
+            parent_step=step, parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step),
+        )
+
+    def rerun_record(self, view: StageView, fr: Frontier, leaf_id: str) -> TrialRecord:
+        """A re-evaluation of a complete schedule: its last segment again from the same checkpoint, on the next
+        seed not yet used for it (the k-th re-run: seed + ``CONFIRM_SEED_OFFSET`` + k - 1, id ``LEAF-s{1+k}``)."""
+        leaf = fr.by_id[leaf_id]
+        parent = fr.by_id[leaf["parent"]]
+        k = 1 + sum(1 for n in fr.nodes if n.get("confirms") == leaf_id)
+        step = int(parent["to_step"])
+        return TrialRecord(
+            trial_id=f"{leaf_id}-s{CONFIRM_SEED_OFFSET + k}", stage=STAGE, kind="confirm", config=dict(leaf["config"]),
+            parent_trial=parent["id"], parent_step=step, parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step),
+            seed=view.options.seed + CONFIRM_SEED_OFFSET + k - 1, confirms=leaf_id,
         )
 
     # -- decisions --------------------------------------------------------------------------------
@@ -475,16 +488,16 @@ class ScheduleStage(StagePolicy):
                 if end["depth"] < fr.depth and fr.used < fr.budget \
                         and not any(not c["changes"] for c in children(fr.nodes, end["id"])):
                     return Plan(launch=[self.child_record(view, end)], update=fr.keep())
-        rechecks: list[TrialRecord] = []
-        for leaf_id in recheck_plan(fr.nodes, fr.depth, fr.noise):
-            if any(n.get("confirms") == leaf_id for n in fr.nodes):
-                continue
-            if fr.used + len(rechecks) >= fr.budget or len(rechecks) >= free:
-                break
-            leaf = fr.by_id[leaf_id]
-            parent = fr.by_id[leaf["parent"]]
-            rechecks.append(self.child_record(view, parent, kind="confirm", confirms=leaf_id,
-                                              seed=view.options.seed + CONFIRM_SEED_OFFSET, config=leaf["config"]))
+        if fr.used >= fr.budget:
+            return Plan(done=True, update=fr.keep())
+        # a claim one more run can settle comes before the other close schedules' re-runs: without it the
+        # static schedule is kept on an interval that nearly excludes zero (docs/runtime.md, "Re-evaluations")
+        settle = deciding_rerun(fr.nodes, fr.depth, fr.noise)
+        if settle is not None:
+            return Plan(launch=[self.rerun_record(view, fr, settle)], update=fr.keep())
+        rerun = {n.get("confirms") for n in fr.nodes if n.get("confirms")}
+        todo = [leaf for leaf in recheck_plan(fr.nodes, fr.depth, fr.noise) if leaf not in rerun]
+        rechecks = [self.rerun_record(view, fr, leaf) for leaf in todo[:min(free, fr.budget - fr.used)]]
         if rechecks:
             return Plan(launch=rechecks, update=fr.keep())
         return Plan(done=True, update=fr.keep())
