@@ -454,3 +454,32 @@ def test_a_gpu_named_by_a_verl_job_carries_its_host_links_generation():
     assert hardware_from_name("NVIDIA A100-SXM4-40GB", 40.0).pcie_gen == 4
     assert hardware_from_name("NVIDIA L40S", 48.0).pcie_gen == 4
     assert hardware_from_name("Some Accelerator", 32.0).pcie_gen is None
+
+
+@pytest.mark.parametrize("limit", [2048, 16384])
+def test_the_decode_context_follows_the_measured_length_spread_not_the_longest_response(limit):
+    """The KV demand per running sequence is the prompt + E[L^2] / 2 E[L] of the response lengths. A step's
+    measured mean, longest and clipped share fix a right-skewed spread; reading the longest as 3 standard
+    deviations overstated a lognormal spread (cv 0.7, 2,048 responses a step) by about half, and cut at the limit
+    it says nothing of the spread at all: the model saw the KV cache bind at a concurrency it held."""
+    rng = np.random.default_rng(7)
+    mean_untruncated, cv, draws = 900.0, 0.7, 256 * 8
+    s = math.sqrt(math.log(1 + cv * cv))
+    lengths = np.minimum(rng.lognormal(math.log(mean_untruncated) - s * s / 2, s, draws), limit)
+    truth = 250 + float(np.mean(lengths**2) / (2 * np.mean(lengths)))
+    wl = job().workload.model_copy(update={"max_response_length": limit})
+    model = JobModel(job().model_copy(update={"workload": wl}), {**base_config(), "data.max_response_length": limit})
+    model.fit([Observation(config={"data.max_response_length": limit}, phases={}, peak_gb=None,
+                           resp_mean=float(lengths.mean()), resp_max=float(lengths.max()), prompt_mean=250.0,
+                           clip_ratio=float(np.mean(lengths >= limit)))])
+    w = model.workload({})
+    assert model._decode_context(w) == pytest.approx(truth, rel=0.06)
+    # and so the concurrency the KV cache holds: at a share where it holds ~480 such sequences, 512 wanted
+    # ones run at about that, not at the ~350 the longest-response reading allowed
+    tokens = 480 * truth
+    util = (tokens * model.kv_bytes / GIB + 2 * model.P / GIB + 3.0) / model.C
+    cfg = {R + "tensor_model_parallel_size": 1, R + "max_num_seqs": 512, R + "gpu_memory_utilization": util}
+    c = float(one(model, {**base_config(), "data.max_response_length": limit, **cfg})["concurrency"][0])
+    held = float(one(model, {**base_config(), "data.max_response_length": limit, **cfg})["kv_pool_gb"][0]) \
+        * GIB / model.kv_bytes / truth
+    assert c == pytest.approx(min(512, held), rel=0.06)
