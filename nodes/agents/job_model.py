@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Any
 
@@ -321,7 +322,12 @@ class JobModel:
         resp, resp_max = min(resp, max_r), min(max(resp_max, resp), max_r)
         cv2 = None
         if obs is not None and obs.resp_mean and obs.resp_max:
-            fitted = response_length_fit(obs.resp_mean, obs.resp_max, obs.clip_ratio, cut_at or max_r, batch * n)
+            # fitted under the limit and the responses per step the observed trial ran with
+            ran = {**self.base_config, **obs.config}
+            fitted = response_length_fit(
+                obs.resp_mean, obs.resp_max, obs.clip_ratio,
+                _num(_lookup(ran, "data.max_response_length", agents), max_r),
+                _num(_lookup(ran, "data.train_batch_size", agents), batch) * _num(_lookup(ran, R + "n", agents), n))
             if fitted is not None:
                 e1, e2 = truncated_lognormal_moments(*fitted, max_r)
                 cv2 = max(e2 / max(e1 * e1, 1e-9) - 1.0, 0.0)
@@ -1000,6 +1006,7 @@ class JobModel:
 _NORMAL = NormalDist()
 
 
+@lru_cache(maxsize=256)  # the same observation is refitted for every workload the model prices
 def response_length_fit(mean: float, longest: float, clip_ratio: float | None, limit: float,
                         draws: float) -> tuple[float, float] | None:
     """(mu, sigma) of the lognormal response lengths (log scale), truncated at ``limit``, that a step's measured

@@ -456,7 +456,7 @@ def test_a_gpu_named_by_a_verl_job_carries_its_host_links_generation():
     assert hardware_from_name("Some Accelerator", 32.0).pcie_gen is None
 
 
-@pytest.mark.parametrize("limit", [2048, 16384])
+@pytest.mark.parametrize("limit", [4096, 16384])
 def test_the_decode_context_follows_the_measured_length_spread_not_the_longest_response(limit):
     """The KV demand per running sequence is the prompt + E[L^2] / 2 E[L] of the response lengths. A step's
     measured mean, longest and clipped share fix a right-skewed spread; reading the longest as 3 standard
@@ -473,13 +473,14 @@ def test_the_decode_context_follows_the_measured_length_spread_not_the_longest_r
                            resp_mean=float(lengths.mean()), resp_max=float(lengths.max()), prompt_mean=250.0,
                            clip_ratio=float(np.mean(lengths >= limit)))])
     w = model.workload({})
-    assert model._decode_context(w) == pytest.approx(truth, rel=0.06)
-    # and so the concurrency the KV cache holds: at a share where it holds ~480 such sequences, 512 wanted
-    # ones run at about that, not at the ~350 the longest-response reading allowed
-    tokens = 480 * truth
+    assert model._decode_context(w) == pytest.approx(truth, rel=0.08)  # one sample's longest: a noisy quantile
+    # and so the concurrency the KV cache holds: at a share where it holds ~230 such sequences, the 256 an engine
+    # wants (2,048 a step, TP 1 on 8 GPUs) run at about that, not at the ~160 the longest-response reading allowed
+    tokens = 230 * truth
     util = (tokens * model.kv_bytes / GIB + 2 * model.P / GIB + 3.0) / model.C
-    cfg = {R + "tensor_model_parallel_size": 1, R + "max_num_seqs": 512, R + "gpu_memory_utilization": util}
-    c = float(one(model, {**base_config(), "data.max_response_length": limit, **cfg})["concurrency"][0])
-    held = float(one(model, {**base_config(), "data.max_response_length": limit, **cfg})["kv_pool_gb"][0]) \
-        * GIB / model.kv_bytes / truth
-    assert c == pytest.approx(min(512, held), rel=0.06)
+    cfg = {**base_config(), "data.max_response_length": limit, R + "tensor_model_parallel_size": 1,
+           R + "max_num_seqs": 256, R + "gpu_memory_utilization": util}
+    raw = one(model, cfg)
+    held = float(raw["kv_pool_gb"][0]) * GIB / model.kv_bytes / truth
+    assert 200 < held < 250
+    assert float(raw["concurrency"][0]) == pytest.approx(held, rel=0.06)
