@@ -592,7 +592,7 @@ class JobModel:
             raise RuntimeError("the probe's figures are needed here")
         coef: Coefficients = self.memory.coef
         shard = self.P / self.N / GIB
-        fsdp1 = 0.93 / frag  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
+        fsdp1 = frag / 0.93  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
         others = res["params_all"] - 4 * shard  # a team's other policies on the device
         ckpt = k["ckpt"] > 0
         fused = 1.0 if self.job.logits_path == "fused" else 0.0
