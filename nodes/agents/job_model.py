@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -173,6 +175,9 @@ class Workload:
     uses_ref: float
     mini_prompts: float
     epochs: float
+    resp_cv2: float | None = None
+    """squared coefficient of variation of the response lengths, fitted to the measured ones
+    (``response_length_fit``); None = nothing measured, the spread is then read from ``resp_sd``"""
 
     @property
     def seq_mean(self) -> float:
@@ -184,7 +189,8 @@ class Workload:
 
     @property
     def resp_sd(self) -> float:
-        # the longest of many draws sits ~3 standard deviations above the mean
+        # a memory tail bound: the longest of many draws taken as ~3 standard deviations above the mean (more
+        # than a right-skewed length's real spread, on the safe side for a micro batch's largest token count)
         return max(1.0, (self.resp_max - self.resp_mean) / 3.0)
 
 
@@ -314,12 +320,24 @@ class JobModel:
             resp_max = max_r
             resp = resp + (obs.clip_ratio or 0.0) * (max_r - cut_at) / 2
         resp, resp_max = min(resp, max_r), min(max(resp_max, resp), max_r)
+        cv2 = None
+        if obs is not None and obs.resp_mean and obs.resp_max:
+            # fitted under the limit and the responses per step the observed trial ran with
+            ran = {**self.base_config, **obs.config}
+            fitted = response_length_fit(
+                obs.resp_mean, obs.resp_max, obs.clip_ratio,
+                _num(_lookup(ran, "data.max_response_length", agents), max_r),
+                _num(_lookup(ran, "data.train_batch_size", agents), batch) * _num(_lookup(ran, R + "n", agents), n))
+            if fitted is not None:
+                e1, e2 = truncated_lognormal_moments(*fitted, max_r)
+                cv2 = max(e2 / max(e1 * e1, 1e-9) - 1.0, 0.0)
         uses_ref = bool(_num(_lookup(full, A + "use_kl_loss", agents), wl.uses_reference)) or bool(
             _num(_lookup(full, "algorithm.use_kl_in_reward", agents), False))
         mini = _num(_lookup(full, A + "ppo_mini_batch_size", agents), batch)
         epochs = _num(_lookup(full, A + "ppo_epochs", agents), 1)
         return Workload(seqs=batch * n, n=n, prompt_mean=prompt, resp_mean=resp, resp_max=resp_max,
-                        max_len=max_p + max_r, uses_ref=float(uses_ref), mini_prompts=min(mini, batch), epochs=epochs)
+                        max_len=max_p + max_r, uses_ref=float(uses_ref), mini_prompts=min(mini, batch), epochs=epochs,
+                        resp_cv2=cv2)
 
     # -- the raw (uncalibrated in scale) model, vectorised over knob arrays -------------------------
     def raw(self, k: dict[str, Any], w: Workload) -> dict[str, np.ndarray]:
@@ -429,8 +447,13 @@ class JobModel:
 
     @staticmethod
     def _decode_context(w: Workload) -> float:
-        """Mean context a generated token attends to (prompt + half the response, length-biased)."""
-        return w.prompt_mean + 0.5 * w.resp_mean * (1 + (w.resp_sd / max(w.resp_mean, 1)) ** 2)
+        """Mean context a generated token attends to: the prompt + half the response, length-biased (a token of a
+        response of length L sits at L/2 on average, and long responses hold more tokens: E[L^2] / 2 E[L] =
+        mean x (1 + cv^2) / 2). The spread is the one fitted to the measured lengths where there are some: the
+        longest response read as 3 standard deviations overstated a right-skewed spread (or any whose longest
+        was cut at the limit) by half, and priced the KV cache binding at a concurrency it held."""
+        cv2 = w.resp_cv2 if w.resp_cv2 is not None else (w.resp_sd / max(w.resp_mean, 1)) ** 2
+        return w.prompt_mean + 0.5 * w.resp_mean * (1 + cv2)
 
     def _wanted_concurrency(self, k: dict, w: Workload) -> np.ndarray:
         per_engine = w.seqs / (self.N / np.maximum(k["tp"], 1))
@@ -569,7 +592,7 @@ class JobModel:
             raise RuntimeError("the probe's figures are needed here")
         coef: Coefficients = self.memory.coef
         shard = self.P / self.N / GIB
-        fsdp1 = 0.93 / frag  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
+        fsdp1 = frag / 0.93  # the probe measured FSDP2 (frag 0.93); FSDP1 keeps 1/0.93 of it
         others = res["params_all"] - 4 * shard  # a team's other policies on the device
         ckpt = k["ckpt"] > 0
         fused = 1.0 if self.job.logits_path == "fused" else 0.0
@@ -975,6 +998,58 @@ class JobModel:
                     if v >= top - reach and p not in exact:
                         bias[p] = min(max(bias[p], measured - pm[p]), upper[p])
         return bias
+
+
+_NORMAL = NormalDist()
+
+
+@lru_cache(maxsize=256)  # the same observation is refitted for every workload the model prices
+def response_length_fit(mean: float, longest: float, clip_ratio: float | None, limit: float,
+                        draws: float) -> tuple[float, float] | None:
+    """(mu, sigma) of the lognormal response lengths (log scale), truncated at ``limit``, that a step's measured
+    mean, longest and clipped share imply (verl's ``response_length/mean``, ``/max``, ``/clip_ratio``), or None
+    when they fit none.
+
+    Generated lengths are positive and right-skewed; the lognormal is the two-parameter shape fitted here. Two
+    facts fix it: the truncated mean, and one upper quantile, which is the limit with the clipped share above it
+    when responses were cut there, else the longest of ``draws`` responses at its median quantile,
+    1 - ln 2 / draws (the longest of n draws is below x with probability F(x)^n)."""
+    if not (mean > 0 and longest > mean and limit > 0):
+        return None
+    if clip_ratio and clip_ratio > 0 and longest >= 0.98 * limit:
+        upper, tail = limit, clip_ratio
+    else:
+        upper, tail = min(longest, limit), math.log(2) / max(draws, 2.0)
+    if not 0 < tail < 0.5 or mean >= upper:
+        return None
+    z = _NORMAL.inv_cdf(1 - tail)
+    log_u = math.log(upper)
+
+    def truncated_mean(sigma: float) -> float:
+        return truncated_lognormal_moments(log_u - sigma * z, sigma, limit)[0]
+
+    # sigma -> 0 puts every length at ``upper`` (the mean above the measured one); towards sigma = z the mass
+    # moves far below it: the measured mean lies between, on the branch where a wider spread lowers the mean
+    lo, hi = 1e-6, z
+    if truncated_mean(hi) > mean:
+        return None
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if truncated_mean(mid) > mean:
+            lo = mid
+        else:
+            hi = mid
+    sigma = 0.5 * (lo + hi)
+    return log_u - sigma * z, sigma
+
+
+def truncated_lognormal_moments(mu: float, sigma: float, limit: float) -> tuple[float, float]:
+    """(E[L], E[L^2]) of lognormal(mu, sigma) lengths cut at ``limit`` (a cut response has the limit's length)."""
+    a = (math.log(limit) - mu) / sigma
+    above = 1 - _NORMAL.cdf(a)
+    e1 = math.exp(mu + sigma * sigma / 2) * _NORMAL.cdf(a - sigma) + limit * above
+    e2 = math.exp(2 * mu + 2 * sigma * sigma) * _NORMAL.cdf(a - 2 * sigma) + limit * limit * above
+    return e1, e2
 
 
 def _cut_limit(obs: Observation | None) -> float | None:
