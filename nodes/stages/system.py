@@ -497,8 +497,8 @@ class SystemStage(StagePolicy):
             # a taken config's gain is its re-measurement's (the means of the interleaved rounds, the interval's
             # data): the measurement that selected it is biased up (the winner's curse) and is kept beside it
             selecting_gain = (t_thr / b_thr - 1) * 100 if b_thr and t_thr else None
-            b_thr, same = float(means["baseline"]), float(means["best"])
-            gain = (float(means["best"]) / float(means["baseline"]) - 1) * 100
+            rb, rc = float(means["baseline"]), float(means["best"])
+            b_thr, same, gain = rb, rc, (rc / rb - 1) * 100
         elif cut and base is not None and best is not None:
             # cut at its look: the baseline and the best compared over the steps the baseline ran (both carry the
             # same warm-up there; the best's whole-window figure against the baseline's early one would not)
