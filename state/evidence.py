@@ -8,10 +8,11 @@ Pure functions of metric records (the policy that acts on them is ``mart.nodes.s
   phases a candidate's changed knobs do not act on (``ParamSpec.acts_on``) that moved against the baseline by more
   than that noise allows. The machine, not the knob, moved those: the measurement is not believed.
 * ``remeasured_gain``: the gain of the incumbent over the baseline from fresh re-measurements run interleaved
-  (baseline, incumbent, baseline, incumbent ...), as a paired t interval on the log scale
-  (``mart.state.stats.gain_interval(paired=True)``). A pair is the same step of the two trials of one round: the
-  two ran back to back on the same seed, so they saw the same prompts (the same workload) and the same drift of
-  the machine, which the per-pair ratio cancels.
+  (baseline, incumbent, baseline, incumbent ...), as an interval on the log scale
+  (``mart.state.stats.rounds_gain_interval``). A pair is the same step of the two trials of one round: the two
+  ran back to back on the same seed, so they saw the same prompts (the same workload) and the same drift of the
+  machine, which the per-pair ratio cancels. What a pair does not cancel is each trial's own luck on a shared
+  machine; the rounds' spread measures it, and the interval widens by it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mart.state.metrics import StepRecord, compared_phase_times, step_throughput
-from mart.state.stats import LEVEL, Interval, gain_interval, relative_spread
+from mart.state.stats import LEVEL, Interval, relative_spread, rounds_gain_interval
 
 #: a phase name as a trainer writes one: metric keys come from a trial's own log (untrusted), and a disturbed
 #: phase's name reaches the ledger, the notes and the terminal, so any other key is not read as a phase
@@ -126,16 +127,17 @@ def disturbed_phases(baseline: Sequence[StepRecord], candidate: Sequence[StepRec
 def remeasured_gain(rounds: Sequence[tuple[dict[int, float], dict[int, float]]], level: float = LEVEL
                     ) -> Interval | None:
     """The incumbent's gain over the baseline from interleaved re-measurement rounds, each ``(baseline's step ->
-    throughput, incumbent's step -> throughput)``: a paired t interval on the log ratios of the same step of the
-    two trials of a round (``gain_interval(paired=True)``). None without a single pair."""
-    b, c = [], []
+    throughput, incumbent's step -> throughput)``: the log ratios of the same step of the two trials of a round,
+    within rounds and across them (``rounds_gain_interval``: the rounds' spread beyond their step noise is the
+    machine's trial-to-trial noise, which one round's pairs cannot show). None without a single pair."""
+    aligned = []
     for base, inc in rounds:
-        for step in sorted(set(base) & set(inc)):
-            b.append(base[step])
-            c.append(inc[step])
-    if not b:
+        steps = sorted(set(base) & set(inc))
+        if steps:
+            aligned.append(([base[s] for s in steps], [inc[s] for s in steps]))
+    if not aligned:
         return None
-    return gain_interval(b, c, level=level, paired=True)
+    return rounds_gain_interval(aligned, level=level)
 
 
 def spread_pct(samples: Iterable[float]) -> float | None:

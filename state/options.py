@@ -67,9 +67,10 @@ class TuneOptions(BaseModel):
         3, ge=0, description="Stage 2: at most this many re-evaluations on a second seed, after the budget, of the "
         "configs whose score is within the measured noise of the winner's (0 = trust one run).")
     system_remeasure_share: float = Field(
-        0.25, ge=0.0, lt=1.0, description="Stage 1: the most of the stage's trials (re-measurements included) that "
+        0.5, ge=0.0, lt=1.0, description="Stage 1: the most of the stage's trials (re-measurements included) that "
         "the interleaved re-measurement of the baseline and the best config may take before a winner is declared "
-        "(0.25 with 12 trials: 2 rounds of a baseline and a best trial; 0 = trust one measurement).")
+        "(0.5 with 6 trials: up to 3 rounds of a baseline and a best trial; it stops after 2 once the verdict is "
+        "clear; 0 = trust one measurement).")
     memory_margin: float = Field(0.1, ge=0.0, lt=1.0,
                                  description="GPU-memory margin: keep peak <= (1 - margin) x capacity.")
     memory_capacity_gb: float | None = Field(None, gt=0, description="Memory capacity in GB (default: the backend's).")

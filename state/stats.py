@@ -26,7 +26,7 @@ from scipy import stats as _st
 #: The default two-sided level of every interval mart reports (a 90% interval: a one-sided 95% test of "better").
 LEVEL = 0.9
 
-Method = Literal["welch-t-log", "paired-t-log", "welch-t", "paired-t", "known-noise-t", "none"]
+Method = Literal["welch-t-log", "paired-t-log", "paired-re-t-log", "welch-t", "paired-t", "known-noise-t", "none"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,55 @@ def gain_interval(baseline: Sequence[float], candidate: Sequence[float], *, leve
         method = "welch-t-log"
     return Interval(_pct(est) or 0.0, _pct(lo), _pct(hi), len(b), len(c), level,
                     method if lo is not None else "none", True)
+
+
+def rounds_gain_interval(rounds: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                         level: float = LEVEL) -> Interval:
+    """The candidate's throughput gain over the baseline from re-measurement rounds, each the aligned throughputs
+    (the i-th of each: the same step) of one baseline trial and one candidate trial run back to back.
+
+    Two noises move a round's gain: the steps of a trial (the step pairs' spread within the round) and the trials
+    themselves. On a shared machine the same config's trials differ by more than their steps do (where the
+    scheduler put them, a neighbour's load), and a round's two trials do not share that part, so pairing does
+    not cancel it. One round's pairs cannot see it; the rounds' spread can: this is a random-effects interval on
+    the log scale, whose variance is the step pairs' (pooled within rounds) plus the between-trial part that the
+    rounds' spread shows beyond them (a method-of-moments estimate, clipped at zero), with Satterthwaite degrees
+    of freedom. With one round, or rounds that agree within their step noise, it is the paired t interval."""
+    diffs = []
+    for baseline, candidate in rounds:
+        b, c = _clean(baseline, True), _clean(candidate, True)
+        n = min(len(b), len(c))
+        if n:
+            diffs.append(np.log(c[:n]) - np.log(b[:n]))
+    if not diffs:
+        raise ValueError("a gain needs at least one pair of measurements")
+    n_pairs = sum(len(d) for d in diffs)
+    n_rounds = len(diffs)
+    est = float(np.concatenate(diffs).mean())
+    pct = _pct(est) or 0.0
+    means = np.array([d.mean() for d in diffs])
+    weights = np.array([len(d) / n_pairs for d in diffs])
+    df_steps = n_pairs - n_rounds
+    step_var = sum(float(((d - d.mean()) ** 2).sum()) for d in diffs) / df_steps if df_steps >= 1 else None
+    # the variance of one round's mean gain beyond its step noise: twice the between-trial variance (the two
+    # trials of a round each bring their own)
+    spread = float(means.var(ddof=1)) if n_rounds >= 2 else None
+    if step_var is None and spread is None:
+        return Interval(pct, None, None, n_pairs, n_pairs, level, "none", True)
+    if step_var is None:  # one pair a round: the rounds' spread is all there is
+        var_a, df_a = 0.0, 1.0
+        between = float(spread)  # type: ignore[arg-type]
+    else:
+        var_a, df_a = step_var / n_pairs, float(df_steps)
+        between = 0.0 if spread is None else max(0.0, spread - step_var * float(np.mean([1 / len(d) for d in diffs])))
+    var_b = between * float((weights**2).sum())
+    var = var_a + var_b
+    if var <= 0:
+        return Interval(pct, pct, pct, n_pairs, n_pairs, level, "paired-t-log", True)
+    df = var**2 / ((var_a**2 / df_a if var_a else 0.0) + (var_b**2 / (n_rounds - 1) if var_b else 0.0))
+    half = float(_st.t.ppf(0.5 + level / 2, df)) * math.sqrt(var)
+    return Interval(pct, _pct(est - half), _pct(est + half), n_pairs, n_pairs, level,
+                    "paired-re-t-log" if var_b > 0 else "paired-t-log", True)
 
 
 def difference_interval(baseline: Sequence[float], candidate: Sequence[float], *, level: float = LEVEL,

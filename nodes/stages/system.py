@@ -54,6 +54,10 @@ DISTURBED = "disturbed"
 #: a disturbed measurement is repeated once (another seed), at most this many times per stage, beside the budget
 MAX_REPEATS = 2
 REPEAT_SEED_OFFSET = 100
+#: rounds a verdict needs before it may settle early (when the budget has them): a trial's own luck on a shared
+#: machine (0-24% between two trials of one config on a busy 2-core box, beside 2-4% between steps) is not shared
+#: by the two trials of a round, so only a second round's spread can show it (``rounds_gain_interval``)
+MIN_ROUNDS = 2
 #: re-measurement round r of the baseline and the best config runs on the session's seed + r (both on the same
 #: seed: the same prompts, so the same workload; a re-run on the selection's own seed would replay it on the sim)
 _REMEASURE = re.compile(r"-remeasure(\d+)-(baseline|best)$")
@@ -63,7 +67,7 @@ _REPEAT = "-repeat"
 def remeasure_rounds(options: Any) -> int:
     """Rounds (a baseline trial and a best-config trial each) the re-measurement may take:
     ``system_remeasure_share`` is the most of the stage's trials, re-measurements included, that it takes
-    (0.25: 2 trials beside 6, 4 beside 12)."""
+    (0.5: up to 6 trials beside 6; 0.25: 2 beside 6, 4 beside 12)."""
     share = float(getattr(options, "system_remeasure_share", 0.0) or 0.0)
     if share <= 0:
         return 0
@@ -93,10 +97,11 @@ class Remeasurement:
     baseline_mean: float | None = None
     best_mean: float | None = None
 
-    @property
-    def settled(self) -> bool:
-        """Nothing more to learn: the gain is confirmed, a loss is, or the best config failed."""
-        return self.best_failed is not None or (self.interval is not None and self.interval.excludes_zero)
+    def settled(self, min_rounds: int) -> bool:
+        """Nothing more to learn: the best config failed, or a gain or a loss is confirmed by at least
+        ``min_rounds`` rounds (one round's pairs cannot show the trials' own noise: ``MIN_ROUNDS``)."""
+        return self.best_failed is not None or (self.rounds >= min_rounds and self.interval is not None
+                                                and self.interval.excludes_zero)
 
 
 def _clean(v: float | None) -> float | None:
@@ -360,7 +365,8 @@ class SystemStage(StagePolicy):
         launched = {remeasure_role(r["trial_id"]) for r in view.rows(self.name)} - {None}
         if rm.launched and (rm.launched, "best") not in launched:  # the round's second half
             return Plan(launch=[self._remeasure_record(view, rm.launched, "best", best_row)])
-        if rm.settled or rm.launched >= remeasure_rounds(view.options):
+        most = remeasure_rounds(view.options)
+        if rm.settled(min(MIN_ROUNDS, most)) or rm.launched >= most:
             return Plan(done=True)
         rnd = rm.launched + 1
         first = self._remeasure_record(view, rnd, "baseline", base_row)

@@ -11,7 +11,7 @@ import pytest
 
 from mart.graph.figures import stage_figures
 from mart.nodes.stages import StageView
-from mart.nodes.stages.system import DISTURBED, SystemStage, remeasure_rounds
+from mart.nodes.stages.system import DISTURBED, MIN_ROUNDS, SystemStage, remeasure_rounds
 from mart.state.evidence import disturbed_phases, phase_noise, remeasured_gain
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
@@ -108,10 +108,11 @@ def test_a_noisy_gain_whose_interval_covers_zero_keeps_the_baseline(tmp_path):
 
 
 def test_a_gain_is_taken_only_when_its_fresh_re_measurement_excludes_zero(tmp_path):
-    s = _Session(tmp_path)
+    s = _Session(tmp_path, share=0.5)  # a budget of 6 rounds
     s.searched([1000.0, 1010.0, 990.0], [1400.0, 1410.0, 1390.0])
     launched = s.run_plan({"baseline": [1000.0, 1020.0, 985.0], "best": [1200.0, 1215.0, 1190.0]})
-    assert len(launched) == 2  # the first round settled it: no second round is spent
+    # the second round settled it (one round cannot show the trials' own noise): no third round is spent
+    assert remeasure_rounds(s.options) == 6 and len(launched) == 2 * MIN_ROUNDS == 4
     update = SystemStage().choice(s.view())
     sel = update["selection"]["system"]
     iv = Interval.from_json(sel["interval"])
@@ -129,15 +130,15 @@ def test_the_gain_interval_appears_in_the_summary_json_and_every_channel(tmp_pat
     part, notes = SystemStage().summary(s.state, s.services)
     sys_ = part["system"]
     assert set(sys_["gain_interval"]) == set(Interval.__dataclass_fields__)  # Interval.to_json()'s shape
-    assert sys_["decision"] == "taken" and sys_["remeasure"]["rounds"] == 1 and sys_["remeasure"]["of"] == "sys-02-a"
+    assert sys_["decision"] == "taken" and sys_["remeasure"]["rounds"] == 2 and sys_["remeasure"]["of"] == "sys-02-a"
     assert sys_["gpu_hours"]["remeasure"] > 0 and sys_["gpu_hours"]["total"] == pytest.approx(
         sum(v for k, v in sys_["gpu_hours"].items() if k != "total"), rel=1e-6)
-    assert any("re-measurement: 1 round(s)" in n and "GPU-hours" in n for n in notes), notes
+    assert any("re-measurement: 2 round(s)" in n and "GPU-hours" in n for n in notes), notes
     summary = {"stages": ["system"], "system": sys_}
     [fig] = stage_figures(summary)
     iv = Interval.from_json(sys_["gain_interval"])
     # the terminal table, the report's headline and Slack's message all print this figure's interval
-    assert fig.interval and iv.describe() in fig.interval and "3 vs 3 measurements" in fig.interval
+    assert fig.interval and iv.describe() in fig.interval and "6 vs 6 measurements" in fig.interval
     assert iv.describe() in fig.sentence()
 
 

@@ -10,6 +10,7 @@ from mart.state.stats import (
     difference_interval,
     gain_interval,
     relative_spread,
+    rounds_gain_interval,
 )
 
 
@@ -57,6 +58,50 @@ def test_the_t_interval_covers_the_true_gain_at_about_its_level():
         c = 110 * np.exp(rng.normal(0, 0.1, 3))
         hits += gain_interval(b, c).covers(10.0)
     assert 0.85 <= hits / n <= 0.95
+
+
+def _rounds(rng, *, rounds: int, steps: int, gain: float, trial_sd: float, step_sd: float):
+    """Re-measurement rounds on a machine where each trial has its own luck (``trial_sd``, log scale, not shared by
+    the two trials of a round) beside its steps' jitter (``step_sd``); a drift shared by the round's two trials."""
+    out = []
+    for _ in range(rounds):
+        drift = rng.normal(0, 0.3)
+        base = 1000 * np.exp(drift + rng.normal(0, trial_sd) + rng.normal(0, step_sd, steps))
+        cand = 1000 * np.exp(gain + drift + rng.normal(0, trial_sd) + rng.normal(0, step_sd, steps))
+        out.append((base, cand))
+    return out
+
+
+def test_rounds_interval_covers_the_true_gain_when_trials_differ_more_than_steps():
+    # the CPU machine's case (issue 43): trials of one config 10% apart, steps 2%. Pooling every round's step
+    # pairs as if independent (the one-round paired t) covers the true gain far less often than it claims; the
+    # rounds' spread widens the interval to about its level.
+    rng = np.random.default_rng(3)
+    gain, n = math.log(1.3), 300
+    hits = pooled_hits = 0
+    for _ in range(n):
+        rounds = _rounds(rng, rounds=3, steps=3, gain=gain, trial_sd=0.1, step_sd=0.02)
+        true_pct = 100 * math.expm1(gain)
+        hits += rounds_gain_interval(rounds).covers(true_pct)
+        pooled_hits += gain_interval(np.concatenate([b for b, _ in rounds]), np.concatenate([c for _, c in rounds]),
+                                     paired=True).covers(true_pct)
+    assert hits / n >= 0.85 and pooled_hits / n <= 0.6
+
+
+def test_rounds_interval_is_the_paired_t_when_the_rounds_agree_within_their_step_noise():
+    one = [([1000.0, 1010.0, 990.0], [1100.0, 1115.0, 1085.0])]
+    a, b = rounds_gain_interval(one), gain_interval(*one[0], paired=True)
+    assert (a.estimate, a.lo, a.hi, a.method) == pytest.approx((b.estimate, b.lo, b.hi, "paired-t-log"))
+    # a drift of 30% shared by the two trials of round 2 cancels: the rounds agree, nothing is added
+    two = one + [([700.0, 707.0, 693.0], [770.0, 780.5, 759.5])]
+    iv = rounds_gain_interval(two)
+    assert iv.method == "paired-t-log" and iv.n_baseline == 6 and iv.hi - iv.lo < b.hi - b.lo
+    # rounds 10% apart although each is tight: the trials' own noise, and the interval says so
+    apart = one + [([1000.0, 1010.0, 990.0], [1210.0, 1221.0, 1199.0])]
+    wide = rounds_gain_interval(apart)
+    assert wide.method == "paired-re-t-log" and wide.covers(10.0) and wide.covers(21.0) and not wide.confirms_gain
+    with pytest.raises(ValueError):
+        rounds_gain_interval([([], [1.0])])
 
 
 def test_score_differences():
