@@ -21,19 +21,6 @@ from mart.state.objectives import peak_memory_gb, throughput_window
 from mart.state.stages import measures_throughput
 
 
-def trial_from_row(row: dict[str, Any]) -> TrialRecord:
-    return TrialRecord(
-        trial_id=row["trial_id"], stage=row["stage"], kind=row.get("kind") or "candidate",
-        candidate_id=row.get("candidate_id"), config=row.get("config") or {},
-        status=TrialStatus(row.get("status") or "failed"), reason=row.get("reason"),
-        steps_done=row.get("steps_done") or 0, throughput=row.get("throughput"),
-        peak_memory_gb=row.get("peak_memory_gb"), score=row.get("score"),
-        early_stopped=bool(row.get("early_stopped")), wall_s=row.get("wall_s") or 0.0,
-        parent_trial=row.get("parent_trial"), parent_checkpoint=row.get("parent_checkpoint"),
-        parent_step=row.get("parent_step"), seed=row.get("seed"), confirms=row.get("confirms"),
-    )
-
-
 def build_job_model(state: Mapping[str, Any], services, history: list[TrialRecord]) -> JobModel | None:
     """The job model calibrated on every finished trial (stage 1's, then stage 2's), or None when the
     backend cannot describe its job."""
@@ -101,7 +88,7 @@ def build_agent_context(state: Mapping[str, Any], services, slots: int = 1) -> A
     stage = state["stage"]
     policy = stages.get(stage)
     space = services.backend.search_space()
-    history = [trial_from_row(r) for r in services.ledger.trials() if r.get("status") != "running"]
+    history = [TrialRecord.from_row(r) for r in services.ledger.trials() if r.get("status") != "running"]
     pending = [r.record for r in running_trials(state, stage)] + StageView(state, services).queued(stage)
     job_model = build_job_model(state, services, history)
     model = MemoryModel.fit(

@@ -238,6 +238,20 @@ class TrialRecord(BaseModel):
     def objective(self, stage: str) -> float | None:
         return self.throughput if traits(stage).objective == "throughput" else self.score
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "TrialRecord":
+        """The record of a ledger row (``Ledger.trials``/``rows``)."""
+        return cls(
+            trial_id=row["trial_id"], stage=row["stage"], kind=row.get("kind") or "candidate",
+            candidate_id=row.get("candidate_id"), config=row.get("config") or {},
+            status=TrialStatus(row.get("status") or "failed"), reason=row.get("reason"),
+            steps_done=row.get("steps_done") or 0, throughput=row.get("throughput"),
+            peak_memory_gb=row.get("peak_memory_gb"), score=row.get("score"),
+            early_stopped=bool(row.get("early_stopped")), wall_s=row.get("wall_s") or 0.0,
+            parent_trial=row.get("parent_trial"), parent_checkpoint=row.get("parent_checkpoint"),
+            parent_step=row.get("parent_step"), seed=row.get("seed"), confirms=row.get("confirms"),
+        )
+
     def brief(self) -> "TrialRecord":
         """The record without its full config (in the ledger): what graph state keeps of a finished trial, since
         every channel is written into every checkpoint."""

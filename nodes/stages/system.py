@@ -93,6 +93,8 @@ class Remeasurement:
     interval: Interval | None = None
     excluded: list[str] = field(default_factory=list)  # rounds not used, and why
     best_failed: str | None = None  # the best config did not hold up: how its re-measurement ended
+    of: str | None = None  # the trial whose config is re-measured (the best; its runner-up when the best failed)
+    dropped: dict[str, str] = field(default_factory=dict)  # configs that did not hold up before it, and why
     trials: list[str] = field(default_factory=list)
     baseline_mean: float | None = None
     best_mean: float | None = None
@@ -340,7 +342,46 @@ class SystemStage(StagePolicy):
         rows = {r["trial_id"]: r for r in view.rows(self.name)}
         if base.trial_id not in rows or best.trial_id not in rows:
             return None
-        return rows[base.trial_id], rows[best.trial_id]
+        failed = self._failed_remeasures(rows.values())
+        target = rows[best.trial_id]
+        if target["trial_id"] in failed:
+            # the best did not hold up (it went over the margin or out of memory on another workload): the fastest
+            # config that has not failed yet is re-measured in its place, within the rounds left
+            target = self._runner_up(rows, failed, rows[base.trial_id]) or target
+        return rows[base.trial_id], target
+
+    @staticmethod
+    def _failed_remeasures(rows: Any) -> dict[str, str]:
+        """trial id -> why: the configs whose re-measurement did not hold up (the trial it confirms ended out of
+        memory, failed, was stopped, or went over the margin)."""
+        out: dict[str, str] = {}
+        for r in rows:
+            role = remeasure_role(r["trial_id"])
+            if role is None or role[1] != "best" or not r.get("confirms"):
+                continue
+            if r.get("status") not in ("running", "completed"):
+                out[r["confirms"]] = f"{r['trial_id']} ended {r.get('status')} ({r.get('reason') or 'no reason'})"
+            elif r.get("reason") == OVER_MARGIN:
+                out[r["confirms"]] = f"{r['trial_id']}'s peak memory was above the margin"
+        return out
+
+    @staticmethod
+    def _runner_up(rows: dict[str, dict[str, Any]], failed: dict[str, str], base: dict[str, Any]
+                   ) -> dict[str, Any] | None:
+        """The search's fastest clean measurement (completed, within the margin, not disturbed) faster than the
+        baseline whose config has not failed a re-measurement."""
+        failed_configs = [rows[t].get("config") for t in failed if t in rows]
+        out = None
+        for r in rows.values():
+            if remeasure_role(r["trial_id"]) is not None or r["trial_id"] == base["trial_id"] or \
+                    r.get("kind") not in ("candidate", "confirm") or r.get("status") != "completed" or \
+                    r.get("reason") or not finite(r.get("throughput")) or r.get("config") in failed_configs or \
+                    r.get("config") == base.get("config"):
+                continue
+            if (base.get("throughput") is None or r["throughput"] > base["throughput"]) and \
+                    (out is None or r["throughput"] > out["throughput"]):
+                out = r
+        return out
 
     def _remeasure_record(self, view: StageView, rnd: int, role: str, row: dict[str, Any]) -> TrialRecord:
         return TrialRecord(trial_id=f"{self.name[:3]}-{view.next_seq():02d}-remeasure{rnd}-{role}", stage=self.name,
@@ -388,6 +429,13 @@ class SystemStage(StagePolicy):
                 rounds.setdefault(role[0], {})[role[1]] = r
                 out.trials.append(r["trial_id"])
         out.launched = max(rounds, default=0)
+        target = self._remeasure_target(view)
+        if target is not None:
+            out.of = target[1]["trial_id"]
+            out.dropped = {t: why for t, why in self._failed_remeasures(view.rows(self.name)).items() if t != out.of}
+            # the rounds of the config re-measured now (a round whose best trial has not started is the current one)
+            rounds = {k: v for k, v in rounds.items()
+                      if (v.get("best") or {}).get("confirms", out.of) == out.of}
         first, last = self._window(view)
         ledger, pairs = view.ledger, []
         b_all: list[float] = []
@@ -459,21 +507,29 @@ class SystemStage(StagePolicy):
         else:
             rm = self.remeasurement(view)
             iv = rm.interval
-            sel.update(of=best.trial_id, rounds=rm.rounds, trials=rm.trials, excluded=rm.excluded,
+            of = rm.of or best.trial_id
+            sel.update(of=of, rounds=rm.rounds, trials=rm.trials, excluded=rm.excluded,
                        interval=iv.to_json() if iv is not None else None,
-                       remeasured={"baseline": rm.baseline_mean, "best": rm.best_mean})
+                       remeasured={"baseline": rm.baseline_mean, "best": rm.best_mean}, dropped=rm.dropped)
+            before = "".join(f"{t} did not hold up when re-measured ({why}); " for t, why in rm.dropped.items())
             if view.out_of_time() and rm.launched == 0:
                 sel.update(decision="taken", why="not re-measured: the wall-clock budget was spent")
             elif rm.best_failed:
-                sel.update(decision="kept", why=f"{best.trial_id} did not hold up when re-measured: {rm.best_failed}")
+                sel.update(decision="kept", why=f"{before}{of} did not hold up when re-measured: {rm.best_failed}")
             elif iv is None or not iv.known:
-                sel.update(decision="kept", why=f"insufficient evidence: {best.trial_id} could not be re-measured "
+                sel.update(decision="kept", why=f"{before}insufficient evidence: {of} could not be re-measured "
                            + ("(" + "; ".join(rm.excluded) + ")" if rm.excluded else "beside the baseline"))
             elif iv.confirms_gain:
-                sel.update(decision="taken", why=f"{best.trial_id}'s gain re-measured interleaved with the "
+                sel.update(decision="taken", why=f"{before}{of}'s gain re-measured interleaved with the "
                            f"baseline: {iv.describe()}, excludes zero")
+                if of != best.trial_id:  # the runner-up holds up where the best did not: it is the stage's best now
+                    row = view.ledger.trial(of) or {}
+                    runner = TrialRecord.from_row(row)
+                    update["best"] = {**(state.get("best") or {}), self.name: runner.brief()}
+                    update["best_overrides"] = {**(state.get("best_overrides") or {}),
+                                                self.name: self.overrides_of(view, runner)}
             else:
-                sel.update(decision="kept", why=f"insufficient evidence: {best.trial_id}'s gain re-measured "
+                sel.update(decision="kept", why=f"{before}insufficient evidence: {of}'s gain re-measured "
                            f"interleaved with the baseline is {iv.describe()}, "
                            + ("a loss" if iv.confirms_loss else "which does not exclude zero"))
             if sel["decision"] == "kept":

@@ -11,7 +11,7 @@ import pytest
 
 from mart.graph.figures import stage_figures
 from mart.nodes.stages import StageView
-from mart.nodes.stages.system import DISTURBED, MIN_ROUNDS, SystemStage, remeasure_rounds
+from mart.nodes.stages.system import DISTURBED, MIN_ROUNDS, OVER_MARGIN, SystemStage, remeasure_rounds
 from mart.state.evidence import disturbed_phases, phase_noise, remeasured_gain
 from mart.state.ledger import Ledger
 from mart.state.metrics import StepRecord
@@ -163,6 +163,34 @@ def test_a_taken_gain_is_reported_as_its_re_measurement_not_as_the_selecting_mea
 
     verdict = stage_verdict({"system": sys_}, "system")
     assert verdict.startswith(f"gain {cmp_['gain_pct']:+.1f}% = 1,202 / 1,002 - 1") and "read +40.0%" in verdict
+
+
+def test_a_best_that_goes_over_the_margin_when_re_measured_hands_over_to_its_runner_up(tmp_path):
+    # the best sat at the margin; on the first round's workload it went over: the next fastest clean config is
+    # re-measured in its place (within the rounds left) and, holding up, becomes the stage's best
+    s = _Session(tmp_path, share=0.5)
+    s.searched([1000.0, 1010.0, 990.0], [1400.0, 1410.0, 1390.0])
+    runner = {MNS: 384}
+    s.add("sys-13-runner", "candidate", runner, _records([1300.0, 1310.0, 1290.0]))
+    s.add("sys-14-over", "candidate", {MNS: 448}, _records([1350.0, 1360.0, 1340.0]))
+    s.services.ledger.set_trial_fields("sys-14-over", reason=OVER_MARGIN)  # faster, but not within the margin
+    first = SystemStage().plan(s.view(), 1).launch[0]
+    s.add(first.trial_id, first.kind, first.config, _records([1000.0, 1020.0, 985.0]), confirms=first.confirms)
+    best = SystemStage().plan(s.view(), 1).launch[0]
+    assert best.confirms == "sys-02-a"
+    s.add(best.trial_id, best.kind, best.config, _records([1200.0, 1215.0, 1190.0]), confirms=best.confirms)
+    s.services.ledger.set_trial_fields(best.trial_id, reason=OVER_MARGIN)
+    launched = s.run_plan({"baseline": [1000.0, 1020.0, 985.0], "best": [1150.0, 1160.0, 1140.0]})
+    rm = SystemStage().remeasurement(s.view())
+    assert rm.of == "sys-13-runner" and set(rm.dropped) == {"sys-02-a"} and rm.rounds == MIN_ROUNDS
+    assert len(launched) == 2 * MIN_ROUNDS and all(
+        s.services.ledger.trial(t)["confirms"] == ("sys-01-baseline" if t.endswith("baseline") else "sys-13-runner")
+        for t in launched)
+    update = SystemStage().choice(s.view())
+    sel = update["selection"]["system"]
+    assert sel["decision"] == "taken" and sel["of"] == "sys-13-runner" and "sys-02-a did not hold up" in sel["why"]
+    assert update["best"]["system"].trial_id == "sys-13-runner" and update["best_overrides"]["system"] == runner
+    assert 12 < Interval.from_json(sel["interval"]).estimate < 18  # the runner-up's own rounds, not the best's
 
 
 def test_a_disturbed_measurement_is_not_believed_and_is_repeated_once(tmp_path):
