@@ -269,6 +269,11 @@ def test_the_re_measurement_pairs_the_same_step_of_the_two_trials_of_a_round():
     assert iv is not None and iv.method == "paired-t-log" and iv.estimate == pytest.approx(10.0, abs=0.01)
     assert iv.hi - iv.lo < 0.1 and math.isclose(iv.n_baseline, 6)
     assert remeasured_gain([({3: 1.0}, {4: 2.0})]) is None  # no step in common: no pair
+    # rounds 10% apart although each is tight: the two trials of a round did not share their luck, and the interval
+    # widens to cover both rounds' gains rather than pool their pairs as if they were one trial's
+    apart = [rounds[0], ({3: 1000.0, 4: 1010.0, 5: 990.0}, {3: 1210.0, 4: 1222.1, 5: 1197.9})]
+    wide = remeasured_gain(apart)
+    assert wide is not None and wide.method == "paired-re-t-log" and wide.covers(10.0) and wide.covers(21.0)
 
 
 def test_stage_2s_gain_interval_comes_from_its_verdicts_figures():
