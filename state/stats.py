@@ -149,10 +149,13 @@ def rounds_gain_interval(rounds: Sequence[tuple[Sequence[float], Sequence[float]
     Two noises move a round's gain: the steps of a trial (the step pairs' spread within the round) and the trials
     themselves. On a shared machine the same config's trials differ by more than their steps do (where the
     scheduler put them, a neighbour's load), and a round's two trials do not share that part, so pairing does
-    not cancel it. One round's pairs cannot see it; the rounds' spread can: this is a random-effects interval on
-    the log scale, whose variance is the step pairs' (pooled within rounds) plus the between-trial part that the
-    rounds' spread shows beyond them (a method-of-moments estimate, clipped at zero), with Satterthwaite degrees
-    of freedom. With one round, or rounds that agree within their step noise, it is the paired t interval."""
+    not cancel it. One round's pairs cannot see it (its interval is the paired t); over several rounds this is a
+    random-effects interval on the log scale, each round's mean gain one estimate: the between-round variance
+    beyond the step noise by the method of moments (DerSimonian-Laird), the rounds weighted by it, and the interval
+    of Hartung and Knapp with its modification for few estimates (the variance never below the weighted one, t
+    with rounds - 1 degrees of freedom; Roever, Knapp & Friede 2015, BMC Med Res Methodol 15:99): two rounds that
+    happen to agree say little about how far the next would fall, and the plain random-effects interval then
+    claims far more than the machine gives."""
     diffs = []
     for baseline, candidate in rounds:
         b, c = _clean(baseline, True), _clean(candidate, True)
@@ -162,32 +165,28 @@ def rounds_gain_interval(rounds: Sequence[tuple[Sequence[float], Sequence[float]
     if not diffs:
         raise ValueError("a gain needs at least one pair of measurements")
     n_pairs = sum(len(d) for d in diffs)
-    n_rounds = len(diffs)
-    est = float(np.concatenate(diffs).mean())
-    pct = _pct(est) or 0.0
+    if len(diffs) == 1:
+        est, lo, hi = _paired(diffs[0], level)
+        return Interval(_pct(est) or 0.0, _pct(lo), _pct(hi), n_pairs, n_pairs, level,
+                        "paired-t-log" if lo is not None else "none", True)
+    k = len(diffs)
     means = np.array([d.mean() for d in diffs])
-    weights = np.array([len(d) / n_pairs for d in diffs])
-    df_steps = n_pairs - n_rounds
-    step_var = sum(float(((d - d.mean()) ** 2).sum()) for d in diffs) / df_steps if df_steps >= 1 else None
-    # the variance of one round's mean gain beyond its step noise: twice the between-trial variance (the two
-    # trials of a round each bring their own)
-    spread = float(means.var(ddof=1)) if n_rounds >= 2 else None
-    if step_var is None and spread is None:
-        return Interval(pct, None, None, n_pairs, n_pairs, level, "none", True)
-    if step_var is None:  # one pair a round: the rounds' spread is all there is
-        var_a, df_a = 0.0, 1.0
-        between = float(spread)  # type: ignore[arg-type]
-    else:
-        var_a, df_a = step_var / n_pairs, float(df_steps)
-        between = 0.0 if spread is None else max(0.0, spread - step_var * float(np.mean([1 / len(d) for d in diffs])))
-    var_b = between * float((weights**2).sum())
-    var = var_a + var_b
-    if var <= 0:
-        return Interval(pct, pct, pct, n_pairs, n_pairs, level, "paired-t-log", True)
-    df = var**2 / ((var_a**2 / df_a if var_a else 0.0) + (var_b**2 / (n_rounds - 1) if var_b else 0.0))
-    half = float(_st.t.ppf(0.5 + level / 2, df)) * math.sqrt(var)
-    return Interval(pct, _pct(est - half), _pct(est + half), n_pairs, n_pairs, level,
-                    "paired-re-t-log" if var_b > 0 else "paired-t-log", True)
+    sizes = np.array([len(d) for d in diffs], dtype=float)
+    df_steps = n_pairs - k
+    # the step pairs' variance, pooled within rounds (none when every round has one pair: then the rounds' spread
+    # is all there is)
+    step_var = sum(float(((d - d.mean()) ** 2).sum()) for d in diffs) / df_steps if df_steps >= 1 else 0.0
+    between = max(0.0, float(means.var(ddof=1)) - step_var * float(np.mean(1 / sizes)))
+    var_r = between + step_var / sizes
+    if not (var_r > 0).all():
+        est = float(means.mean())
+        return Interval(_pct(est) or 0.0, _pct(est), _pct(est), n_pairs, n_pairs, level, "paired-re-t-log", True)
+    w = 1 / var_r
+    est = float((w * means).sum() / w.sum())
+    q = float((w * (means - est) ** 2).sum()) / (k - 1)
+    half = float(_st.t.ppf(0.5 + level / 2, k - 1)) * math.sqrt(max(1.0, q) / float(w.sum()))
+    return Interval(_pct(est) or 0.0, _pct(est - half), _pct(est + half), n_pairs, n_pairs, level,
+                    "paired-re-t-log", True)
 
 
 def difference_interval(baseline: Sequence[float], candidate: Sequence[float], *, level: float = LEVEL,

@@ -102,7 +102,7 @@ def test_a_noisy_gain_whose_interval_covers_zero_keeps_the_baseline(tmp_path):
     sel = update["selection"]["system"]
     iv = Interval.from_json(sel["interval"])
     assert sel["decision"] == "kept" and iv.covers(0.0) and not iv.excludes_zero
-    assert iv.method == "paired-t-log" and iv.n_baseline == iv.n_candidate == 6  # 2 rounds x steps 3-5
+    assert iv.method == "paired-re-t-log" and iv.n_baseline == iv.n_candidate == 6  # 2 rounds x steps 3-5
     assert "insufficient evidence" in sel["why"]
     assert update["best"]["system"].trial_id == "sys-01-baseline" and update["best_overrides"]["system"] == {}
 
@@ -266,7 +266,7 @@ def test_the_re_measurement_pairs_the_same_step_of_the_two_trials_of_a_round():
     rounds = [({3: 1000.0, 4: 1010.0, 5: 990.0}, {3: 1100.0, 4: 1111.0, 5: 1089.0}),
               ({3: 700.0, 4: 707.0, 5: 693.0}, {3: 770.0, 4: 777.7, 5: 762.3})]
     iv = remeasured_gain(rounds)
-    assert iv is not None and iv.method == "paired-t-log" and iv.estimate == pytest.approx(10.0, abs=0.01)
+    assert iv is not None and iv.method == "paired-re-t-log" and iv.estimate == pytest.approx(10.0, abs=0.01)
     assert iv.hi - iv.lo < 0.1 and math.isclose(iv.n_baseline, 6)
     assert remeasured_gain([({3: 1.0}, {4: 2.0})]) is None  # no step in common: no pair
     # rounds 10% apart although each is tight: the two trials of a round did not share their luck, and the interval
