@@ -175,7 +175,7 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     d.pg_clipfrac = _r(level(clipf))
     d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
     if gn:
-        first = mean([v for _, v in gn[:now_w]])
+        first = mean(gn[:now_w])
         if first > 1e-12 and d.grad_norm is not None:
             d.grad_norm_ratio = _r(d.grad_norm / first, 3)
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
