@@ -472,3 +472,24 @@ def test_a_larger_step_whose_kl_anchor_does_not_fit_in_memory_goes_alone():
                             predict_memory=mem, memory_limit_gb=45.0))
     assert {LR: pytest.approx(2e-6)} in [o.overrides for o in c]
     assert all(not o.overrides.get(KL_ON) for o in c)
+
+
+def test_a_grad_norm_rise_the_entropy_collapse_explains_is_no_drift():
+    """A sharper policy has larger gradients: beside an entropy collapse the grad norm rises with it. Read as drift
+    (with a flat reward), that rise halved the step in both transitions (Qwen3-0.6B, issue 44) while the collapse
+    wanted the entropy controls; it is the collapse's symptom while the grad norm has risen by no more than the
+    entropy fell, and still drift beyond that."""
+    falling = dict(entropy=lambda s: 1.0 - 0.017 * s, reward=lambda s: 0.4, val=lambda s: 0.4)  # 49% left at 30
+    # grad norm up ~1.8x while entropy fell to 0.49 (at most 1 / 0.49 = 2.0x): 3% a step over the window
+    with_collapse = diagnose(trajectory(grad=lambda s: 0.3 / (1.0 - 0.017 * s) ** 0.9, **falling))
+    assert "entropy_collapse" in with_collapse.severity
+    assert with_collapse.grad_norm_slope_low > 0.02 and with_collapse.grad_norm_ratio < 1 / with_collapse.entropy_ratio
+    assert "policy_drift" not in with_collapse.severity
+    c = all_transitions(ctx(diag=with_collapse, base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=4))
+    assert c and not any(o.overrides.get(LR, 1e-6) < 1e-6 for o in c)  # no transition halves the step
+    # a rise beyond the entropy's fall (4x against 2x) is drift, with or without the collapse beside it
+    beyond = diagnose(trajectory(grad=lambda s: 0.3 / (1.0 - 0.017 * s) ** 2, **falling))
+    assert "entropy_collapse" in beyond.severity and "policy_drift" in beyond.severity
+    # the same rise without an entropy fall is drift as before
+    flat = diagnose(trajectory(grad=lambda s: 0.3 / (1.0 - 0.017 * s) ** 0.9, reward=lambda s: 0.4, val=lambda s: 0.4))
+    assert "policy_drift" in flat.severity
