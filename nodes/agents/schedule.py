@@ -35,6 +35,7 @@ from mart.nodes.stages.capacity import knob_spec as _spec
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash
+from mart.state.objectives import LOW_RISK_P_OVER, p_over_limit
 from mart.state.stats import LEVEL
 from mart.state.trajectory import Trajectory, line_fit, mean, rel_slope, residual_std, tail
 
@@ -637,6 +638,31 @@ def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str,
         f"{ctx.memory_limit_gb:.1f} GB: " + ", ".join(moved)]
 
 
+def memory_risk_safe(ctx: AgentContext, overrides: dict[str, Any], parent_peak: float | None
+                     ) -> tuple[dict[str, Any], list[str]]:
+    """``overrides`` with the micro batches halved when the job model's predicted peak of the transition adds
+    memory over its parent's and passes the limit with more than ``LOW_RISK_P_OVER`` chance (the critic's
+    "risk" of a candidate, which weighs its score down), and halving lowers that chance; the moves as text. A
+    larger response limit's new tail is priced at the limit itself (docs/agents.md), so a bundle with it is
+    predicted near the limit while its parts are not: it lost the critic's pick to the same bundle without the
+    limit on one noisy measurement of risk, although a micro batch changes no learning."""
+    limit = ctx.memory_limit_gb
+    pred = ctx.predict(ctx.full_config(overrides))
+    if not limit or pred is None or getattr(pred, "peak_gb", None) is None \
+            or (parent_peak is not None and pred.peak_gb <= parent_peak):
+        return overrides, []
+    p_over = p_over_limit(pred.peak_gb, pred.gap_gb, limit)
+    if p_over <= LOW_RISK_P_OVER:
+        return overrides, []
+    full = ctx.full_config(overrides)
+    halved, moved = halved_micro_batches(ctx.search_space.stage_params(ctx.stage), full, ctx.config_errors)
+    after = ctx.predict({**full, **halved}) if moved else None
+    if after is None or p_over_limit(after.peak_gb, after.gap_gb, limit) >= p_over:
+        return overrides, []
+    return {**overrides, **halved}, [f"predicted peak {pred.peak_gb:.1f} GB against a limit of {limit:.1f} GB, "
+                                     f"{p_over:.0%} likely over it: " + ", ".join(moved)]
+
+
 def transition_candidates(ctx: AgentContext) -> list[Candidate]:
     """``ctx.num_candidates`` transitions for the next segment, most severe finding first, over distinct
     hypotheses, with a capacity move among them (alone or with the top answer) whenever one fits."""
@@ -659,6 +685,8 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         if caps:
             rationale += f" The token caps it implies follow: {', '.join(caps)}."
         overrides, safe = memory_safe(ctx, overrides)
+        if not safe:
+            overrides, safe = memory_risk_safe(ctx, overrides, parent_peak)
         if safe:
             rationale += f" Smaller micro batches keep it in memory to the end ({safe[0]})."
         full = ctx.full_config(overrides)

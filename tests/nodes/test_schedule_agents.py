@@ -373,8 +373,9 @@ def test_staged_limits_follow_deepscaler_and_a_rising_clip_ratio_triggers_them()
 
 def test_a_longer_limit_is_priced_by_the_job_model_and_refused_over_the_margin():
     """Responses measured cut at the limit say nothing of a longer limit's tail: the job model lets the longest
-    response reach the new limit (memory and step time grow), so a limit raise that crosses the margin is neither
-    proposed nor accepted, while one that fits is."""
+    response reach the new limit (memory and step time grow), so a limit raise that crosses the margin is not
+    accepted, and proposed only with smaller micro batches that bring it under the margin, while one that fits is
+    proposed as it is."""
     from mart.nodes.agents.job_model import JobModel, Observation
     from tests.nodes.test_job_model import base_config, job
 
@@ -391,11 +392,16 @@ def test_a_longer_limit_is_priced_by_the_job_model_and_refused_over_the_margin()
         return ctx(diag=diag, base=cfg, job_model=model, memory_limit_gb=memory_limit,
                    predict_memory=lambda c: model.predict(c).peak_gb)
 
-    assert all(MAX_LEN not in o.overrides for o in transition_candidates(cx(limit)))
+    # over the margin, the longer limit comes only with its micro batches halved, predicted under the limit (a
+    # micro batch changes no learning); the plain raise is refused
+    longer_ones = [o for o in transition_candidates(cx(limit)) if MAX_LEN in o.overrides]
+    assert longer_ones and all(o.overrides.get(A + "ppo_micro_batch_size_per_gpu") == 4
+                               and o.predicted_memory_gb < limit for o in longer_ones)
+    assert "likely over it" in longer_ones[0].rationale
     verdict = RulesCritic().critique(cx(limit), [Candidate(candidate_id="long", stage="schedule",
                                                            overrides={MAX_LEN: 4096})])
     assert not verdict.critiques[0].accepted and "exceeds the limit" in verdict.critiques[0].reasons[0]
-    assert transition_candidates(cx(longer.peak_gb + 1))[0].overrides == {MAX_LEN: 4096}
+    assert transition_candidates(cx(longer.peak_gb + longer.gap_gb))[0].overrides == {MAX_LEN: 4096}
 
 
 def test_the_critic_prefers_a_finding_no_sibling_has_answered_yet():
