@@ -56,6 +56,17 @@ def memory_limit_gb(capacity_gb: float | None, margin: float) -> float | None:
     return None if capacity_gb is None else (1.0 - margin) * capacity_gb
 
 
+#: a predicted peak whose chance of passing the limit is at most this is low-risk (the critic's "risk low")
+LOW_RISK_P_OVER = 0.05
+
+
+def p_over_limit(peak_gb: float, gap_gb: float, limit_gb: float) -> float:
+    """The chance a predicted peak passes the limit: the prediction's safety gap read as two standard deviations
+    of its error (normal)."""
+    sigma = max(gap_gb / 2.0, 1e-6)
+    return 0.5 * math.erfc((limit_gb - peak_gb) / (sigma * math.sqrt(2)))
+
+
 @dataclass
 class SystemOutcome:
     throughput: float

@@ -2,9 +2,11 @@
 
 A node is a small dict built from the ledger (``nodes/stages/schedule.py``): ``id``, ``parent`` (None for the
 root), ``depth`` (1 = the first segment), ``from_step``/``to_step`` (global steps), ``changes`` (the knobs
-it changed against its parent's config; ``{}`` = the unchanged continuation), ``status``, ``score`` (its last
-validation, at ``to_step``), ``signals`` (collapse signals of its path) and ``static`` (on the all-unchanged
-path from the root: the static config is a schedule too, and the reference a schedule must beat).
+it changed against its parent's config, its micro batches aside in ``memory_moves``; ``{}`` = the unchanged
+continuation), ``status``, ``score`` (its last validation, at ``to_step``), ``signals`` (collapse signals of its
+path), ``superseded`` (it ran out of memory and was re-run with smaller micro batches, ``retry_of`` on the
+re-run) and ``static`` (on the all-unchanged path from the root: the static config is a schedule too, and the
+reference a schedule must beat).
 
 The search is best-first (LLMZero, arXiv 2606.18388, searches training trajectories by tree search from
 checkpoints): the next node to expand is the best finished node not at the final depth, by validation score,
@@ -32,7 +34,9 @@ def usable(node: Node) -> bool:
 
 
 def children(nodes: list[Node], node_id: str) -> list[Node]:
-    return [n for n in nodes if n.get("parent") == node_id and not n.get("confirms")]
+    """The branches from ``node_id``'s checkpoint (re-evaluations and segments re-run for memory left out: a
+    ``superseded`` node ran out of memory and its re-run with smaller micro batches takes its place)."""
+    return [n for n in nodes if n.get("parent") == node_id and not n.get("confirms") and not n.get("superseded")]
 
 
 def path_to(nodes: list[Node], node_id: str) -> list[Node]:
@@ -95,7 +99,7 @@ def leaf_contenders(nodes: list[Node], depth: int) -> list[Contender]:
     for leaf in nodes:
         if leaf.get("confirms") or leaf["depth"] != depth or not usable(leaf):
             continue
-        reruns = [n for n in nodes if n.get("confirms") == leaf["id"]]
+        reruns = [n for n in nodes if n.get("confirms") == leaf["id"] and not n.get("superseded")]
         scores = [leaf["score"]] + [n["score"] for n in reruns if usable(n)]
         signals = list(leaf.get("signals") or [])
         signals += [f"re-evaluation {n['id']} ended {n.get('status')}" for n in reruns if not usable(n)]

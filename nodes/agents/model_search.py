@@ -30,6 +30,7 @@ import numpy as np
 from mart.nodes.agents.job_model import KNOBS, ROLLOUT_KNOBS, SHARED_KNOBS, TRAIN_KNOBS, JobModel
 from mart.state.agents import split_knob
 from mart.state.models import config_hash
+from mart.state.objectives import p_over_limit
 from mart.state.search_space import ParamSpec, SearchSpace
 
 MNS_GRID = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -298,8 +299,7 @@ def _score(model: JobModel, space: SearchSpace, base: dict[str, Any], limit: flo
         if p.kv_fail:
             continue
         changed = sum(1 for k in set(ov) | set(incumbent) if ov.get(k, base.get(k)) != incumbent.get(k, base.get(k)))
-        sigma = max(p.gap_gb / 2.0, 1e-6)
-        p_over = 0.5 * math.erfc((limit - p.peak_gb) / (sigma * math.sqrt(2)))
+        p_over = p_over_limit(p.peak_gb, p.gap_gb, limit)
         gain = p.throughput / max(inc_pred.throughput, 1e-9) - 1
         value = p.throughput * (1 - 1.5 * p_over) * (1 - (1 - conf) * 0.01 * changed)
         scored.append(Scored(overrides=ov, throughput=p.throughput, peak_gb=p.peak_gb, gap_gb=p.gap_gb,

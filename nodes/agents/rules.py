@@ -29,6 +29,7 @@ from mart.nodes.agents.schedule import transition_candidates, transition_score
 from mart.nodes.knob_effects import effect_of, knob_facts
 from mart.state.health import EXPLORATION, INSTABILITY, TEAM, rule_names
 from mart.state.models import Candidate, Critique, TrialStatus, config_hash
+from mart.state.objectives import LOW_RISK_P_OVER, p_over_limit
 from mart.state.search_space import ParamSpec
 from mart.state.units import fmt_gb
 
@@ -660,9 +661,8 @@ class _Judge:
             if changes_memory:
                 mem.over = f"predicted peak memory {fmt_gb(pred)} exceeds the limit {fmt_gb(limit)}"
         elif model_pred is not None and changes_memory:
-            sigma = max(model_pred.gap_gb / 2, 1e-6)
-            mem.p_over = 0.5 * math.erfc((limit - pred) / (sigma * math.sqrt(2)))
-            mem.risk = "high" if mem.p_over > 0.2 else "medium" if mem.p_over > 0.05 else "low"
+            mem.p_over = p_over_limit(pred, model_pred.gap_gb, limit)
+            mem.risk = "high" if mem.p_over > 0.2 else "medium" if mem.p_over > LOW_RISK_P_OVER else "low"
         elif pred > 0.9 * limit and changes_memory:
             mem.risk = "high"
         elif pred > 0.75 * limit and changes_memory:

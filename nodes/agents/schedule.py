@@ -29,12 +29,13 @@ from scipy import stats as _st
 from mart.nodes.agents.feedback import parse_feedback
 from mart.nodes.stages.capacity import direction as _direction
 from mart.nodes.stages.capacity import fmt_value as _fmt
-from mart.nodes.stages.capacity import implied_caps
+from mart.nodes.stages.capacity import halved_micro_batches, implied_caps, memory_trend, projected_peak
 from mart.nodes.stages.capacity import knob_key as _key
 from mart.nodes.stages.capacity import knob_spec as _spec
 from mart.state.health import INSTABILITY, rule_names
 from mart.state.metrics import StepRecord
 from mart.state.models import Candidate, config_hash
+from mart.state.objectives import LOW_RISK_P_OVER, p_over_limit
 from mart.state.stats import LEVEL
 from mart.state.trajectory import Trajectory, line_fit, mean, rel_slope, residual_std, tail
 
@@ -50,7 +51,6 @@ CLIPFRAC = "actor/pg_clipfrac"
 GRAD_NORM = "actor/grad_norm"
 RESP_LEN = "response_length/mean"
 RESP_CLIP = "response_length/clip_ratio"
-PEAK_MEMORY = "perf/max_memory_allocated_gb"
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 VAL_PREFIX = "val-core/"
 
@@ -102,6 +102,7 @@ class Diagnosis(BaseModel):
     grad_norm: float | None = None
     grad_norm_slope: float | None = None
     grad_norm_slope_low: float | None = None
+    grad_norm_ratio: float | None = Field(None, description="grad norm now / at the first steps (their means)")
     response_length: float | None = None
     response_length_slope: float | None = None
     response_clip_ratio: float | None = Field(None, description="share of responses cut at max_response_length")
@@ -170,14 +171,14 @@ def diagnose(records: Sequence[StepRecord], health_events: Sequence[str] = (), w
     if kl:
         kl_w = tail(kl, w)
         d.kl_proportional_slope = _r(1.0 / max(1.0, line_fit(kl_w)[0]), 3)  # line_fit's first: the mean step
-    mem = traj.first_series(PEAK_MEMORY)
-    if mem:
-        d.peak_memory_gb = _r(level(mem))
-        fit = line_fit(mem) if len(mem) >= 2 else None  # over the whole path: one step's peak is noisy
-        if fit is not None and fit[2] > 0:
-            d.peak_memory_slope_gb = _r(fit[3], 3)
+    peak, growth = memory_trend(recs, now_w)
+    d.peak_memory_gb, d.peak_memory_slope_gb = _r(peak), _r(growth, 3)
     d.pg_clipfrac = _r(level(clipf))
     d.grad_norm, d.grad_norm_slope = _r(level(gn)), _r(slope(gn), 3)
+    if gn:
+        first = mean(gn[:now_w])
+        if first > 1e-12 and d.grad_norm is not None:
+            d.grad_norm_ratio = _r(d.grad_norm / first, 3)
     d.response_length, d.response_length_slope = _r(level(rl)), _r(slope(rl), 3)
     d.response_clip_ratio = _r(level(rc))
     d.response_clip_slope = _r(slope(rc), 3)
@@ -230,13 +231,21 @@ def _find(d: Diagnosis) -> None:
         d.findings = ["no pathology: entropy, KL, lengths and scores look healthy"]
 
 
+def entropy_collapsed(d: Diagnosis) -> bool:
+    """Entropy below ``COLLAPSE_RATIO`` of its first value, or below 60% and still falling."""
+    if d.entropy_ratio is None:
+        return False
+    falling = d.entropy_slope is not None and d.entropy_slope < -FLAT_SLOPE
+    return d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling)
+
+
 def _find_entropy(d: Diagnosis, add: Add) -> None:
     falling = d.entropy_slope is not None and d.entropy_slope < -FLAT_SLOPE
     rising = d.entropy_slope is not None and d.entropy_slope > FLAT_SLOPE
     if d.entropy_ratio is None or d.step is None:
         return
     fell = 1 - d.entropy_ratio
-    if d.entropy_ratio < COLLAPSE_RATIO or (d.entropy_ratio < 0.6 and falling):
+    if entropy_collapsed(d):
         sev = 0.45 + 0.5 * fell + (0.15 if falling else 0.0)
         add("entropy_collapse", sev, f"entropy fell {fell:.0%} since the first step"
             + (" and is still falling" if falling else ""))
@@ -268,7 +277,7 @@ def _find_drift(d: Diagnosis, add: Add) -> None:
         drift.append(f"KL to the reference rising {d.kl_slope:.1%}/step"
                      + (f" under its KL loss ({d.kl_slope / d.kl_proportional_slope:.1f}x steady growth)"
                         if d.kl_anchored and d.kl_proportional_slope else ""))
-    if d.grad_norm_slope is not None and gn_rise is not None and gn_rise > 0.02:
+    if d.grad_norm_slope is not None and gn_rise is not None and gn_rise > 0.02 and not collapse_explains_grad_norm(d):
         drift.append(f"grad norm rising {d.grad_norm_slope:.1%}/step")
     if d.pg_clipfrac is not None and d.pg_clipfrac > 0.2:
         drift.append(f"{d.pg_clipfrac:.0%} of tokens clipped")
@@ -279,6 +288,18 @@ def _find_drift(d: Diagnosis, add: Add) -> None:
     if drift and (heavy_clip or not gaining):
         add("policy_drift", 0.3 + 0.2 * len(drift), "the policy drifts: " + ", ".join(drift)
             + ("" if gaining else " without a reward gain"))
+
+
+def collapse_explains_grad_norm(d: Diagnosis) -> bool:
+    """A grad norm rise that the entropy collapse beside it explains: entropy down to the collapse finding's level
+    (``_find_entropy``) and the grad norm up since the first steps by no more than the entropy's fall (a sharper
+    policy's log-probabilities have larger gradients: the rise follows 1 / the entropy ratio at most). Such a
+    rise is the collapse's symptom, answered by the entropy controls; read as drift it halves the step, which
+    slows learning without touching the collapse. A rise beyond that factor, or a KL rise or heavy clipping beside
+    it, is still drift."""
+    if d.entropy_ratio is None or d.grad_norm_ratio is None or d.entropy_ratio <= 0:
+        return False
+    return entropy_collapsed(d) and d.grad_norm_ratio <= 1.0 / d.entropy_ratio
 
 
 def _find_collapse(d: Diagnosis, add: Add) -> None:
@@ -588,12 +609,13 @@ class _Option:
 
 def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """``overrides`` with the micro batches (``ParamSpec.memory_safe``) halved when the path's peak memory,
-    projected to the schedule's end, passes the memory limit, and the moves as text. The projection: the peak at
-    the checkpoint plus its measured growth per step (responses lengthen as the policy learns) over the steps
-    left, that growth scaled by the transition's step-size ratio (learning, and the lengthening with it, goes
-    as the step: a doubled lr doubles it, a halved one halves it). A micro batch changes no update's math (gradients accumulate to the
-    same mini batch), so the transition's learning is what it was; it costs some throughput. Halved once per
-    transition: a later transition on the path halves again if the projection still passes the limit."""
+    projected to the schedule's end, passes the memory limit, and the moves as text. The projection
+    (``capacity.projected_peak``): the peak at the checkpoint plus its measured growth per step
+    (``capacity.memory_trend``: responses lengthen as the policy learns) over the steps left, that growth scaled
+    by the transition's step-size ratio (a doubled lr doubles it, a halved one halves it). A micro batch changes
+    no update's math (gradients accumulate to the same mini batch), so the transition's learning is what it was;
+    it costs some throughput. Halved once per transition: the stage re-projects every continuation at each later
+    boundary, unchanged ones included, and halves again if the projection still passes the limit."""
     d = ctx.diagnosis
     if d is None or d.peak_memory_gb is None or not ctx.memory_limit_gb or not ctx.horizon or not ctx.segment:
         return overrides, []
@@ -604,25 +626,41 @@ def memory_safe(ctx: AgentContext, overrides: dict[str, Any]) -> tuple[dict[str,
         old, new = parent.get(lr_key), full.get(lr_key)
         if isinstance(old, (int, float)) and isinstance(new, (int, float)) and old > 0:
             speed = float(new) / float(old)
-    left = max(0, ctx.horizon - ctx.segment[0])
-    projected = d.peak_memory_gb + max(0.0, d.peak_memory_slope_gb or 0.0) * left * speed
+    projected = projected_peak(d.peak_memory_gb, d.peak_memory_slope_gb, ctx.horizon - ctx.segment[0], speed)
     if projected <= ctx.memory_limit_gb:
         return overrides, []
-    out, moved = dict(overrides), []
-    for p in ctx.search_space.stage_params(ctx.stage):
-        if not p.memory_safe or p.kind != "int":
-            continue
-        old = full.get(p.key, p.default)
-        low = int(p.low or 1)
-        if not isinstance(old, (int, float)) or isinstance(old, bool) or old <= low:
-            continue
-        out[p.key] = max(low, int(old) // 2)
-        moved.append(f"{'.'.join(p.key.split('.')[-2:])} {_fmt(old)}->{_fmt(out[p.key])}")
-    if moved and ctx.config_errors(out):
-        return overrides, []  # a halving the backend refuses (a mini batch it no longer divides): none
-    return out, [f"peak memory {d.peak_memory_gb:.1f} GB growing {d.peak_memory_slope_gb:.2f} GB/step, "
-                 f"projected {projected:.1f} GB at step {ctx.horizon} against a limit of "
-                 f"{ctx.memory_limit_gb:.1f} GB: " + ", ".join(moved)] if moved else []
+    halved, moved = halved_micro_batches(ctx.search_space.stage_params(ctx.stage), full, ctx.config_errors)
+    if not moved:
+        return overrides, []
+    return {**overrides, **halved}, [
+        f"peak memory {d.peak_memory_gb:.1f} GB growing {d.peak_memory_slope_gb or 0.0:.2f} GB/step, "
+        f"projected {projected:.1f} GB at step {ctx.horizon} against a limit of "
+        f"{ctx.memory_limit_gb:.1f} GB: " + ", ".join(moved)]
+
+
+def memory_risk_safe(ctx: AgentContext, overrides: dict[str, Any], parent_peak: float | None
+                     ) -> tuple[dict[str, Any], list[str]]:
+    """``overrides`` with the micro batches halved when the job model's predicted peak of the transition adds
+    memory over its parent's and passes the limit with more than ``LOW_RISK_P_OVER`` chance (the critic's
+    "risk" of a candidate, which weighs its score down), and halving lowers that chance; the moves as text. A
+    larger response limit's new tail is priced at the limit itself (docs/agents.md), so a bundle with it is
+    predicted near the limit while its parts are not: it lost the critic's pick to the same bundle without the
+    limit on one noisy measurement of risk, although a micro batch changes no learning."""
+    limit = ctx.memory_limit_gb
+    pred = ctx.predict(ctx.full_config(overrides))
+    if not limit or pred is None or getattr(pred, "peak_gb", None) is None \
+            or (parent_peak is not None and pred.peak_gb <= parent_peak):
+        return overrides, []
+    p_over = p_over_limit(pred.peak_gb, pred.gap_gb, limit)
+    if p_over <= LOW_RISK_P_OVER:
+        return overrides, []
+    full = ctx.full_config(overrides)
+    halved, moved = halved_micro_batches(ctx.search_space.stage_params(ctx.stage), full, ctx.config_errors)
+    after = ctx.predict({**full, **halved}) if moved else None
+    if after is None or p_over_limit(after.peak_gb, after.gap_gb, limit) >= p_over:
+        return overrides, []
+    return {**overrides, **halved}, [f"predicted peak {pred.peak_gb:.1f} GB against a limit of {limit:.1f} GB, "
+                                     f"{p_over:.0%} likely over it: " + ", ".join(moved)]
 
 
 def transition_candidates(ctx: AgentContext) -> list[Candidate]:
@@ -647,6 +685,8 @@ def transition_candidates(ctx: AgentContext) -> list[Candidate]:
         if caps:
             rationale += f" The token caps it implies follow: {', '.join(caps)}."
         overrides, safe = memory_safe(ctx, overrides)
+        if not safe:
+            overrides, safe = memory_risk_safe(ctx, overrides, parent_peak)
         if safe:
             rationale += f" Smaller micro batches keep it in memory to the end ({safe[0]})."
         full = ctx.full_config(overrides)

@@ -4,7 +4,10 @@ segment may lengthen the response limit (``data.max_response_length``), and the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from mart.state.trajectory import Trajectory, line_fit, mean, tail
 
 if TYPE_CHECKING:
     from mart.nodes.agents.base import AgentContext
@@ -87,3 +90,55 @@ def capacity_errors(ctx: AgentContext, overrides: dict[str, Any]) -> list[str]:
             out.append(f"`{key}` is a system knob: a schedule may only raise it with data.max_response_length, "
                        "as the longer limit implies")
     return out
+
+
+# --- memory along a schedule: the peak projected to the horizon, and the micro batches that keep it in memory ----
+#: verl's per-step peak of allocated GPU memory (the metric stream every backend writes)
+PEAK_MEMORY = "perf/max_memory_allocated_gb"
+
+
+def memory_trend(records: Sequence[Any], now_steps: int = 3) -> tuple[float | None, float | None]:
+    """A path's peak memory now (the mean of its last ``now_steps`` steps: one step's peak is noisy) and its
+    growth in GB per step: the larger of the least-squares slopes over the whole path and over its last half.
+    Responses lengthen as the policy learns, and faster once a longer limit lets them (a peak that grew 0.14
+    GB/step over the first segment grew ~1 GB/step after the limit doubled): the whole path's slope alone lags
+    the growth a later segment meets. (None, None) without the metric."""
+    pts = Trajectory(list(records)).sorted_by_step().first_series(PEAK_MEMORY)
+    if not pts:
+        return None, None
+    level = mean(tail(pts, now_steps))
+    slopes = []
+    for part in (pts, pts[len(pts) // 2:]):
+        if len(part) >= 2:
+            _, _, sxx, slope = line_fit(part)
+            if sxx > 0:
+                slopes.append(slope)
+    return level, (max(slopes) if slopes else None)
+
+
+def projected_peak(level: float, slope: float | None, steps_left: int, speed: float = 1.0) -> float:
+    """The peak at the schedule's end: ``level`` plus its growth (never a shrink) over ``steps_left``, scaled by
+    ``speed``, the next segment's step size against the path's (learning, and the lengthening with it, goes as
+    the step: a doubled lr doubles it)."""
+    return level + max(0.0, slope or 0.0) * max(0, steps_left) * speed
+
+
+def halved_micro_batches(params: Sequence[ParamSpec], config: dict[str, Any],
+                         errors: Callable[[dict[str, Any]], list[str]]) -> tuple[dict[str, Any], list[str]]:
+    """The micro batches (``ParamSpec.memory_safe`` int knobs) of the full ``config`` halved, as overrides, with
+    the moves as text; ({}, []) when none can halve or the backend refuses the halved config (``errors`` of the
+    full config: a mini batch it no longer divides). A micro batch changes no update's math (gradients
+    accumulate to the same mini batch): learning is what it was, at some throughput."""
+    out, moved = {}, []
+    for p in params:
+        if not p.memory_safe or p.kind != "int":
+            continue
+        old = config.get(p.key, p.default)
+        low = int(p.low or 1)
+        if not isinstance(old, (int, float)) or isinstance(old, bool) or old <= low:
+            continue
+        out[p.key] = max(low, int(old) // 2)
+        moved.append(f"{'.'.join(p.key.split('.')[-2:])} {fmt_value(old)}->{fmt_value(out[p.key])}")
+    if not out or errors({**config, **out}):
+        return {}, []
+    return out, moved

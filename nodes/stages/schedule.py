@@ -23,7 +23,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mart.nodes.stages._base import Plan, StagePolicy, StageView
-from mart.nodes.stages.capacity import capacity_errors, implied_caps
+from mart.nodes.stages.capacity import (
+    capacity_errors,
+    halved_micro_batches,
+    implied_caps,
+    memory_trend,
+    projected_peak,
+)
 from mart.nodes.stages.learning import CONFIRM_SEED_OFFSET, FALLBACK_NOISE_SHARE, LearningStage
 from mart.state.models import TrialRecord
 from mart.state.objectives import (
@@ -75,15 +81,22 @@ def tree_nodes(services: Any, *, with_signals: bool = True, prior_noise: float |
     ledger = services.ledger
     bounds = options.schedule_boundaries()
     nodes: list[Node] = []
+    neutral = memory_keys(services)
     for r in ledger.trials(STAGE):
         to = r.get("horizon")
+        over = r.get("overrides") or {}
         nodes.append({
             "id": r["trial_id"], "parent": r.get("parent_trial"), "confirms": r.get("confirms"),
             "depth": bounds.index(to) + 1 if to in bounds else 0, "from_step": r.get("parent_step") or 0,
-            "to_step": to, "changes": r.get("overrides") or {}, "status": r.get("status"), "score": r.get("score"),
+            "to_step": to, "status": r.get("status"), "score": r.get("score"),
+            # a halved micro batch changes no learning: a continuation with only that is still the unchanged one
+            "changes": {k: v for k, v in over.items() if k not in neutral},
+            "memory_moves": {k: v for k, v in over.items() if k in neutral},
             "early_stopped": bool(r.get("early_stopped")), "kind": r.get("kind"), "config": r.get("config") or {},
             "trial_dir": r.get("trial_dir"), "candidate_id": r.get("candidate_id"), "reason": r.get("reason"),
+            "seed": r.get("seed"),
         })
+    mark_memory_retries(nodes, neutral)
     if not with_signals:
         return nodes, 0.0
     prefix = services.backend.score_metric_prefix
@@ -112,6 +125,27 @@ def tree_nodes(services: Any, *, with_signals: bool = True, prior_noise: float |
     for n in nodes:
         n["gpu_hours"] = gpu_hours(cache[n["id"]] if n["id"] in cache else ledger.metric_records(n["id"]), n["config"])
     return nodes, noise
+
+
+def memory_keys(services: Any) -> set[str]:
+    """The backend's micro batches (``ParamSpec.memory_safe``): knobs that change a phase's memory, no learning."""
+    space = getattr(services.backend, "search_space", None)
+    return {p.key for p in space().params if p.memory_safe} if callable(space) else set()
+
+
+def mark_memory_retries(nodes: list[Node], neutral: set[str]) -> None:
+    """A segment-trial that ran out of memory and was re-run (a later node from the same checkpoint, re-evaluating
+    the same leaf, with the same config but its micro batches) is ``superseded`` by that re-run (``retry_of``)."""
+    def learning(n: Node) -> dict[str, Any]:
+        return {k: v for k, v in n["config"].items() if k not in neutral}
+
+    for i, n in enumerate(nodes):
+        if n["status"] != "oom":
+            continue
+        for m in nodes[i + 1:]:
+            if m["parent"] == n["parent"] and m.get("confirms") == n.get("confirms") and learning(m) == learning(n):
+                n["superseded"], m["retry_of"] = True, n["id"]
+                break
 
 
 def path_records(ledger: Any, nodes: list[Node], node_id: str, cache: dict[str, list] | None = None) -> list:
@@ -153,7 +187,7 @@ def _round(v: float | None) -> float | None:
 
 def _tree_row(n: Node) -> dict[str, Any]:
     return {"trial_id": n["id"], "parent": n["parent"], "from_step": n["from_step"], "to_step": n["to_step"],
-            "changes": dict(n["changes"]), "status": n["status"], "score": _round(n["score"]),
+            "changes": {**n["changes"], **n.get("memory_moves", {})}, "status": n["status"], "score": _round(n["score"]),
             "early_stopped": n["early_stopped"], "signals": list(n.get("signals") or []),
             "confirms": n.get("confirms"), "gpu_hours": _round(n.get("gpu_hours"))}
 
@@ -387,28 +421,109 @@ class ScheduleStage(StagePolicy):
             update["save_steps"] = [to]  # the next boundary's branches start here
         return (record.model_copy(update=update) if update else record), to
 
-    def child_record(self, view: StageView, parent: Node, *, config: dict | None = None,
+    def child_record(self, view: StageView, fr: Frontier, parent: Node, *, config: dict | None = None,
                      suffix: str = "static") -> TrialRecord:
-        """A segment-trial from ``parent``'s checkpoint: the unchanged continuation (or ``config``)."""
+        """A segment-trial from ``parent``'s checkpoint: the unchanged continuation (or ``config``), its memory
+        re-projected to the horizon (``fit_memory``)."""
         step = int(parent["to_step"])
+        cfg = dict(config if config is not None else parent["config"])
+        if config is None:
+            cfg = self.fit_memory(view, fr, parent["id"], cfg, f"the continuation of {parent['id']}")
         return TrialRecord(
-            trial_id=f"sch-{view.next_seq():02d}-{suffix}", stage=STAGE, kind="candidate",
-            config=dict(config if config is not None else parent["config"]), parent_trial=parent["id"],
-            parent_step=step, parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step),
+            trial_id=f"sch-{view.next_seq():02d}-{suffix}", stage=STAGE, kind="candidate", config=cfg,
+            parent_trial=parent["id"], parent_step=step, parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step),
         )
 
     def rerun_record(self, view: StageView, fr: Frontier, leaf_id: str) -> TrialRecord:
         """A re-evaluation of a complete schedule: its last segment again from the same checkpoint, on the next
-        seed not yet used for it (the k-th re-run: seed + ``CONFIRM_SEED_OFFSET`` + k - 1, id ``LEAF-s{1+k}``)."""
+        seed not yet used for it (the k-th re-run: seed + ``CONFIRM_SEED_OFFSET`` + k - 1, id ``LEAF-s{1+k}``),
+        its memory re-projected (``fit_memory``; the leaf's own peaks at the horizon count too)."""
         leaf = fr.by_id[leaf_id]
         parent = fr.by_id[leaf["parent"]]
-        k = 1 + sum(1 for n in fr.nodes if n.get("confirms") == leaf_id)
+        k = 1 + sum(1 for n in fr.nodes if n.get("confirms") == leaf_id and not n.get("superseded"))
         step = int(parent["to_step"])
+        cfg = self.fit_memory(view, fr, parent["id"], dict(leaf["config"]), f"the re-evaluation of {leaf_id}",
+                              also=leaf_id)
         return TrialRecord(
-            trial_id=f"{leaf_id}-s{CONFIRM_SEED_OFFSET + k}", stage=STAGE, kind="confirm", config=dict(leaf["config"]),
+            trial_id=f"{leaf_id}-s{CONFIRM_SEED_OFFSET + k}", stage=STAGE, kind="confirm", config=cfg,
             parent_trial=parent["id"], parent_step=step, parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step),
             seed=view.options.seed + CONFIRM_SEED_OFFSET + k - 1, confirms=leaf_id,
         )
+
+    def fit_memory(self, view: StageView, fr: Frontier, path_end: str, config: dict[str, Any], what: str, *,
+                   also: str | None = None) -> dict[str, Any]:
+        """``config`` with its micro batches halved (``capacity.halved_micro_batches``) when the peak memory of
+        the path to ``path_end`` (and of ``also``'s, when given), projected to the horizon with the growth
+        measured so far (``capacity.memory_trend``, ``capacity.projected_peak``), passes the memory limit; a note
+        says so. Responses lengthen as training goes on, so a continuation that fitted when its config was
+        chosen may not fit later: every continuation is re-projected at its own boundary, the unchanged ones
+        (launched by the stage, never proposed) included. A micro batch changes no learning."""
+        limit_of = getattr(view.services, "memory_limit_gb", None)
+        limit = limit_of() if callable(limit_of) else None
+        if not limit:
+            return config
+        horizon = view.options.schedule_boundaries()[-1]
+        projected = None
+        for end in (path_end, also):
+            if end is None:
+                continue
+            level, slope = memory_trend(path_records(view.ledger, fr.nodes, end))
+            if level is not None:
+                p = projected_peak(level, slope, horizon - int(fr.by_id[end]["to_step"] or 0))
+                projected = p if projected is None else max(projected, p)
+        if projected is None or projected <= limit:
+            return config
+        halved, moved = halved_micro_batches(self.memory_params(view), config, self.config_errors(view))
+        if moved:
+            fr.notes.append(f"{what}: peak memory projected {projected:.1f} GB at step {horizon} against a limit of "
+                            f"{limit:.1f} GB, smaller micro batches: " + ", ".join(moved))
+        return {**config, **halved}
+
+    @staticmethod
+    def memory_params(view: StageView) -> list[Any]:
+        space = getattr(view.services.backend, "search_space", None)
+        return [p for p in space().stage_params(STAGE) if p.memory_safe] if callable(space) else []
+
+    @staticmethod
+    def config_errors(view: StageView) -> Any:
+        """The backend's errors of a full config (its own validation where it has one)."""
+        backend = view.services.backend
+        validate = getattr(backend, "validate_config", None)
+        if callable(validate):
+            return lambda cfg: list(validate(cfg))
+        return lambda cfg: backend.search_space().check_constraints(cfg)
+
+    def memory_retry(self, view: StageView, fr: Frontier) -> TrialRecord | None:
+        """A segment-trial that ran out of memory, re-run once from the same checkpoint with its micro batches
+        halved (the same learning: a re-evaluation stays one, on its seed), when the budget has room for it (a
+        static-path segment or a re-evaluation whenever a segment-trial is left; a branch when its parent could
+        still take one, ``Frontier.affordable``). The projection (``fit_memory``) can miss: a limit raised at a
+        boundary lets responses grow faster than the path so far showed, and without the re-run the branch, or
+        the static path every schedule is compared with, ends there. The root is stage 1's matter (its start
+        config), and a re-run that runs out of memory again is not re-run."""
+        if fr.used >= fr.budget:
+            return None
+        spine = {n["id"] for n in fr.spine}
+        for n in fr.nodes:
+            if n["status"] != "oom" or n.get("superseded") or n.get("retry_of") or n["parent"] not in fr.by_id:
+                continue
+            parent = fr.by_id[n["parent"]]
+            on_spine = not n["changes"] and parent["id"] in spine
+            if not (on_spine or n.get("confirms") or fr.affordable(parent) >= 1):
+                continue
+            halved, moved = halved_micro_batches(self.memory_params(view), n["config"], self.config_errors(view))
+            if not moved:
+                continue
+            fr.notes.append(f"{n['id']} ran out of memory ({n.get('reason') or 'oom'}): re-run from the same "
+                            "checkpoint with smaller micro batches: " + ", ".join(moved))
+            step = int(parent["to_step"])
+            tid = f"{n['id']}-mem" if n.get("confirms") else f"sch-{view.next_seq():02d}-mem"
+            return TrialRecord(
+                trial_id=tid, stage=STAGE, kind="confirm" if n.get("confirms") else "candidate",
+                config={**n["config"], **halved}, parent_trial=parent["id"], parent_step=step,
+                parent_checkpoint=checkpoint_dir(str(parent["trial_dir"]), step), seed=n.get("seed"),
+                confirms=n.get("confirms"))
+        return None
 
     # -- decisions --------------------------------------------------------------------------------
     def plan(self, view: StageView, free: int) -> Plan:
@@ -434,6 +549,9 @@ class ScheduleStage(StagePolicy):
             return Plan() if busy else Plan(done=True)
         if free <= 0:
             return Plan()
+        retry = self.memory_retry(view, fr)
+        if retry is not None:
+            return Plan(launch=[retry], update=fr.keep())
         while True:
             if fr.expanding is not None:
                 plan = self._expand(view, fr, free, busy)
@@ -462,7 +580,7 @@ class ScheduleStage(StagePolicy):
             return None
         if not any(not c["changes"] for c in kids):
             if fr.extends_spine(fr.expanding) or (fr.used < fr.budget and fr.affordable(parent) >= 1):
-                return Plan(launch=[self.child_record(view, parent)], update=fr.keep())
+                return Plan(launch=[self.child_record(view, fr, parent)], update=fr.keep())
         elif len(kids) < fr.branches and fr.affordable(parent) >= 1:
             if view.waiting(STAGE):
                 return Plan(update=fr.keep())  # nothing new to try until a sibling finishes
@@ -476,7 +594,7 @@ class ScheduleStage(StagePolicy):
         """No expansion left: the static path to the horizon (the reference every schedule is compared with),
         then the re-evaluations, then the end."""
         if fr.spine_open and fr.used < fr.budget:
-            return Plan(launch=[self.child_record(view, fr.spine[-1])], update=fr.keep())
+            return Plan(launch=[self.child_record(view, fr, fr.spine[-1])], update=fr.keep())
         # no complete changed schedule, and a live first-boundary branch short of the horizon (the search's share
         # ran out while its carry was reserved): carried on from the re-evaluations' share, best first - a
         # re-evaluation needs a complete changed schedule to re-run, and without one the reserve would end the
@@ -487,7 +605,7 @@ class ScheduleStage(StagePolicy):
             for end in sorted(fr.carried(), key=lambda n: -n["score"]):
                 if end["depth"] < fr.depth and fr.used < fr.budget \
                         and not any(not c["changes"] for c in children(fr.nodes, end["id"])):
-                    return Plan(launch=[self.child_record(view, end)], update=fr.keep())
+                    return Plan(launch=[self.child_record(view, fr, end)], update=fr.keep())
         if fr.used >= fr.budget:
             return Plan(done=True, update=fr.keep())
         # a claim one more run can settle comes before the other close schedules' re-runs: without it the
@@ -565,7 +683,7 @@ class ScheduleStage(StagePolicy):
         result["segments"] = [
             {"from_step": n["from_step"], "to_step": n["to_step"],
              "overrides": {k: v for k, v in n["config"].items() if base.get(k, object()) != v},
-             "changes": dict(n["changes"]), "trial_id": n["id"]} for n in path]
+             "changes": {**n["changes"], **n.get("memory_moves", {})}, "trial_id": n["id"]} for n in path]
         result.update(final_score=_round(winner.mean), final_score_spread=_round(winner.spread),
                       final_score_runs=len(winner.scores), winner=winner.key,
                       gpu_hours=_round(path_gpu_hours(nodes, winner.key)))

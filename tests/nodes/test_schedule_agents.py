@@ -373,8 +373,9 @@ def test_staged_limits_follow_deepscaler_and_a_rising_clip_ratio_triggers_them()
 
 def test_a_longer_limit_is_priced_by_the_job_model_and_refused_over_the_margin():
     """Responses measured cut at the limit say nothing of a longer limit's tail: the job model lets the longest
-    response reach the new limit (memory and step time grow), so a limit raise that crosses the margin is neither
-    proposed nor accepted, while one that fits is."""
+    response reach the new limit (memory and step time grow), so a limit raise that crosses the margin is not
+    accepted, and proposed only with smaller micro batches that bring it under the margin, while one that fits is
+    proposed as it is."""
     from mart.nodes.agents.job_model import JobModel, Observation
     from tests.nodes.test_job_model import base_config, job
 
@@ -391,11 +392,16 @@ def test_a_longer_limit_is_priced_by_the_job_model_and_refused_over_the_margin()
         return ctx(diag=diag, base=cfg, job_model=model, memory_limit_gb=memory_limit,
                    predict_memory=lambda c: model.predict(c).peak_gb)
 
-    assert all(MAX_LEN not in o.overrides for o in transition_candidates(cx(limit)))
+    # over the margin, the longer limit comes only with its micro batches halved, predicted under the limit (a
+    # micro batch changes no learning); the plain raise is refused
+    longer_ones = [o for o in transition_candidates(cx(limit)) if MAX_LEN in o.overrides]
+    assert longer_ones and all(o.overrides.get(A + "ppo_micro_batch_size_per_gpu") == 4
+                               and o.predicted_memory_gb < limit for o in longer_ones)
+    assert "likely over it" in longer_ones[0].rationale
     verdict = RulesCritic().critique(cx(limit), [Candidate(candidate_id="long", stage="schedule",
                                                            overrides={MAX_LEN: 4096})])
     assert not verdict.critiques[0].accepted and "exceeds the limit" in verdict.critiques[0].reasons[0]
-    assert transition_candidates(cx(longer.peak_gb + 1))[0].overrides == {MAX_LEN: 4096}
+    assert transition_candidates(cx(longer.peak_gb + longer.gap_gb))[0].overrides == {MAX_LEN: 4096}
 
 
 def test_the_critic_prefers_a_finding_no_sibling_has_answered_yet():
@@ -472,3 +478,24 @@ def test_a_larger_step_whose_kl_anchor_does_not_fit_in_memory_goes_alone():
                             predict_memory=mem, memory_limit_gb=45.0))
     assert {LR: pytest.approx(2e-6)} in [o.overrides for o in c]
     assert all(not o.overrides.get(KL_ON) for o in c)
+
+
+def test_a_grad_norm_rise_the_entropy_collapse_explains_is_no_drift():
+    """A sharper policy has larger gradients: beside an entropy collapse the grad norm rises with it. Read as drift
+    (with a flat reward), that rise halved the step in both transitions (Qwen3-0.6B, issue 44) while the collapse
+    wanted the entropy controls; it is the collapse's symptom while the grad norm has risen by no more than the
+    entropy fell, and still drift beyond that."""
+    falling = dict(entropy=lambda s: 1.0 - 0.017 * s, reward=lambda s: 0.4, val=lambda s: 0.4)  # 49% left at 30
+    # grad norm up ~1.8x while entropy fell to 0.49 (at most 1 / 0.49 = 2.0x): 3% a step over the window
+    with_collapse = diagnose(trajectory(grad=lambda s: 0.3 / (1.0 - 0.017 * s) ** 0.9, **falling))
+    assert "entropy_collapse" in with_collapse.severity
+    assert with_collapse.grad_norm_slope_low > 0.02 and with_collapse.grad_norm_ratio < 1 / with_collapse.entropy_ratio
+    assert "policy_drift" not in with_collapse.severity
+    c = all_transitions(ctx(diag=with_collapse, base={**VERL_BASE, LR: 1e-6}, history=[_root()], k=4))
+    assert c and not any(o.overrides.get(LR, 1e-6) < 1e-6 for o in c)  # no transition halves the step
+    # a rise beyond the entropy's fall (4x against 2x) is drift, with or without the collapse beside it
+    beyond = diagnose(trajectory(grad=lambda s: 0.3 / (1.0 - 0.017 * s) ** 2, **falling))
+    assert "entropy_collapse" in beyond.severity and "policy_drift" in beyond.severity
+    # the same rise without an entropy fall is drift as before
+    flat = diagnose(trajectory(grad=lambda s: 0.3 / (1.0 - 0.017 * s) ** 0.9, reward=lambda s: 0.4, val=lambda s: 0.4))
+    assert "policy_drift" in flat.severity
