@@ -47,7 +47,7 @@ def test_kill_minus_9_then_resume(tmp_path, backend):
            # a candidate of stage 1 is killed, and stage 2 still has to run after the resume
            "--system-trials", "2", "--learning-trials", "1", "--system-horizon", "4", "--learning-horizon", "6",
            "--learning-confirm-trials", "0",  # stage-2 re-evaluations are tested in tests/nodes/test_learning_selection.py
-           "--runs-dir", str(runs), "--quiet", "--json"]
+           "--runs-dir", str(runs), "--quiet", "--json", "--system-remeasure-share", "0.25"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     tuner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -122,7 +122,8 @@ def test_kill_minus_9_at_the_launch_node_then_resume(tmp_path):
     runs = tmp_path / "runs"
     toy = ["--backend", "tests.support.toy_backend:make_backend", "--backend-option", "stream=true"]
     cmd = [sys.executable, "-c", KILL_AT_LAUNCH, "tune", *toy, "--approve", "auto", "--system-trials", "3",
-           "--learning-trials", "0", "--system-horizon", "5", "--runs-dir", str(runs), "--quiet", "--json"]
+           "--learning-trials", "0", "--system-horizon", "5", "--runs-dir", str(runs), "--quiet", "--json",
+           "--system-remeasure-share", "0.25"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     died = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]

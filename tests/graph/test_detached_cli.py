@@ -147,6 +147,7 @@ def test_status_of_a_paused_run_reads_a_running_trial_s_own_folder(tmp_path):
     runs = str(tmp_path)
     # the embedded trainer: a real process, which outlives the tuner that exits at the review
     first = ok_json(cli("tune", "--backend", "local", "--parallel", "2", "--approve", "none", "--runs-dir", runs,
+                        "--system-remeasure-share", "0.25",
                         "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "3", "--json"))
     run = first["run_id"]
     store = RunStore.open(run, runs)

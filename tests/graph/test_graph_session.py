@@ -29,7 +29,8 @@ REPO = REPO_ROOT
 
 def options(tmp_path, **kw) -> TuneOptions:
     base = dict(backend=TOY, approve="auto", runs_dir=str(tmp_path), system_trials=4, learning_trials=3,
-                system_horizon=5, learning_horizon=6, watch_interval_s=0.01, quiet=True, report=False)
+                system_horizon=5, learning_horizon=6, watch_interval_s=0.01, quiet=True, report=False,
+                system_remeasure_share=0.25)  # stage 1's re-measurement is tested in tests/nodes/test_decisions_under_noise.py
     base.update(kw)
     return TuneOptions(**base)
 

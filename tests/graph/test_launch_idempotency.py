@@ -54,7 +54,8 @@ def _starts(trial_dir) -> int:
 
 def _options(tmp_path, **kw) -> TuneOptions:
     base = dict(backend=TOY, approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=0.01,
-                system_trials=3, learning_trials=0, system_horizon=5, backend_options={"stream": True})
+                system_trials=3, learning_trials=0, system_horizon=5, backend_options={"stream": True},
+                system_remeasure_share=0.25)
     base.update(kw)
     return TuneOptions(**base)
 

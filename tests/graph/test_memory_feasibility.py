@@ -42,6 +42,7 @@ def no_prediction(monkeypatch):
 def _run(tmp_path, *edits, **backend_options):
     opts = TuneOptions(backend=TOY, approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=0.01,
                        system_trials=1 + len(edits), learning_trials=0, system_horizon=5, memory_capacity_gb=4.0,
+                       system_remeasure_share=0.25,
                        backend_options=backend_options)
     summary = tune(opts, reviewer=Edits(*edits))
     assert summary["status"] == "completed"

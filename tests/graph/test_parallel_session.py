@@ -28,7 +28,8 @@ TOY = "tests.support.toy_backend:make_backend"
 
 def _options(tmp_path, **kw) -> TuneOptions:
     base = dict(backend=TOY, approve="auto", runs_dir=str(tmp_path), system_trials=7, learning_trials=5,
-                system_horizon=5, learning_horizon=6, watch_interval_s=0.001, quiet=True, report=False, parallel=3)
+                system_horizon=5, learning_horizon=6, watch_interval_s=0.001, quiet=True, report=False, parallel=3,
+                system_remeasure_share=0.25)  # stage 1's re-measurement is not what these tests are about
     base.update(kw)
     return TuneOptions(**base)
 
@@ -61,7 +62,8 @@ def _in_flight_at_each_start(trials) -> list[list[dict]]:
 def test_sim_session_runs_trials_side_by_side_without_repeating_a_config(tmp_path):
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", system_trials=9, learning_trials=5, system_horizon=6, learning_horizon=12,
-                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
+                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4,
+                       system_remeasure_share=0.25)
     reviewer = Recording()
     summary = tune(opts, reviewer=reviewer)
     assert summary["status"] == "completed"
@@ -101,7 +103,8 @@ def test_a_baseline_that_ends_after_faster_candidates_does_not_take_the_lead_bac
     # look (it needs a step after it), so the baseline is not cut there and does run to its end
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", agents="rules", system_trials=4, stages=["system"], system_horizon=2,
-                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
+                       watch_interval_s=0.001, quiet=True, report=False, runs_dir=str(tmp_path), parallel=4,
+                       system_remeasure_share=0.25)
     summary = tune(opts)
     ledger = Ledger.open(Path(tmp_path) / summary["run_id"])
     rows = ledger.trials("system")
@@ -122,7 +125,8 @@ def test_a_freed_slot_starts_the_next_trial_the_instant_it_frees(tmp_path):
     # tuner decides in no simulated time), while the slow ones run on
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", stages=["system"], system_trials=8, system_horizon=6, watch_interval_s=0.001,
-                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=3)
+                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=3,
+                       system_remeasure_share=0.25)
     summary = tune(opts)
     run = Path(tmp_path) / summary["run_id"]
     times = {}
@@ -171,7 +175,8 @@ def test_a_stage1_backfill_is_predicted_from_the_early_steps_of_the_trials_still
 
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", stages=["system"], system_trials=6, system_horizon=6, watch_interval_s=0.001,
-                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=4)
+                       quiet=True, report=False, runs_dir=str(tmp_path), parallel=4,
+                       system_remeasure_share=0.25)
     reviewer = Recording()
     summary = tune(opts, reviewer=reviewer)
     run = Path(tmp_path) / summary["run_id"]

@@ -154,7 +154,8 @@ def test_a_multi_agent_report_has_a_panel_only_for_the_curves_it_logged(tmp_path
 
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen2.5-3b-debate-2x2", "seed": 0, "clock": "poll"},
                        approve="auto", runs_dir=str(tmp_path), quiet=True, watch_interval_s=0.001, system_trials=1,
-                       learning_trials=2, learning_horizon=10, learning_confirm_trials=0, report=True)
+                       learning_trials=2, learning_horizon=10, learning_confirm_trials=0, report=True,
+                       system_remeasure_share=0.25)
     run = tune(opts)["run_id"]
     db = sqlite3.connect(tmp_path / run / "mart.sqlite")
     keys = {k for (k,) in db.execute("select distinct m.key from metrics m join trials t on t.trial_id = m.trial_id "

@@ -20,7 +20,7 @@ class Clock:
 
 def _options(**kw) -> TuneOptions:
     base = dict(backend="sim", system_trials=3, system_horizon=4, learning_trials=2, learning_horizon=10,
-                learning_confirm_trials=1, approve="auto")
+                learning_confirm_trials=1, approve="auto", system_remeasure_share=0.25)
     return TuneOptions(**{**base, **kw})
 
 
@@ -80,7 +80,8 @@ def test_a_session_prints_its_overall_eta(tmp_path, capsys):
 
     opts = TuneOptions(backend="sim", backend_options={"scenario": "qwen3-0.6b-1x8", "clock": "virtual", "seed": 0},
                        approve="auto", agents="rules", stages=["system"], system_trials=3, system_horizon=4,
-                       watch_interval_s=0.001, quiet=False, report=False, runs_dir=str(tmp_path))
+                       watch_interval_s=0.001, quiet=False, report=False, runs_dir=str(tmp_path),
+                       system_remeasure_share=0.25)
     tune(opts)
     err = capsys.readouterr().err
     lines = [x.strip() for x in err.splitlines() if "session: about" in x]

@@ -44,7 +44,7 @@ TOY = "tests.support.toy_backend:make_backend"
 
 def paused_run(tmp_path) -> str:
     out = tune(TuneOptions(backend=TOY, approve="none", runs_dir=str(tmp_path), system_trials=2, learning_trials=0,
-                           system_horizon=2, watch_interval_s=0.01, quiet=True))
+                           system_horizon=2, watch_interval_s=0.01, quiet=True, system_remeasure_share=0.25))
     return out["run_id"]
 
 

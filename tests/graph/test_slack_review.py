@@ -156,6 +156,7 @@ def test_slack_review_round_trip(tmp_path, stub, env, server):
     # 1. the tuner posts review #1 and exits: the pause costs nothing
     out = mart("tune", "--backend", "tests.support.toy_backend:make_backend", "--approve", "slack", "--slack-channel", CHANNEL,
                "--runs-dir", str(tmp_path), "--system-trials", "4", "--learning-trials", "0", "--system-horizon", "3",
+               "--system-remeasure-share", "0.25",
                "--json", "-q", env=env)
     assert out.returncode == 0, out.stderr
     paused = json.loads(out.stdout)

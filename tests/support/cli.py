@@ -32,5 +32,6 @@ def sim_stage2_options(runs_dir: Any, seed: int = 0, **kw: Any):
 
     opts = dict(backend="sim", backend_options={"scenario": "qwen3-8b-1x8", "seed": seed, "clock": "poll"},
                 approve="auto", agents="rules", runs_dir=str(runs_dir), seed=seed, system_trials=2, learning_trials=6,
-                learning_horizon=30, learning_confirm_trials=3, quiet=True, report=False, watch_interval_s=0.01)
+                learning_horizon=30, learning_confirm_trials=3, quiet=True, report=False, watch_interval_s=0.01,
+                system_remeasure_share=0.25)  # stage 2 is what these sessions are for
     return TuneOptions(**{**opts, **kw})

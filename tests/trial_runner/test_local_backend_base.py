@@ -32,7 +32,7 @@ def test_tune_on_a_tiny_local_workload(tmp_path, local_tiny_config):
     summary = tune(TuneOptions(backend="local", backend_options={"base_config": str(base)}, approve="auto",
                                runs_dir=str(tmp_path / "runs"), system_trials=3, learning_trials=2,
                                system_horizon=4, learning_horizon=6, quiet=True, watch_interval_s=0.2,
-                               report=False))
+                               report=False, system_remeasure_share=0.25))
     assert summary["status"] == "completed"
     trials = Ledger.open(tmp_path / "runs" / summary["run_id"]).trials()
     # the budget, plus stage 2's re-runs of close contenders on another seed (at most the default 3)
