@@ -140,6 +140,7 @@ def test_tune_all_three_stages_on_real_verl(tiny_job, runs):
     t0 = time.time()
     cmd = mart_cmd("tune", "--backend", "verl", "--base-config", str(tiny_job.base_config),
                    "--stages", STAGES, "--system-trials", "2", "--system-horizon", str(SYS_H),
+                   "--system-remeasure-share", "0.25",  # no re-measurement round: CI time (rounds: tests/nodes)
                    "--learning-trials", "1", "--learning-horizon", str(LEARN_H), "--learning-confirm-trials", "0",
                    "--schedule-segments", "2", "--schedule-branches", "2", "--schedule-budget", "3",
                    "--schedule-horizon", str(SCHED_H), "--candidates", "1", "--approve", "auto",

@@ -91,6 +91,7 @@ def test_llm_agents_against_real_vllm_serve(vllm_server, runs, tmp_path):
     cmd = mart_cmd("tune", "--backend", "local", "--base-config", str(base), "--agents", "llm",
                    "--llm-model", SERVED, "--llm-base-url", vllm_server, "--llm-timeout-s", "300",
                    "--approve", "auto", "--system-trials", "2", "--learning-trials", "0", "--system-horizon", "3",
+                   "--system-remeasure-share", "0.25",  # no re-measurement round: CI time
                    "--candidates", "1", "--runs-dir", str(runs), "--json", "-q", "--no-report")
     proc = subprocess.run(cmd, env=env, cwd=runs, capture_output=True, text=True, timeout=1400)
     print(f"[verl_cpu] mart tune --agents llm on vllm serve: {time.time() - t0:.0f} s, load average {load_avg()}")
