@@ -110,6 +110,15 @@ def _clean(v: float | None) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, 6)
 
 
+def _not_held(row: dict[str, Any]) -> str | None:
+    """How a best-config re-measurement failed to hold up (out of memory, failed, stopped, over the margin), or None."""
+    if row.get("status") not in ("running", "completed"):
+        return f"{row['trial_id']} ended {row.get('status')} ({row.get('reason') or 'no reason'})"
+    if row.get("reason") == OVER_MARGIN:
+        return f"{row['trial_id']}'s peak memory was above the margin"
+    return None
+
+
 def _fmt_gb(v: float | None) -> str:
     return fmt_gb(v)
 
@@ -357,12 +366,8 @@ class SystemStage(StagePolicy):
         out: dict[str, str] = {}
         for r in rows:
             role = remeasure_role(r["trial_id"])
-            if role is None or role[1] != "best" or not r.get("confirms"):
-                continue
-            if r.get("status") not in ("running", "completed"):
-                out[r["confirms"]] = f"{r['trial_id']} ended {r.get('status')} ({r.get('reason') or 'no reason'})"
-            elif r.get("reason") == OVER_MARGIN:
-                out[r["confirms"]] = f"{r['trial_id']}'s peak memory was above the margin"
+            if role is not None and role[1] == "best" and r.get("confirms") and (why := _not_held(r)):
+                out[r["confirms"]] = why
         return out
 
     @staticmethod
@@ -423,7 +428,8 @@ class SystemStage(StagePolicy):
         pair), and whether the best config failed to hold up (out of memory, over the margin, failed)."""
         out = Remeasurement()
         rounds: dict[int, dict[str, dict[str, Any]]] = {}
-        for r in view.rows(self.name):
+        rows = view.rows(self.name)
+        for r in rows:
             role = remeasure_role(r["trial_id"])
             if role is not None:
                 rounds.setdefault(role[0], {})[role[1]] = r
@@ -432,7 +438,7 @@ class SystemStage(StagePolicy):
         target = self._remeasure_target(view)
         if target is not None:
             out.of = target[1]["trial_id"]
-            out.dropped = {t: why for t, why in self._failed_remeasures(view.rows(self.name)).items() if t != out.of}
+            out.dropped = {t: why for t, why in self._failed_remeasures(rows).items() if t != out.of}
             # the rounds of the config re-measured now (a round whose best trial has not started is the current one)
             rounds = {k: v for k, v in rounds.items()
                       if (v.get("best") or {}).get("confirms", out.of) == out.of}
@@ -442,10 +448,8 @@ class SystemStage(StagePolicy):
         c_all: list[float] = []
         for rnd in sorted(rounds):
             b, c = rounds[rnd].get("baseline"), rounds[rnd].get("best")
-            if c is not None and c.get("status") not in ("running", "completed"):
-                out.best_failed = f"{c['trial_id']} ended {c.get('status')} ({c.get('reason') or 'no reason'})"
-            elif c is not None and c.get("reason") == OVER_MARGIN:
-                out.best_failed = f"{c['trial_id']}'s peak memory was above the margin"
+            if c is not None and (why := _not_held(c)):
+                out.best_failed = why
             if b is None or c is None or b.get("status") != "completed" or c.get("status") != "completed" \
                     or out.best_failed:
                 if b is not None and b.get("status") not in ("running", "completed", None):
